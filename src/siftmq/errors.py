@@ -1,0 +1,214 @@
+"""The one error hierarchy of siftmq.
+
+Every error raised on purpose by siftmq derives from :class:`SiftError`. Each class carries two
+class-level facts that the edges (gRPC server, client, CLI) use without guessing:
+
+* ``code`` — a stable, upper-case name for the failure (mapped to wire status codes in one place,
+  ``siftmq.server.status``);
+* ``retriable`` — whether repeating the same request later can succeed.
+
+The tree::
+
+    SiftError
+    ├── FilterError                  a filter expression was rejected (user input, never retriable)
+    │   ├── FilterSyntaxError        lexical or grammar error; has .start/.end offsets and a caret message
+    │   ├── FilterTypeError          the expression parses but RocketMQ's compile-time checks reject it
+    │   ├── FilterLimitError         too long, too deep or too many nodes
+    │   ├── FilterEvaluationError    evaluation threw where RocketMQ's evaluator throws (message filtered out)
+    │   └── UnsupportedFilterError   a backend cannot express a node exactly (raise, never approximate)
+    ├── StoreError                   the message store
+    │   ├── CorruptRecordError       magic/CRC/length check failed at a CommitLog offset
+    │   ├── MessageTooLargeError     a record would not fit the configured limits
+    │   ├── StoreClosedError         the store was used after close()
+    │   └── StoreLockedError         another process holds the data directory
+    └── ConfigError                  invalid configuration value
+
+Each layer raises its own errors; the edges translate them (``raise X from exc``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class SiftError(Exception):
+    """Base class of every error siftmq raises on purpose."""
+
+    code: ClassVar[str] = "INTERNAL_ERROR"
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(SiftError):
+    """A configuration value is invalid."""
+
+    code = "BAD_CONFIG"
+
+
+# --------------------------------------------------------------------------------------------- filter
+
+
+class FilterError(SiftError):
+    """A filter expression was rejected or could not be evaluated."""
+
+    code = "ILLEGAL_FILTER_EXPRESSION"
+
+    def __init__(self, message: str, *, expression: str | None = None) -> None:
+        super().__init__(message)
+        self.expression = expression
+
+
+class FilterSyntaxError(FilterError):
+    """The expression text does not lex or parse.
+
+    ``start`` and ``end`` are 0-based character offsets into the text (``end`` exclusive); the
+    message shows the offending line with a caret under the span.
+    """
+
+    def __init__(
+        self,
+        description: str,
+        *,
+        expression: str,
+        start: int,
+        end: int,
+    ) -> None:
+        self.description = description
+        self.start = start
+        self.end = max(end, start)
+        self.line, self.column = _line_col(expression, start)
+        super().__init__(_caret_message(description, expression, start, self.end), expression=expression)
+
+
+class FilterTypeError(FilterError):
+    """The expression parses but is rejected by RocketMQ's compile-time checks.
+
+    ``start``/``end`` locate the offending sub-expression when known.
+    """
+
+    def __init__(
+        self,
+        description: str,
+        *,
+        expression: str | None = None,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> None:
+        self.description = description
+        self.start = start
+        self.end = end
+        if expression is not None and start is not None:
+            message = _caret_message(description, expression, start, end if end is not None else start + 1)
+        else:
+            message = description
+        super().__init__(message, expression=expression)
+
+
+class FilterLimitError(FilterError):
+    """The expression exceeds a bound (length, nesting depth, node count)."""
+
+
+class FilterEvaluationError(FilterError):
+    """Evaluation raised an error where RocketMQ's evaluator throws; the message does not match."""
+
+    code = "FILTER_EVALUATION_FAILED"
+
+
+class UnsupportedFilterError(FilterError):
+    """A backend cannot express an expression exactly."""
+
+    code = "UNSUPPORTED_FILTER"
+
+    def __init__(self, message: str, *, backend: str) -> None:
+        super().__init__(message)
+        self.backend = backend
+
+
+# ---------------------------------------------------------------------------------------------- store
+
+
+class StoreError(SiftError):
+    """The message store failed."""
+
+    code = "STORE_ERROR"
+
+
+class CorruptRecordError(StoreError):
+    """A CommitLog record failed its magic, length or CRC check."""
+
+    code = "CORRUPT_RECORD"
+
+    def __init__(self, message: str, *, offset: int) -> None:
+        super().__init__(f"{message} (commit log offset {offset})")
+        self.offset = offset
+
+
+class MessageTooLargeError(StoreError):
+    """A message would not fit the configured size limits."""
+
+    code = "MESSAGE_BODY_TOO_LARGE"
+
+
+class StoreClosedError(StoreError):
+    """The store was used after it was closed."""
+
+    code = "STORE_CLOSED"
+    retriable = True
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store's data directory."""
+
+    code = "STORE_LOCKED"
+
+
+# -------------------------------------------------------------------------------------------- helpers
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of ``offset`` in ``text`` (LF, CR and CRLF end lines)."""
+    offset = max(0, min(offset, len(text)))
+    line = 1
+    line_start = 0
+    i = 0
+    while i < offset:
+        ch = text[i]
+        if ch == "\n" or ch == "\r":
+            if ch == "\r" and i + 1 < len(text) and text[i + 1] == "\n":
+                i += 1
+            line += 1
+            line_start = i + 1
+        i += 1
+    return line, offset - line_start + 1
+
+
+_SNIPPET_WIDTH = 100
+
+
+def _caret_message(description: str, text: str, start: int, end: int) -> str:
+    """``description`` followed by the line of ``text`` holding ``start`` and a caret under the span."""
+    start = max(0, min(start, len(text)))
+    end = max(start, min(end, len(text)))
+    line, col = _line_col(text, start)
+    line_start = start - (col - 1)
+    line_end = line_start
+    while line_end < len(text) and text[line_end] not in "\r\n":
+        line_end += 1
+    snippet = text[line_start:line_end]
+    rel_start = start - line_start
+    rel_end = min(end, line_end) - line_start
+    # keep long lines readable: a window around the error
+    left = 0
+    if len(snippet) > _SNIPPET_WIDTH:
+        left = max(0, rel_start - _SNIPPET_WIDTH // 2)
+        snippet = snippet[left : left + _SNIPPET_WIDTH]
+        rel_start -= left
+        rel_end = min(rel_end - left, len(snippet))
+    shown = "".join(ch if ch.isprintable() or ch == "\t" else "\N{REPLACEMENT CHARACTER}" for ch in snippet)
+    prefix = "..." if left else ""
+    caret = " " * (len(prefix) + rel_start) + "^" * max(1, rel_end - rel_start)
+    where = f"line {line}, column {col}"
+    return f"{description} at {where}:\n  {prefix}{shown}\n  {caret}"

@@ -1,0 +1,313 @@
+"""Java value semantics that RocketMQ's evaluator relies on, reproduced exactly.
+
+Values are plain Python objects typed as Java would type them:
+
+* ``bool`` → Boolean; ``float`` → Double; ``str`` → String;
+* ``int`` → Integer when it fits in 32 bits, else Long; :class:`JavaLong` marks a Long whose value
+  happens to fit 32 bits (it only arises by negating the literal ``2147483648``).
+
+``compare`` is RocketMQ's ``ComparisonExpression.__compare`` with string conversion on; the parse
+functions are ``Integer.valueOf``, ``Long.valueOf``, ``Double.valueOf`` and ``Boolean.valueOf``.
+Failures raise :class:`JavaEvaluationError`, which the evaluators surface as
+:class:`~siftmq.errors.FilterEvaluationError`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from typing import Final
+
+from siftmq.errors import FilterEvaluationError
+
+INT_MIN: Final = -(2**31)
+INT_MAX: Final = 2**31 - 1
+LONG_MIN: Final = -(2**63)
+LONG_MAX: Final = 2**63 - 1
+DOUBLE_MIN_VALUE: Final = 5e-324  # Double.MIN_VALUE (RocketMQ writes it as 4.9E-324)
+DOUBLE_MAX_VALUE: Final = 1.7976931348623157e308
+
+
+class JType(enum.Enum):
+    INTEGER = "Integer"
+    LONG = "Long"
+    DOUBLE = "Double"
+    STRING = "String"
+    BOOLEAN = "Boolean"
+
+
+class JavaLong(int):
+    """An int that Java types as Long although its value fits 32 bits."""
+
+    __slots__ = ()
+
+
+class JavaEvaluationError(FilterEvaluationError):
+    """Evaluation threw where Java throws (NumberFormatException, ClassCastException)."""
+
+
+def java_type(value: object) -> JType:
+    """The Java class RocketMQ would see for a Python value (``None`` is not accepted)."""
+    t = type(value)
+    if t is str:
+        return JType.STRING
+    if t is bool:
+        return JType.BOOLEAN
+    if t is float:
+        return JType.DOUBLE
+    if t is int:
+        v: int = value  # type: ignore[assignment]
+        if INT_MIN <= v <= INT_MAX:
+            return JType.INTEGER
+        if LONG_MIN <= v <= LONG_MAX:
+            return JType.LONG
+        raise JavaEvaluationError(f"integer {v} is outside Java's Long range")
+    if t is JavaLong:
+        return JType.LONG
+    raise JavaEvaluationError(f"unsupported property value type {t.__name__}: use str, int, float or bool")
+
+
+# ------------------------------------------------------------------------------------------- parsing
+
+
+def _nfe(text: str) -> JavaEvaluationError:
+    return JavaEvaluationError(f'NumberFormatException: For input string: "{text}"')
+
+
+def _parse_integral(text: str, lo: int, hi: int) -> int:
+    # Integer.parseInt/Long.parseLong: optional sign, then one or more decimal digits (any Unicode
+    # Nd digit in the BMP, as Character.digit accepts), no whitespace, no underscores.
+    n = len(text)
+    if n == 0:
+        raise _nfe(text)
+    i = 1 if text[0] in "+-" else 0
+    if i == n:
+        raise _nfe(text)
+    if text.isascii():
+        if not text[i:].isdigit():
+            raise _nfe(text)
+    else:
+        for ch in text[i:]:
+            if not ch.isdecimal() or ord(ch) > 0xFFFF:
+                raise _nfe(text)
+    value = int(text)
+    if value < lo or value > hi:
+        raise _nfe(text)
+    return value
+
+
+class _Failed:
+    """A cached parse failure (a fresh exception is raised each time: tracebacks must not pile up)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+_INT_CACHE: dict[str, int | _Failed] = {}
+_LONG_CACHE: dict[str, int | _Failed] = {}
+_DOUBLE_CACHE: dict[str, float | _Failed] = {}
+_CACHE_LIMIT: Final = 8192
+
+
+def parse_int(text: str) -> int:
+    """``Integer.valueOf(String)``."""
+    hit = _INT_CACHE.get(text)
+    if hit is None:
+        try:
+            hit = _parse_integral(text, INT_MIN, INT_MAX)
+        except JavaEvaluationError as exc:
+            hit = _Failed(exc.message)
+        if len(_INT_CACHE) >= _CACHE_LIMIT:
+            _INT_CACHE.clear()
+        _INT_CACHE[text] = hit
+    if type(hit) is int:
+        return hit
+    raise JavaEvaluationError(hit.message)  # type: ignore[union-attr]
+
+
+def parse_long(text: str) -> int:
+    """``Long.valueOf(String)``; the result is typed Long."""
+    hit = _LONG_CACHE.get(text)
+    if hit is None:
+        try:
+            hit = JavaLong(_parse_integral(text, LONG_MIN, LONG_MAX))
+        except JavaEvaluationError as exc:
+            hit = _Failed(exc.message)
+        if len(_LONG_CACHE) >= _CACHE_LIMIT:
+            _LONG_CACHE.clear()
+        _LONG_CACHE[text] = hit
+    if isinstance(hit, int):
+        return hit
+    raise JavaEvaluationError(hit.message)
+
+
+# Java's FloatingDecimal.readJavaFormatString, after trimming chars <= U+0020. ASCII digits only.
+_JAVA_DECIMAL: Final = re.compile(
+    r"[+-]?(?:(?P<special>NaN|Infinity)|(?P<num>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[fFdD]?)"
+)
+_JAVA_HEX: Final = re.compile(
+    r"(?P<num>[+-]?0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?[0-9]+)[fFdD]?"
+)
+_JAVA_TRIM: Final = "".join(chr(c) for c in range(0x21))
+
+
+def _parse_double(text: str) -> float:
+    s = text.strip(_JAVA_TRIM)
+    m = _JAVA_DECIMAL.fullmatch(s)
+    if m is not None:
+        negative = s[0] == "-"
+        special = m.group("special")
+        if special == "NaN":
+            return math.nan
+        if special == "Infinity":
+            return -math.inf if negative else math.inf
+        value = float(m.group("num"))
+        return -value if negative else value
+    m = _JAVA_HEX.fullmatch(s)
+    if m is not None:
+        try:
+            return float.fromhex(m.group("num"))
+        except OverflowError:
+            return -math.inf if s[0] == "-" else math.inf
+    raise _nfe(text)
+
+
+def parse_double(text: str) -> float:
+    """``Double.valueOf(String)``."""
+    hit = _DOUBLE_CACHE.get(text)
+    if hit is None:
+        try:
+            hit = _parse_double(text)
+        except JavaEvaluationError as exc:
+            hit = _Failed(exc.message)
+        if len(_DOUBLE_CACHE) >= _CACHE_LIMIT:
+            _DOUBLE_CACHE.clear()
+        _DOUBLE_CACHE[text] = hit
+    if type(hit) is float:
+        return hit
+    raise JavaEvaluationError(hit.message)  # type: ignore[union-attr]
+
+
+def parse_boolean(text: str) -> bool:
+    """``Boolean.valueOf(String)``: true only for "true" in any case (no other Unicode case folds to it)."""
+    return len(text) == 4 and text.isascii() and text.lower() == "true"
+
+
+# ----------------------------------------------------------------------------------------- comparing
+
+
+def double_compare(a: float, b: float) -> int:
+    """``Double.compare``: a total order where -0.0 < 0.0 and NaN is above everything, equal to itself."""
+    if a < b:
+        return -1
+    if a > b:
+        return 1
+    a_nan = math.isnan(a)
+    b_nan = math.isnan(b)
+    if a_nan or b_nan:
+        return int(a_nan) - int(b_nan)
+    if a == 0.0:
+        sa = math.copysign(1.0, a)
+        sb = math.copysign(1.0, b)
+        return (sa > sb) - (sa < sb)
+    return 0
+
+
+def _cmp(a: int | str | bool, b: int | str | bool) -> int:
+    return (a > b) - (a < b)  # type: ignore[operator]
+
+
+def _class_cast(left: object, right: object) -> JavaEvaluationError:
+    return JavaEvaluationError(
+        f"ClassCastException: {java_type(left).value} cannot be compared with {java_type(right).value}"
+    )
+
+
+def compare(lv: object, rv: object) -> int:
+    """RocketMQ's ``__compare(lv, rv, true)``: the coercing comparison of two non-null values."""
+    lt = java_type(lv)
+    rt = java_type(rv)
+    if lt is rt:
+        if lt is JType.DOUBLE:
+            return double_compare(lv, rv)  # type: ignore[arg-type]
+        return _cmp(lv, rv)  # type: ignore[arg-type]
+    if lt is JType.BOOLEAN:
+        if rt is JType.STRING:
+            # lv = Boolean.valueOf((String) lv) casts a Boolean to String: ClassCastException
+            raise _class_cast(lv, rv)
+        return -1
+    if lt is JType.INTEGER:
+        if rt is JType.LONG:
+            return _cmp(lv, rv)  # type: ignore[arg-type]
+        if rt is JType.DOUBLE:
+            return double_compare(float(lv), rv)  # type: ignore[arg-type]
+        if rt is JType.STRING:
+            return _cmp(lv, parse_int(rv))  # type: ignore[arg-type]
+        return -1
+    if lt is JType.LONG:
+        if rt is JType.INTEGER:
+            return _cmp(lv, rv)  # type: ignore[arg-type]
+        if rt is JType.DOUBLE:
+            return double_compare(float(lv), rv)  # type: ignore[arg-type]
+        if rt is JType.STRING:
+            return _cmp(lv, parse_long(rv))  # type: ignore[arg-type]
+        return -1
+    if lt is JType.DOUBLE:
+        if rt is JType.INTEGER or rt is JType.LONG:
+            return double_compare(lv, float(rv))  # type: ignore[arg-type]
+        if rt is JType.STRING:
+            return double_compare(lv, parse_double(rv))  # type: ignore[arg-type]
+        return -1
+    # lt is STRING
+    if rt is JType.BOOLEAN:
+        return _cmp(parse_boolean(lv), rv)  # type: ignore[arg-type]
+    if rt is JType.INTEGER:
+        return _cmp(parse_int(lv), rv)  # type: ignore[arg-type]
+    if rt is JType.LONG:
+        return _cmp(parse_long(lv), rv)  # type: ignore[arg-type]
+    return double_compare(parse_double(lv), rv)  # type: ignore[arg-type]
+
+
+def relational_compare(lv: object, rv: object) -> int:
+    """The comparator behind ``> >= < <=`` for two non-null values: two Strings compare as Doubles."""
+    if type(lv) is str and type(rv) is str:
+        try:
+            return double_compare(parse_double(lv), parse_double(rv))
+        except JavaEvaluationError:
+            raise JavaEvaluationError(
+                f"NumberFormatException: it is illegal to compare strings with '>', '>=', '<' or '<=' "
+                f"unless both are numbers (lv={lv!r}, rv={rv!r})"
+            ) from None
+    return compare(lv, rv)
+
+
+def equal(lv: object, rv: object) -> bool | None:
+    """``=``: left null gives NULL, right null FALSE, both null TRUE, else the coercing compare."""
+    if lv is None:
+        return True if rv is None else None
+    if rv is None:
+        return False
+    return compare(lv, rv) == 0
+
+
+def negate(value: object) -> object:
+    """Unary minus: numbers keep their Java type (32/64-bit wrap-around), anything else is NULL."""
+    t = type(value)
+    if t is int:
+        v: int = value  # type: ignore[assignment]
+        if INT_MIN <= v <= INT_MAX:
+            r = -v
+            return INT_MIN if r > INT_MAX else r
+        r = -v
+        return JavaLong(LONG_MIN) if r > LONG_MAX else (JavaLong(r) if INT_MIN <= r <= INT_MAX else r)
+    if t is JavaLong:
+        r = -int(value)  # type: ignore[call-overload]
+        if r > LONG_MAX:
+            r = LONG_MIN
+        return JavaLong(r) if INT_MIN <= r <= INT_MAX else r
+    if t is float:
+        return -value  # type: ignore[operator]
+    return None

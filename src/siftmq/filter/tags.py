@@ -1,0 +1,91 @@
+"""TAG subscriptions, parsed exactly as RocketMQ's ``FilterAPI.buildSubscriptionData``.
+
+``None``, ``""`` and exactly ``"*"`` subscribe to every message. Anything else is split on ``||``
+(Java ``String.split`` drops trailing empty pieces), each piece is trimmed of characters up to
+U+0020 and empty pieces are dropped. A text that splits into zero pieces (``"||"``) is an error.
+
+The store compares the Java ``String.hashCode`` of a message's tag (kept in the ConsumeQueue entry)
+with :attr:`TagFilter.codes` — a cheap check that can give false positives — and the broker then
+compares the tag string itself (:meth:`TagFilter.matches_tag`), so no collision reaches a consumer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from siftmq.errors import FilterSyntaxError
+
+SUB_ALL: Final = "*"
+_SPLIT: Final = re.compile(r"\|\|")
+_JAVA_TRIM: Final = "".join(chr(c) for c in range(0x21))
+
+
+def java_string_hash(s: str) -> int:
+    """Java ``String.hashCode``: over UTF-16 code units, 32-bit wrap-around, signed."""
+    h = 0
+    if s.isascii() or all(ord(c) < 0x10000 for c in s):
+        for c in s:
+            h = (31 * h + ord(c)) & 0xFFFFFFFF
+    else:
+        data = s.encode("utf-16-le", "surrogatepass")
+        for unit in memoryview(data).cast("H"):
+            h = (31 * h + unit) & 0xFFFFFFFF
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def to_int32(value: int) -> int:
+    """Java ``(int)`` of a long: keep the low 32 bits, signed."""
+    value &= 0xFFFFFFFF
+    return value - 0x100000000 if value & 0x80000000 else value
+
+
+@dataclass(frozen=True, slots=True)
+class TagFilter:
+    """A parsed TAG subscription: the tag set and the set of their hash codes."""
+
+    text: str
+    sub_all: bool
+    tags: frozenset[str]
+    codes: frozenset[int]
+
+    @classmethod
+    def parse(cls, text: str | None) -> TagFilter:
+        if text is None or text == "" or text == SUB_ALL:
+            return cls(SUB_ALL, True, frozenset(), frozenset())
+        if not isinstance(text, str):
+            raise TypeError(f"tag expression must be str, got {type(text).__name__}")
+        pieces = _SPLIT.split(text)
+        while pieces and pieces[-1] == "":
+            pieces.pop()
+        if not pieces:
+            raise FilterSyntaxError(
+                "tag expression splits into no tags (RocketMQ: subString split error)",
+                expression=text,
+                start=0,
+                end=len(text),
+            )
+        tags = []
+        for piece in pieces:
+            tag = piece.strip(_JAVA_TRIM)
+            if tag:
+                tags.append(tag)
+        tag_set = frozenset(tags)
+        return cls(text, False, tag_set, frozenset(java_string_hash(t) for t in tag_set))
+
+    def matches_code(self, tags_code: int | None) -> bool:
+        """The index check: may a message whose ConsumeQueue entry holds ``tags_code`` match?"""
+        if self.sub_all or tags_code is None:
+            return True
+        return to_int32(tags_code) in self.codes
+
+    def matches_tag(self, tag: str | None) -> bool:
+        """The exact check on the message's tag string."""
+        if self.sub_all:
+            return True
+        return tag is not None and tag in self.tags
+
+    def normalized(self) -> str:
+        """The tags joined by ``||`` in sorted order (``*`` for subscribe-all)."""
+        return SUB_ALL if self.sub_all else "||".join(sorted(self.tags))
