@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from siftmq.errors import FilterTypeError
 from siftmq.filter import javalang
@@ -172,13 +173,23 @@ def is_boolean(node: Node) -> bool:
 
 
 def children(node: Node) -> tuple[Node, ...]:
-    if isinstance(node, (Literal, Property)):
-        return ()
-    if isinstance(node, (And, Or)):
-        return node.operands
-    if isinstance(node, (Equal, Compare)):
-        return (node.left, node.right)
-    return (node.operand,)
+    return _CHILDREN[type(node)](node)
+
+
+_CHILDREN: dict[type, Callable[[Any], tuple[Node, ...]]] = {
+    Literal: lambda n: (),
+    Property: lambda n: (),
+    And: lambda n: n.operands,
+    Or: lambda n: n.operands,
+    Equal: lambda n: (n.left, n.right),
+    Compare: lambda n: (n.left, n.right),
+    Negate: lambda n: (n.operand,),
+    Not: lambda n: (n.operand,),
+    BoolCast: lambda n: (n.operand,),
+    IsNull: lambda n: (n.operand,),
+    In: lambda n: (n.operand,),
+    StringMatch: lambda n: (n.operand,),
+}
 
 
 # ------------------------------------------------------------------------------------------- factories

@@ -46,7 +46,7 @@ class CompiledFilter:
     ``TAGS`` property.
     """
 
-    __slots__ = ("_arrow", "_fn", "kind", "normalized", "properties", "tag_filter", "text", "tree")
+    __slots__ = ("_arrow", "_fn", "_normalized", "kind", "properties", "tag_filter", "text", "tree")
 
     def __init__(self, kind: FilterKind, text: str, tree: Node | None, tag_filter: TagFilter | None) -> None:
         self.kind = kind
@@ -54,20 +54,30 @@ class CompiledFilter:
         self.tree = tree
         self.tag_filter = tag_filter
         self._arrow: ArrowEvaluator | None = None
+        self._normalized: str | None = None
         if tree is not None:
             if tree.depth > 100 and sys.getrecursionlimit() < _STACK_NEEDED:
                 sys.setrecursionlimit(_STACK_NEEDED)
             self._fn: Fn = visit(tree, ScalarCompiler())
-            self.normalized = ast.render(tree)
             self.properties: frozenset[str] = _referenced_properties(tree)
         else:
             assert tag_filter is not None
             self._fn = _tag_fn(tag_filter)
-            self.normalized = tag_filter.normalized()
             self.properties = frozenset({TAGS_PROPERTY})
 
     def __repr__(self) -> str:
         return f"CompiledFilter({self.kind!r}, {self.text!r})"
+
+    @property
+    def normalized(self) -> str:
+        """The canonical text: SQL92 re-rendered from the tree (parses back to it), tags sorted."""
+        if self._normalized is None:
+            if self.tree is not None:
+                self._normalized = ast.render(self.tree)
+            else:
+                assert self.tag_filter is not None
+                self._normalized = self.tag_filter.normalized()
+        return self._normalized
 
     def evaluate(self, props: Mapping[str, Any]) -> bool | None:
         """RocketMQ's result for one message: True, False or None; raises ``FilterEvaluationError``."""

@@ -9,7 +9,8 @@ so deep trees never hit Python's recursion limit here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from siftmq.filter.ast import (
     And,
@@ -88,27 +89,22 @@ def visit(root: Node, visitor: ExprVisitor[T]) -> T:
     return results[0]
 
 
+_DISPATCH: dict[type, Callable[[Any, Any, list[Any]], Any]] = {
+    Literal: lambda v, n, a: v.visit_literal(n),
+    Property: lambda v, n, a: v.visit_property(n),
+    Negate: lambda v, n, a: v.visit_negate(n, a[0]),
+    Not: lambda v, n, a: v.visit_not(n, a[0]),
+    BoolCast: lambda v, n, a: v.visit_bool_cast(n, a[0]),
+    And: lambda v, n, a: v.visit_and(n, a),
+    Or: lambda v, n, a: v.visit_or(n, a),
+    Equal: lambda v, n, a: v.visit_equal(n, a[0], a[1]),
+    Compare: lambda v, n, a: v.visit_compare(n, a[0], a[1]),
+    IsNull: lambda v, n, a: v.visit_is_null(n, a[0]),
+    In: lambda v, n, a: v.visit_in(n, a[0]),
+    StringMatch: lambda v, n, a: v.visit_string_match(n, a[0]),
+}
+
+
 def _dispatch(node: Node, v: ExprVisitor[T], args: list[T]) -> T:
-    if isinstance(node, Literal):
-        return v.visit_literal(node)
-    if isinstance(node, Property):
-        return v.visit_property(node)
-    if isinstance(node, Negate):
-        return v.visit_negate(node, args[0])
-    if isinstance(node, Not):
-        return v.visit_not(node, args[0])
-    if isinstance(node, BoolCast):
-        return v.visit_bool_cast(node, args[0])
-    if isinstance(node, And):
-        return v.visit_and(node, args)
-    if isinstance(node, Or):
-        return v.visit_or(node, args)
-    if isinstance(node, Equal):
-        return v.visit_equal(node, args[0], args[1])
-    if isinstance(node, Compare):
-        return v.visit_compare(node, args[0], args[1])
-    if isinstance(node, IsNull):
-        return v.visit_is_null(node, args[0])
-    if isinstance(node, In):
-        return v.visit_in(node, args[0])
-    return v.visit_string_match(node, args[0])
+    result: T = _DISPATCH[type(node)](v, node, args)
+    return result
