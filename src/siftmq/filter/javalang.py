@@ -17,7 +17,8 @@ from __future__ import annotations
 import enum
 import math
 import re
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from siftmq.errors import FilterEvaluationError
 
@@ -112,36 +113,32 @@ _DOUBLE_CACHE: dict[str, float | _Failed] = {}
 _CACHE_LIMIT: Final = 8192
 
 
-def parse_int(text: str) -> int:
-    """``Integer.valueOf(String)``."""
-    hit = _INT_CACHE.get(text)
+def _cached(cache: dict[str, Any], text: str, parse: Callable[[str], Any]) -> Any:
+    """``parse(text)`` through a bounded cache that remembers failures as well as values."""
+    hit = cache.get(text)
     if hit is None:
         try:
-            hit = _parse_integral(text, INT_MIN, INT_MAX)
+            hit = parse(text)
         except JavaEvaluationError as exc:
             hit = _Failed(exc.message)
-        if len(_INT_CACHE) >= _CACHE_LIMIT:
-            _INT_CACHE.clear()
-        _INT_CACHE[text] = hit
-    if type(hit) is int:
-        return hit
-    raise JavaEvaluationError(hit.message)  # type: ignore[union-attr]
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
+        cache[text] = hit
+    if type(hit) is _Failed:
+        raise JavaEvaluationError(hit.message)
+    return hit
+
+
+def parse_int(text: str) -> int:
+    """``Integer.valueOf(String)``."""
+    value: int = _cached(_INT_CACHE, text, lambda t: _parse_integral(t, INT_MIN, INT_MAX))
+    return value
 
 
 def parse_long(text: str) -> int:
     """``Long.valueOf(String)``; the result is typed Long."""
-    hit = _LONG_CACHE.get(text)
-    if hit is None:
-        try:
-            hit = JavaLong(_parse_integral(text, LONG_MIN, LONG_MAX))
-        except JavaEvaluationError as exc:
-            hit = _Failed(exc.message)
-        if len(_LONG_CACHE) >= _CACHE_LIMIT:
-            _LONG_CACHE.clear()
-        _LONG_CACHE[text] = hit
-    if isinstance(hit, int):
-        return hit
-    raise JavaEvaluationError(hit.message)
+    value: int = _cached(_LONG_CACHE, text, lambda t: JavaLong(_parse_integral(t, LONG_MIN, LONG_MAX)))
+    return value
 
 
 # Java's FloatingDecimal.readJavaFormatString, after trimming chars <= U+0020. ASCII digits only.
@@ -177,18 +174,8 @@ def _parse_double(text: str) -> float:
 
 def parse_double(text: str) -> float:
     """``Double.valueOf(String)``."""
-    hit = _DOUBLE_CACHE.get(text)
-    if hit is None:
-        try:
-            hit = _parse_double(text)
-        except JavaEvaluationError as exc:
-            hit = _Failed(exc.message)
-        if len(_DOUBLE_CACHE) >= _CACHE_LIMIT:
-            _DOUBLE_CACHE.clear()
-        _DOUBLE_CACHE[text] = hit
-    if type(hit) is float:
-        return hit
-    raise JavaEvaluationError(hit.message)  # type: ignore[union-attr]
+    value: float = _cached(_DOUBLE_CACHE, text, _parse_double)
+    return value
 
 
 def parse_boolean(text: str) -> bool:

@@ -119,11 +119,14 @@ class _Parser:
             f"{expected}, got {tok.describe()}", expression=self._text, start=tok.start, end=tok.end
         )
 
+    def _too_deep(self) -> FilterLimitError:
+        return FilterLimitError(
+            f"filter expression is nested more than {MAX_DEPTH} levels deep", expression=self._text[:200]
+        )
+
     def _check_depth(self, node: Node) -> Node:
         if node.depth > MAX_DEPTH:
-            raise FilterLimitError(
-                f"filter expression is nested more than {MAX_DEPTH} levels deep", expression=self._text[:200]
-            )
+            raise self._too_deep()
         return node
 
     # ------------------------------------------------------------------------------------- grammar
@@ -226,10 +229,7 @@ class _Parser:
         while self._peek().type in (_T.PLUS, _T.MINUS, _T.NOT):
             prefixes.append(self._next())
             if len(prefixes) + self._depth > MAX_DEPTH:
-                raise FilterLimitError(
-                    f"filter expression is nested more than {MAX_DEPTH} levels deep",
-                    expression=self._text[:200],
-                )
+                raise self._too_deep()
         self._depth += len(prefixes)
         node = self._parse_primary()
         self._depth -= len(prefixes)
@@ -248,10 +248,7 @@ class _Parser:
             self._next()
             self._depth += 1
             if self._depth > MAX_DEPTH:
-                raise FilterLimitError(
-                    f"filter expression is nested more than {MAX_DEPTH} levels deep",
-                    expression=self._text[:200],
-                )
+                raise self._too_deep()
             node = self._parse_expression(1)
             self._expect(_T.RPAREN, "')'")
             self._depth -= 1
