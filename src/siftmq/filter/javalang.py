@@ -131,12 +131,18 @@ def _cached(cache: dict[str, Any], text: str, parse: Callable[[str], Any]) -> An
 
 def parse_int(text: str) -> int:
     """``Integer.valueOf(String)``."""
+    hit = _INT_CACHE.get(text)
+    if type(hit) is int:  # the hot path: one dict lookup
+        return hit
     value: int = _cached(_INT_CACHE, text, lambda t: _parse_integral(t, INT_MIN, INT_MAX))
     return value
 
 
 def parse_long(text: str) -> int:
     """``Long.valueOf(String)``; the result is typed Long."""
+    hit = _LONG_CACHE.get(text)
+    if type(hit) is JavaLong:
+        return hit
     value: int = _cached(_LONG_CACHE, text, lambda t: JavaLong(_parse_integral(t, LONG_MIN, LONG_MAX)))
     return value
 
@@ -174,6 +180,9 @@ def _parse_double(text: str) -> float:
 
 def parse_double(text: str) -> float:
     """``Double.valueOf(String)``."""
+    hit = _DOUBLE_CACHE.get(text)
+    if type(hit) is float:
+        return hit
     value: float = _cached(_DOUBLE_CACHE, text, _parse_double)
     return value
 
