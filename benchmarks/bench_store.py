@@ -1,0 +1,202 @@
+"""Store benchmark: append throughput vs raw disk bandwidth, filtered index scans.
+
+Run: ``.venv/bin/python benchmarks/bench_store.py [--dir DIR] [--messages N]``. Not collected by pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from siftmq.store import (
+    CqExtBlock,
+    CqExtUnit,
+    DispatchRequest,
+    GetMessageStatus,
+    Message,
+    MessageStore,
+    StoreConfig,
+    tags_code_of,
+)
+
+MIB = 1024 * 1024
+BODY = os.urandom(1024)
+
+
+def raw_write_bandwidth(directory: Path, total: int = 512 * MIB, chunk: int = 4 * MIB) -> float:
+    """Sequential write of ``total`` bytes plus one fsync, in bytes/s."""
+    path = directory / "raw.bin"
+    data = os.urandom(chunk)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    start = time.perf_counter()
+    for _ in range(total // chunk):
+        os.write(fd, data)
+    os.fsync(fd)
+    elapsed = time.perf_counter() - start
+    os.close(fd)
+    path.unlink()
+    return total / elapsed
+
+
+def append_rate(directory: Path, mode: str, count: int, batch: int, threads: int = 1) -> tuple[float, float]:
+    """(messages/s, bytes/s) appending ``count`` 1 KiB messages."""
+    data_dir = directory / f"append-{mode}-{batch}-{threads}"
+    cfg = StoreConfig(data_dir, flush_mode=mode, commit_log_segment_size=256 * MIB)  # type: ignore[arg-type]
+    store = MessageStore.open(cfg)
+    per_thread = count // threads
+    msgs = [Message("Bench", BODY, queue_id=i % 4, properties={"TAGS": "A"}) for i in range(batch)]
+
+    def run() -> None:
+        for _ in range(per_thread // batch):
+            if batch == 1:
+                store.put_message(msgs[0])
+            else:
+                store.put_messages(msgs)
+
+    start = time.perf_counter()
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    store.flush()
+    elapsed = time.perf_counter() - start
+    written = store.max_commit_log_offset
+    store.close()
+    shutil.rmtree(data_dir)
+    return per_thread * threads / elapsed, written / elapsed
+
+
+class TagFilter:
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.codes = np.array([tags_code_of(tag)], dtype=np.int64)
+
+    def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
+        return tags_code is None or tags_code in self.codes
+
+    def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
+        return properties.get("TAGS") == self.tag
+
+    def match_consume_queue_block(
+        self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None
+    ) -> npt.NDArray[np.bool_]:
+        return tags_codes == self.codes[0]
+
+
+class BitFilter:
+    """Index stage on bit 5 of the ext bitmap; exact stage on property ``p``."""
+
+    def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
+        return ext is None or ext.filter_bitmap is None or bool(ext.filter_bitmap[0] & 0x20)
+
+    def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
+        return properties.get("p") == "1"
+
+    def match_consume_queue_block(
+        self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None
+    ) -> npt.NDArray[np.bool_]:
+        if ext is None:
+            return np.ones(len(tags_codes), dtype=bool)
+        return (ext.bitmaps[:, 0] & 0x20) != 0
+
+
+class BitmapMaker:
+    def compute_bitmaps(self, requests: Sequence[DispatchRequest]) -> list[bytes | None]:
+        return [(b"\x20" if r.properties.get("p") == "1" else b"\x00") + bytes(13) for r in requests]
+
+
+def filtered_reads(directory: Path, entries: int) -> dict[str, float]:
+    """Index-scan rates for a 1%-selective tag and a bitmap filter (one queue)."""
+    data_dir = directory / "reads"
+    cfg = StoreConfig(data_dir, commit_log_segment_size=256 * MIB, build_key_index=False)
+    store = MessageStore.open(cfg, bitmap_dispatcher=BitmapMaker())
+    small = b"x" * 16
+    batch = []
+    for i in range(entries):
+        hit = i % 100 == 37
+        props = {"TAGS": "B" if hit else "A", "p": "1" if hit else "0"}
+        batch.append(Message("Reads", small, properties=props))
+        if len(batch) == 4096:
+            store.put_messages(batch)
+            batch = []
+    store.put_messages(batch)
+    out: dict[str, float] = {}
+    for name, flt in (("tag", TagFilter("B")), ("bitmap", BitFilter())):
+        offset, delivered, scanned = 0, 0, 0
+        start = time.perf_counter()
+        while True:
+            res = store.get_messages("g", "Reads", 0, offset, 32, flt)
+            delivered += len(res.messages)
+            scanned += res.scanned
+            if res.status not in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE):
+                break
+            offset = res.next_begin_offset
+        elapsed = time.perf_counter() - start
+        assert delivered == entries // 100, delivered
+        out[f"{name}_entries_per_s"] = scanned / elapsed
+        out[f"{name}_messages_per_s"] = delivered / elapsed
+    # the vectorized index pass alone over whole ConsumeQueue segments
+    cq = store.find_consume_queue("Reads", 0)
+    assert cq is not None
+    code = tags_code_of("B")
+    start = time.perf_counter()
+    found = 0
+    offset = 0
+    while offset < cq.max_offset:
+        block = cq.read_block(offset, cfg.consume_queue_entries_per_file)
+        assert block is not None
+        found += int(np.count_nonzero(block["tags_code"] == code))
+        offset += len(block)
+    out["raw_index_entries_per_s"] = cq.max_offset / (time.perf_counter() - start)
+    store.close()
+    shutil.rmtree(data_dir)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dir", type=Path, default=None, help="directory on the disk to measure")
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--entries", type=int, default=1_000_000)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="siftmq-bench-", dir=args.dir))
+    try:
+        raw = raw_write_bandwidth(root)
+        rows = [("raw sequential write + fsync", "-", raw / MIB, 1.0)]
+        for label, mode, count, batch, threads in (
+            ("async put_message", "async", args.messages, 1, 1),
+            ("async put_messages x64", "async", args.messages, 64, 1),
+            ("sync put_message, 1 thread", "sync", args.messages // 20, 1, 1),
+            ("sync put_message, 8 threads", "sync", args.messages // 10, 1, 8),
+            ("sync put_messages x64", "sync", args.messages, 64, 1),
+        ):
+            msgs, bw = append_rate(root, mode, count, batch, threads)
+            rows.append((label, f"{msgs:,.0f}", bw / MIB, bw / raw))
+        print(f"\nappend of 1 KiB messages ({os.cpu_count()} cores, dir {root})")
+        print(f"{'case':32} {'msg/s':>12} {'MiB/s':>10} {'vs raw':>8}")
+        for label, msgs_s, mib, ratio in rows:
+            print(f"{label:32} {msgs_s:>12} {mib:>10.1f} {ratio:>8.2f}")
+        reads = filtered_reads(root, args.entries)
+        print(f"\nfiltered reads, 1% selective, {args.entries:,} entries in one queue")
+        print(f"{'case':40} {'rate':>16}")
+        print(f"{'tag filter, get_messages (entries/s)':40} {reads['tag_entries_per_s']:>16,.0f}")
+        print(f"{'tag filter, get_messages (messages/s)':40} {reads['tag_messages_per_s']:>16,.0f}")
+        print(f"{'bitmap filter, get_messages (entries/s)':40} {reads['bitmap_entries_per_s']:>16,.0f}")
+        print(f"{'bitmap filter, get_messages (messages/s)':40} {reads['bitmap_messages_per_s']:>16,.0f}")
+        print(f"{'index pass alone, per CQ segment':40} {reads['raw_index_entries_per_s']:>16,.0f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""siftmq.store: the message store (CommitLog, ConsumeQueue, ConsumeQueueExt, dispatch, recovery, retention).
+
+Imports only ``siftmq.errors`` (never filter, broker, server, client or spark). The broker uses
+:class:`MessageStore` and implements :class:`MessageFilter`, :class:`CommitLogDispatcher` and
+:class:`BitmapDispatcher`.
+"""
+
+from siftmq.store.codec import Message, StoredMessage, encode_host, java_string_hash, tags_code_of
+from siftmq.store.commitlog import AppendedRecord
+from siftmq.store.config import StoreConfig
+from siftmq.store.consumequeue_ext import CqExtBlock, CqExtUnit
+from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, DispatchRequest
+from siftmq.store.filtering import BlockMessageFilter, GetMessageResult, GetMessageStatus, MessageFilter
+from siftmq.store.retention import RetentionResult
+from siftmq.store.store import MessageStore
+
+__all__ = [
+    "AppendedRecord",
+    "BitmapDispatcher",
+    "BlockMessageFilter",
+    "CommitLogDispatcher",
+    "CqExtBlock",
+    "CqExtUnit",
+    "DispatchRequest",
+    "GetMessageResult",
+    "GetMessageStatus",
+    "Message",
+    "MessageFilter",
+    "MessageStore",
+    "RetentionResult",
+    "StoreConfig",
+    "StoredMessage",
+    "encode_host",
+    "java_string_hash",
+    "tags_code_of",
+]

@@ -1,0 +1,313 @@
+"""The CommitLog: one append-only log of every topic's records, in fixed-size segments.
+
+Records never span segments: when a record does not fit in what is left of the current segment
+(keeping room for the 8-byte blank marker), a blank marker is written and the log rolls to the
+next segment, whose start offset is the previous start plus the segment size (RocketMQ's rule).
+
+The CommitLog also owns the per-queue next queue offsets (RocketMQ's ``topicQueueTable``), so
+queue offsets and commit log offsets are assigned together under the append lock.
+
+Thread safety: :meth:`append` is serialised by the caller's append lock; reads use ``os.pread``
+and may run concurrently with appends; :meth:`flush` is serialised by its own lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
+from siftmq.store import codec
+from siftmq.store.codec import EncodedParts, StoredMessage
+from siftmq.store.segment import Segment, list_segment_starts
+
+_log = logging.getLogger(__name__)
+
+_SCAN_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class AppendedRecord:
+    """Where one appended record landed."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    size: int
+    store_timestamp: int
+
+
+def _start_of(segment: Segment) -> int:
+    return segment.start_offset
+
+
+class CommitLog:
+    """The segment list of ``<data_dir>/commitlog`` with append, read, scan and truncate."""
+
+    def __init__(self, directory: Path, segment_size: int, max_record_size: int) -> None:
+        if max_record_size + codec.BLANK_MARKER_SIZE > segment_size:
+            raise ValueError("segment size must hold the largest record plus the blank marker")
+        self.directory = directory
+        self.segment_size = segment_size
+        self.max_record_size = max_record_size
+        self._segments: list[Segment] = []
+        self._graveyard: list[Segment] = []
+        self._flush_lock = threading.Lock()
+        self.flushed_offset = 0
+        self.queue_offsets: dict[tuple[str, int], int] = {}
+
+    # ------------------------------------------------------------------------------------- opening
+
+    def load(self) -> None:
+        """Open the existing segment files; stop at the first gap or misnamed start."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        starts = list_segment_starts(self.directory)
+        kept: list[int] = []
+        for start in starts:
+            if start % self.segment_size != 0 or (kept and start != kept[-1] + self.segment_size):
+                _log.error("commit log segment %d breaks the sequence; it and later ones are removed", start)
+                break
+            kept.append(start)
+        for start in starts[len(kept) :]:
+            Segment(self.directory, start, self.segment_size).destroy()
+        for start in kept:
+            seg = Segment.open(self.directory, start, self.segment_size)
+            if seg.length > self.segment_size:
+                seg.truncate(self.segment_size)
+            self._segments.append(seg)
+        self.flushed_offset = self.max_offset
+
+    def close(self) -> None:
+        """Close every segment file (no flush)."""
+        for seg in self._segments + self._graveyard:
+            seg.close()
+
+    # ------------------------------------------------------------------------------------ offsets
+
+    @property
+    def min_offset(self) -> int:
+        """The first commit log offset still stored."""
+        return self._segments[0].start_offset if self._segments else 0
+
+    @property
+    def max_offset(self) -> int:
+        """The offset the next record will be written at (end of valid data)."""
+        return self._segments[-1].end_offset if self._segments else 0
+
+    def roll_next_file(self, offset: int) -> int:
+        """The start offset of the segment after the one holding ``offset``."""
+        return offset + self.segment_size - offset % self.segment_size
+
+    def segments(self) -> list[Segment]:
+        """A snapshot of the segment list, oldest first."""
+        return list(self._segments)
+
+    # ------------------------------------------------------------------------------------- append
+
+    def append(self, batch: Sequence[EncodedParts], store_timestamp: int) -> list[AppendedRecord]:
+        """Write ``batch`` (caller holds the append lock), rolling segments as needed.
+
+        Raises :class:`StoreError` if the write fails; then nothing of the batch is visible and no
+        queue offset was consumed.
+        """
+        results: list[AppendedRecord] = []
+        saved_offsets = dict(self.queue_offsets)
+        pending = bytearray()
+        seg = self._current_segment()
+        try:
+            for parts in batch:
+                if parts.size > self.max_record_size:
+                    raise MessageTooLargeError(
+                        f"record of {parts.size} bytes exceeds the limit {self.max_record_size}"
+                    )
+                free = seg.capacity - seg.length - len(pending)
+                if parts.size + codec.BLANK_MARKER_SIZE > free:
+                    pending += codec.encode_blank(free)
+                    seg.write(bytes(pending))
+                    pending.clear()
+                    seg = self._new_segment(seg.start_offset + self.segment_size)
+                physical = seg.start_offset + seg.length + len(pending)
+                key = (parts.message.topic, parts.message.queue_id)
+                queue_offset = self.queue_offsets.get(key, 0)
+                pending += codec.encode_record(
+                    parts,
+                    queue_offset=queue_offset,
+                    physical_offset=physical,
+                    store_timestamp=store_timestamp,
+                )
+                self.queue_offsets[key] = queue_offset + 1
+                results.append(
+                    AppendedRecord(
+                        parts.message.topic,
+                        parts.message.queue_id,
+                        queue_offset,
+                        physical,
+                        parts.size,
+                        store_timestamp,
+                    )
+                )
+            if pending:
+                seg.write(bytes(pending))
+        except OSError as exc:
+            self.queue_offsets = saved_offsets
+            raise StoreError(f"commit log write failed: {exc}") from exc
+        except BaseException:
+            self.queue_offsets = saved_offsets
+            raise
+        return results
+
+    def _current_segment(self) -> Segment:
+        if not self._segments:
+            return self._new_segment(0)
+        return self._segments[-1]
+
+    def _new_segment(self, start: int) -> Segment:
+        seg = Segment.open(self.directory, start, self.segment_size, create=True)
+        if seg.length:
+            seg.truncate(0)
+        self._segments.append(seg)
+        return seg
+
+    # -------------------------------------------------------------------------------------- flush
+
+    def flush(self) -> int:
+        """fdatasync every segment written since the last flush; returns the durable offset."""
+        with self._flush_lock:
+            target = self.max_offset
+            for seg in list(self._segments):
+                if seg.dirty:
+                    try:
+                        seg.flush()
+                    except OSError as exc:
+                        raise StoreError(f"commit log flush failed: {exc}") from exc
+            self.flushed_offset = max(self.flushed_offset, target)
+            return self.flushed_offset
+
+    # --------------------------------------------------------------------------------------- read
+
+    def _segment_for(self, offset: int) -> Segment | None:
+        segments = self._segments  # replaced, never mutated in place, except appends at the end
+        i = bisect.bisect_right(segments, offset, key=_start_of) - 1
+        if i < 0:
+            return None
+        return segments[i]
+
+    def read_message(self, offset: int, size: int | None = None) -> StoredMessage | None:
+        """The verified record at ``offset``; None when the offset is not stored (removed or beyond).
+
+        ``size`` (from a ConsumeQueue entry) saves one read; it must equal the record's size.
+        Raises :class:`CorruptRecordError` if the bytes there are not an intact record.
+        """
+        seg = self._segment_for(offset)
+        if seg is None or offset < self.min_offset:
+            return None
+        pos = offset - seg.start_offset
+        if pos >= seg.length:
+            return None
+        try:
+            if size is None:
+                head = seg.read(pos, 8)
+                if len(head) < 8:
+                    raise CorruptRecordError("truncated record header", offset=offset)
+                size, _magic = codec.peek_header(head)
+            if size <= 0 or size > self.max_record_size:
+                raise CorruptRecordError(f"implausible record size {size}", offset=offset)
+            data = seg.read(pos, size)
+        except OSError as exc:
+            if seg.fd < 0:  # deleted by retention while we read
+                return None
+            raise StoreError(f"commit log read failed at {offset}: {exc}") from exc
+        msg = codec.decode_record(data, 0, offset, max_record_size=self.max_record_size)
+        if msg.store_size != size:
+            raise CorruptRecordError(
+                f"record size {msg.store_size} differs from index size {size}", offset=offset
+            )
+        return msg
+
+    # --------------------------------------------------------------------------------------- scan
+
+    def scan(self, from_offset: int) -> Iterator[StoredMessage]:
+        """Verified records from ``from_offset`` (a record boundary) to the end.
+
+        Stops at the first bad record; after the iteration :attr:`scan_end` is the offset right
+        after the last good record (or blank marker) and :attr:`scan_error` says why it stopped.
+        """
+        self.scan_end = from_offset
+        self.scan_error: CorruptRecordError | None = None
+        for seg in list(self._segments):
+            if seg.start_offset + seg.length <= from_offset and seg is not self._segments[-1]:
+                continue
+            pos = max(0, from_offset - seg.start_offset)
+            buf = b""
+            buf_start = pos
+            while pos < seg.length:
+                if pos + 8 > buf_start + len(buf):
+                    buf = seg.read(pos, _SCAN_CHUNK)
+                    buf_start = pos
+                    if len(buf) < 8:
+                        self.scan_error = CorruptRecordError(
+                            "torn record header", offset=seg.start_offset + pos
+                        )
+                        return
+                rel = pos - buf_start
+                total_size, magic = codec.peek_header(buf, rel)
+                if magic == codec.BLANK_MAGIC_CODE and total_size == seg.capacity - pos:
+                    self.scan_end = seg.start_offset + seg.capacity
+                    break
+                offset = seg.start_offset + pos
+                if 0 < total_size <= self.max_record_size and rel + total_size > len(buf):
+                    buf = seg.read(pos, max(_SCAN_CHUNK, total_size))
+                    buf_start = pos
+                    rel = 0
+                try:
+                    msg = codec.decode_record(buf, rel, offset, max_record_size=self.max_record_size)
+                except CorruptRecordError as exc:
+                    self.scan_error = exc
+                    return
+                pos += msg.store_size
+                self.scan_end = seg.start_offset + pos
+                yield msg
+            else:
+                if seg is not self._segments[-1]:
+                    self.scan_error = CorruptRecordError(
+                        "segment ends without a blank marker", offset=seg.start_offset + pos
+                    )
+                    return
+
+    def truncate(self, offset: int) -> None:
+        """Drop everything from ``offset`` on (deleting later segments) and make it durable."""
+        while self._segments and self._segments[-1].start_offset > offset:
+            seg = self._segments[-1]
+            self._segments = self._segments[:-1]
+            seg.destroy()
+        if self._segments:
+            seg = self._segments[-1]
+            if offset - seg.start_offset < seg.length:
+                seg.truncate(offset - seg.start_offset)
+            elif offset == seg.start_offset + seg.capacity:
+                # the last segment ends with its blank marker: the next record goes to a new one
+                self._new_segment(offset)
+        self.flushed_offset = min(self.flushed_offset, self.max_offset)
+
+    # ---------------------------------------------------------------------------------- retention
+
+    def delete_first_segment(self) -> Segment | None:
+        """Remove the oldest segment unless it is the one being written; return it."""
+        if len(self._segments) <= 1:
+            return None
+        seg = self._segments[0]
+        self._segments = self._segments[1:]
+        seg.destroy(defer_close=True)
+        self._graveyard.append(seg)
+        return seg
+
+    def close_deleted(self) -> None:
+        """Close the descriptors of segments deleted by an earlier retention pass."""
+        graveyard, self._graveyard = self._graveyard, []
+        for seg in graveyard:
+            seg.close()

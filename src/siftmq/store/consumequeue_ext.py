@@ -1,0 +1,122 @@
+"""ConsumeQueueExt: per-entry store timestamp, tags code and filter bitmap beside the ConsumeQueue.
+
+Layout: one fixed-size unit per queue offset, in segment files parallel to the ConsumeQueue's
+(same units per segment, so segment ``i`` of both covers the same queue offsets) under
+``<data_dir>/consumequeue_ext/<topic>/<queue_id>/``::
+
+    store_timestamp  int64   0 marks a unit with no data (reads give None)
+    tags_code        int64
+    bitmap_length    uint16  0 = no bitmap
+    bitmap           bitmap_size bytes (zero padded)
+
+An entry's unit is found in O(1) from its queue offset. RocketMQ instead stores a variable-size
+unit and keeps its address in the ConsumeQueue's tags code field; a fixed unit costs a few
+bytes per entry and keeps the tags code in the ConsumeQueue usable for the vectorized index scan.
+The bitmap size is fixed per store (default 14 bytes = 112 bits, RocketMQ's bloom with n=32, f=20%).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from siftmq.store.unitlog import UnitLog
+
+DEFAULT_BITMAP_SIZE: Final = 14
+_FIXED = struct.Struct(">qqH")
+
+
+@dataclass(frozen=True, slots=True)
+class CqExtUnit:
+    """The extension of one ConsumeQueue entry."""
+
+    store_timestamp: int
+    tags_code: int
+    filter_bitmap: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class CqExtBlock:
+    """Extension units of consecutive queue offsets as arrays (for vectorized filters).
+
+    ``present[i]`` is False where the unit is missing; ``bitmaps`` is ``(n, bitmap_size)`` uint8
+    with ``bitmap_lengths[i] == 0`` where an entry has no bitmap.
+    """
+
+    store_timestamps: npt.NDArray[np.int64]
+    tags_codes: npt.NDArray[np.int64]
+    bitmap_lengths: npt.NDArray[np.uint16]
+    bitmaps: npt.NDArray[np.uint8]
+    present: npt.NDArray[np.bool_]
+
+    def unit(self, i: int) -> CqExtUnit | None:
+        """The unit at row ``i`` as a :class:`CqExtUnit` (None if missing)."""
+        if not self.present[i]:
+            return None
+        n = int(self.bitmap_lengths[i])
+        return CqExtUnit(
+            int(self.store_timestamps[i]),
+            int(self.tags_codes[i]),
+            self.bitmaps[i, :n].tobytes() if n else None,
+        )
+
+
+class ConsumeQueueExt:
+    """The extension file set of one queue."""
+
+    def __init__(self, directory: Path, units_per_segment: int, bitmap_size: int) -> None:
+        if not 0 < bitmap_size <= 0xFFFF:
+            raise ValueError("bitmap size must be in 1..65535 bytes")
+        self.bitmap_size = bitmap_size
+        self.unit_size = _FIXED.size + bitmap_size
+        self.log = UnitLog(directory, self.unit_size, units_per_segment)
+        self._dtype = np.dtype(
+            [
+                ("store_timestamp", ">i8"),
+                ("tags_code", ">i8"),
+                ("bitmap_length", ">u2"),
+                ("bitmap", "u1", (bitmap_size,)),
+            ]
+        )
+
+    def encode(self, store_timestamp: int, tags_code: int, bitmap: bytes | None) -> bytes:
+        """One unit's bytes; a bitmap longer than the configured size is a ValueError."""
+        bitmap = bitmap or b""
+        if len(bitmap) > self.bitmap_size:
+            raise ValueError(f"bitmap of {len(bitmap)} bytes exceeds the configured {self.bitmap_size}")
+        return _FIXED.pack(store_timestamp, tags_code, len(bitmap)) + bitmap.ljust(self.bitmap_size, b"\0")
+
+    def put_units(self, first_offset: int, units: Sequence[bytes]) -> None:
+        """Write encoded units at ``first_offset`` (padding missing units before it if needed)."""
+        gap = first_offset - self.log.max_index
+        if self.log.segment_count() and gap > 0:
+            self.log.append(self.log.max_index, bytes(self.unit_size * gap))
+        elif self.log.segment_count() and gap < 0:
+            self.log.truncate(first_offset)
+        self.log.append(first_offset, b"".join(units))
+
+    def get(self, queue_offset: int) -> CqExtUnit | None:
+        """The unit of ``queue_offset``, or None when absent."""
+        block = self.read_block(queue_offset, 1)
+        return None if block is None or len(block.present) == 0 else block.unit(0)
+
+    def read_block(self, queue_offset: int, count: int) -> CqExtBlock | None:
+        """Units of ``count`` consecutive offsets (fewer at the end); None if none is stored."""
+        if queue_offset < self.log.min_index:
+            return None
+        data = self.log.read(queue_offset, count, within_segment=False)
+        if not data:
+            return None
+        arr = np.frombuffer(data, dtype=self._dtype)
+        ts = arr["store_timestamp"].astype(np.int64)
+        lengths = arr["bitmap_length"].astype(np.uint16)
+        present = (ts != 0) & (lengths <= self.bitmap_size)
+        return CqExtBlock(
+            ts, arr["tags_code"].astype(np.int64), lengths, np.ascontiguousarray(arr["bitmap"]), present
+        )

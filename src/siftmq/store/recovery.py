@@ -1,0 +1,213 @@
+"""Crash detection, checkpoint and recovery.
+
+* An ``abort`` file is created when the store opens and removed at a clean close; finding it at
+  open means the previous run crashed.
+* The ``checkpoint`` file (JSON with a CRC) records the CommitLog offset up to which the
+  ConsumeQueues (and their extensions) are known durable.
+
+Recovery scans the CommitLog, verifying magic and CRC of every record, and truncates at the
+first record that fails (a torn tail, or a corrupted byte: everything after it is dropped, as
+RocketMQ does). The scan starts at the first segment when the key index is enabled (it is
+rebuilt by the same pass), otherwise at the segment holding the checkpoint (after a crash) or
+at the last segment (after a clean stop).
+
+The ConsumeQueues are then made to agree with the CommitLog: records past the checkpoint are
+re-dispatched (entries verified, missing ones written, stale tails cut), queues are cut after
+their last surviving record, and if any queue misses entries that cannot be re-dispatched from
+the scanned range, every ConsumeQueue is rebuilt from the CommitLog alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from siftmq.store.commitlog import CommitLog
+from siftmq.store.consumequeue import ConsumeQueue
+from siftmq.store.dispatch import DispatchRequest, Reput
+from siftmq.store.keyindex import KeyIndex
+from siftmq.store.segment import fsync_dir
+
+_log = logging.getLogger(__name__)
+
+_BATCH = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Durable positions written by the flusher."""
+
+    commit_log_flushed_offset: int
+    consume_queue_flushed_offset: int
+
+    def save(self, path: Path) -> None:
+        """Write atomically (temp file, fsync, rename, fsync dir)."""
+        body = json.dumps(
+            {
+                "commit_log_flushed_offset": self.commit_log_flushed_offset,
+                "consume_queue_flushed_offset": self.consume_queue_flushed_offset,
+            },
+            sort_keys=True,
+        )
+        payload = json.dumps({"body": body, "crc": zlib.crc32(body.encode())}).encode()
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint | None:
+        """The saved checkpoint, or None if absent or damaged."""
+        try:
+            outer = json.loads(path.read_bytes())
+            body = outer["body"]
+            if zlib.crc32(body.encode()) != outer["crc"]:
+                raise ValueError("checkpoint CRC mismatch")
+            inner = json.loads(body)
+            return cls(int(inner["commit_log_flushed_offset"]), int(inner["consume_queue_flushed_offset"]))
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError) as exc:
+            _log.error("ignoring damaged checkpoint %s: %s", path, exc)
+            return None
+
+
+class _NeedsRebuild(Exception):
+    """A ConsumeQueue misses entries that the scanned range cannot restore."""
+
+
+def recover(
+    commit_log: CommitLog,
+    queues: dict[tuple[str, int], ConsumeQueue],
+    find_or_create: Callable[[str, int], ConsumeQueue],
+    reput: Reput,
+    key_index: KeyIndex | None,
+    *,
+    abnormal: bool,
+    checkpoint: Checkpoint | None,
+) -> None:
+    """Bring the CommitLog and ConsumeQueues of a freshly loaded store into agreement."""
+    cl_min = commit_log.min_offset
+    redispatch_from = commit_log.max_offset
+    if abnormal:
+        redispatch_from = checkpoint.consume_queue_flushed_offset if checkpoint else cl_min
+        redispatch_from = max(cl_min, min(redispatch_from, commit_log.max_offset))
+    if key_index is not None:
+        scan_from = cl_min
+    else:
+        last_start = commit_log.segments()[-1].start_offset if commit_log.segments() else 0
+        anchor = min(redispatch_from, last_start)
+        scan_from = anchor - (anchor - cl_min) % commit_log.segment_size
+
+    last_of_queue: dict[tuple[str, int], DispatchRequest] = {}
+    rebuild = False
+    batch: list[DispatchRequest] = []
+    for msg in commit_log.scan(scan_from):
+        req = DispatchRequest.of(msg)
+        last_of_queue[(req.topic, req.queue_id)] = req
+        if key_index is not None:
+            key_index.dispatch((req,))
+        if rebuild or msg.commit_log_offset < redispatch_from:
+            continue
+        batch.append(req)
+        if len(batch) >= _BATCH:
+            rebuild = not _redispatch(batch, find_or_create, reput)
+            batch = []
+    if batch and not rebuild:
+        rebuild = not _redispatch(batch, find_or_create, reput)
+    if commit_log.scan_error is not None:
+        _log.error(
+            "commit log recovery: %s; truncating %d bytes from offset %d",
+            commit_log.scan_error,
+            commit_log.max_offset - commit_log.scan_end,
+            commit_log.scan_end,
+        )
+    elif abnormal and commit_log.scan_end != commit_log.max_offset:
+        _log.warning("commit log recovery: truncating at %d", commit_log.scan_end)
+    if scan_from < commit_log.max_offset or commit_log.scan_end != commit_log.max_offset:
+        commit_log.truncate(commit_log.scan_end)
+
+    if not rebuild:
+        rebuild = not _reconcile(commit_log, queues, last_of_queue, scan_from)
+    if rebuild:
+        _log.error("consume queues disagree with the commit log; rebuilding them all from the commit log")
+        _rebuild_all(commit_log, queues, reput)
+    commit_log.queue_offsets = {key: cq.max_offset for key, cq in queues.items()}
+
+
+def _redispatch(
+    batch: list[DispatchRequest], find_or_create: Callable[[str, int], ConsumeQueue], reput: Reput
+) -> bool:
+    """Write the entries of ``batch`` the ConsumeQueues miss; False if a queue has a hole."""
+    todo: list[DispatchRequest] = []
+    next_offset: dict[tuple[str, int], int] = {}
+    for req in batch:
+        key = (req.topic, req.queue_id)
+        cq = find_or_create(req.topic, req.queue_id)
+        expected = next_offset.get(key, cq.max_offset)
+        q = req.consume_queue_offset
+        if q < cq.min_offset or q > expected:
+            # a hole (or an empty queue whose earlier records we cannot see): rebuild
+            return False
+        if q < expected:
+            entry = cq.get_entry(q)
+            if entry is None:
+                return False
+            if entry[0] == req.commit_log_offset and entry[1] == req.msg_size:
+                continue
+            cq.truncate(q)
+        todo.append(req)
+        next_offset[key] = q + 1
+    reput.dispatch(todo)
+    return True
+
+
+def _reconcile(
+    commit_log: CommitLog,
+    queues: dict[tuple[str, int], ConsumeQueue],
+    last_of_queue: dict[tuple[str, int], DispatchRequest],
+    scan_from: int,
+) -> bool:
+    """Cut each queue after its last surviving record; False if a queue misses entries."""
+    for key, cq in queues.items():
+        cq.truncate_dirty(commit_log.max_offset)
+        last = last_of_queue.get(key)
+        if last is None:
+            cq.correct_min_offset(commit_log.min_offset)
+            if scan_from <= commit_log.min_offset and cq.max_offset > cq.min_offset:
+                return False  # the whole log was scanned and holds no record this queue indexes
+            continue
+        q = last.consume_queue_offset
+        if cq.max_offset > q + 1:
+            cq.truncate(q + 1)
+        entry = cq.get_entry(q)
+        if entry is None or entry[0] != last.commit_log_offset or entry[1] != last.msg_size:
+            return False
+        cq.correct_min_offset(commit_log.min_offset)
+    return all(key in queues for key in last_of_queue)
+
+
+def _rebuild_all(commit_log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue], reput: Reput) -> None:
+    for cq in queues.values():
+        cq.destroy()
+    batch: list[DispatchRequest] = []
+    for msg in commit_log.scan(commit_log.min_offset):
+        batch.append(DispatchRequest.of(msg))
+        if len(batch) >= _BATCH:
+            reput.dispatch(batch)
+            batch = []
+    reput.dispatch(batch)
+    if commit_log.scan_error is not None:  # the log was just verified; a new error is an I/O problem
+        commit_log.truncate(commit_log.scan_end)
+    for cq in queues.values():
+        cq.correct_min_offset(commit_log.min_offset)

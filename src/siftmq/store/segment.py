@@ -1,0 +1,133 @@
+"""Fixed-size segment files named by their 20-digit zero-padded start offset.
+
+Segments use plain positional file I/O (``os.pwrite``/``os.pread``); no mmap, so a file's
+length is exactly the bytes written and a torn tail is simply a short file. Both the CommitLog
+(byte offsets) and the ConsumeQueue (byte offsets of 20-byte entries) are made of segments.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+_log = logging.getLogger(__name__)
+
+NAME_DIGITS: Final = 20
+_NAME_RE: Final = re.compile(r"^\d{20}$")
+
+
+def segment_name(start_offset: int) -> str:
+    """``00000000000001048576`` for a segment starting at 1 MiB."""
+    return f"{start_offset:0{NAME_DIGITS}d}"
+
+
+def list_segment_starts(directory: Path) -> list[int]:
+    """Start offsets of the segment files in ``directory``, sorted; other files are ignored."""
+    if not directory.is_dir():
+        return []
+    starts = []
+    for entry in os.scandir(directory):
+        if entry.is_file() and _NAME_RE.match(entry.name):
+            starts.append(int(entry.name))
+        elif not entry.name.endswith(".tmp"):
+            _log.warning("ignoring unexpected file %s in %s", entry.name, directory)
+    return sorted(starts)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a file creation, deletion or rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class Segment:
+    """One open segment file: ``[start_offset, start_offset + capacity)`` in its log's offsets.
+
+    ``length`` is how many bytes of the file are valid; writes happen at ``length``.
+    """
+
+    directory: Path
+    start_offset: int
+    capacity: int
+    fd: int = -1
+    length: int = 0
+    dirty: bool = field(default=False)
+
+    @property
+    def path(self) -> Path:
+        """The file's path."""
+        return self.directory / segment_name(self.start_offset)
+
+    @property
+    def end_offset(self) -> int:
+        """The log offset right after the last valid byte."""
+        return self.start_offset + self.length
+
+    @classmethod
+    def open(cls, directory: Path, start_offset: int, capacity: int, *, create: bool = False) -> Segment:
+        """Open (or create) the segment file; ``length`` is the file's current size."""
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        seg = cls(directory, start_offset, capacity)
+        seg.fd = os.open(seg.path, flags, 0o644)
+        seg.length = os.fstat(seg.fd).st_size
+        if create:
+            fsync_dir(directory)
+        return seg
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` at ``length``; on failure the file is cut back and the error re-raised."""
+        pos = self.length
+        try:
+            written = os.pwrite(self.fd, data, pos)
+            while written < len(data):
+                written += os.pwrite(self.fd, data[written:], pos + written)
+        except OSError:
+            try:
+                os.ftruncate(self.fd, pos)
+            except OSError:
+                _log.exception("could not cut back %s after a failed write", self.path)
+            raise
+        self.length = pos + len(data)
+        self.dirty = True
+
+    def read(self, pos: int, size: int) -> bytes:
+        """Up to ``size`` bytes at file position ``pos`` (short only at the end of valid data)."""
+        size = max(0, min(size, self.length - pos))
+        if size == 0:
+            return b""
+        return os.pread(self.fd, size, pos)
+
+    def flush(self) -> None:
+        """fdatasync the file if it was written since the last flush."""
+        if self.dirty:
+            self.dirty = False
+            os.fdatasync(self.fd)
+
+    def truncate(self, length: int) -> None:
+        """Cut the file to ``length`` bytes and make it durable."""
+        os.ftruncate(self.fd, length)
+        os.fsync(self.fd)
+        self.length = length
+
+    def close(self) -> None:
+        """Close the file descriptor."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def destroy(self, *, defer_close: bool = False) -> None:
+        """Delete the file; close it now, or later with ``defer_close`` (readers may still hold it)."""
+        if not defer_close:
+            self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,60 @@
+"""Writer process for the kill -9 test (not a test module).
+
+Usage: python crash_writer.py DATA_DIR ROUND. Appends in sync flush mode from two threads and
+prints ``ack ROUND THREAD I COMMIT_LOG_OFFSET QUEUE_ID QUEUE_OFFSET`` after each acknowledged
+append, until killed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+from pathlib import Path
+
+from siftmq.store import Message, MessageStore, StoreConfig
+
+
+def body_of(round_no: int, thread: int, i: int) -> bytes:
+    """A self-describing body: header plus a hash-derived filler of varying length."""
+    head = f"r{round_no}-t{thread}-i{i}-".encode()
+    filler = hashlib.sha256(head).digest() * (1 + (i * 7919 + thread) % 200)
+    return head + filler
+
+
+def main() -> None:
+    data_dir, round_no = Path(sys.argv[1]), int(sys.argv[2])
+    cfg = StoreConfig(
+        data_dir,
+        commit_log_segment_size=256 * 1024,
+        max_message_size=16 * 1024,
+        consume_queue_entries_per_file=32,
+        flush_mode="sync",
+        flush_interval_ms=20,
+    )
+    store = MessageStore.open(cfg)
+    out_lock = threading.Lock()
+    print("ready", flush=True)
+
+    def run(thread: int) -> None:
+        i = 0
+        while True:
+            body = body_of(round_no, thread, i)
+            props = {"TAGS": f"t{thread}", "UNIQ_KEY": f"r{round_no}t{thread}i{i}"}
+            r = store.put_message(Message("Crash", body, queue_id=(i + thread) % 3, properties=props))
+            with out_lock:
+                sys.stdout.write(
+                    f"ack {round_no} {thread} {i} {r.commit_log_offset} {r.queue_id} {r.queue_offset}\n"
+                )
+                sys.stdout.flush()
+            i += 1
+
+    threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+if __name__ == "__main__":
+    main()

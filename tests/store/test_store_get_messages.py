@@ -1,0 +1,293 @@
+"""get_messages: every RocketMQ status, next-offset rules, both filter stages, bitmaps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from conftest import msg
+
+from siftmq.store import (
+    CqExtBlock,
+    CqExtUnit,
+    DispatchRequest,
+    GetMessageStatus,
+    MessageStore,
+    tags_code_of,
+)
+
+S = GetMessageStatus
+Opener = Callable[..., MessageStore]
+
+
+class TagFilter:
+    """A minimal tag filter: index stage on tags code, exact stage on the TAGS property."""
+
+    def __init__(self, *tags: str) -> None:
+        self.tags = set(tags)
+        self.codes = {tags_code_of(t) for t in tags}
+        self.index_calls = 0
+
+    def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
+        self.index_calls += 1
+        return tags_code is None or tags_code in self.codes
+
+    def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
+        return properties.get("TAGS") in self.tags
+
+
+class VectorTagFilter(TagFilter):
+    """The same filter with the vectorized index check."""
+
+    def match_consume_queue_block(
+        self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None
+    ) -> npt.NDArray[np.bool_]:
+        return np.isin(tags_codes, np.fromiter(self.codes, dtype=np.int64))
+
+
+class CollidingFilter(TagFilter):
+    """Index stage says yes to everything: only the exact stage filters."""
+
+    def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
+        return True
+
+
+def _fill(store: MessageStore, n: int, queue_id: int = 0, tag: Callable[[int], str] = lambda i: "A") -> None:
+    store.put_messages([msg(body=str(i).encode(), queue_id=queue_id, TAGS=tag(i)) for i in range(n)])
+
+
+def test_no_matched_logic_queue(open_store: Opener) -> None:
+    res = open_store().get_messages("g", "T", 0, 5, 10)
+    assert (res.status, res.next_begin_offset, res.min_offset, res.max_offset) == (
+        S.NO_MATCHED_LOGIC_QUEUE,
+        0,
+        0,
+        0,
+    )
+
+
+def test_no_message_in_queue(open_store: Opener) -> None:
+    store = open_store()
+    store.create_queue("T", 3)
+    res = store.get_messages("g", "T", 3, 7, 10)
+    assert (res.status, res.next_begin_offset) == (S.NO_MESSAGE_IN_QUEUE, 0)
+
+
+def test_found_and_next_offset(open_store: Opener) -> None:
+    store = open_store()
+    _fill(store, 10)
+    res = store.get_messages("g", "T", 0, 2, 3)
+    assert res.status is S.FOUND
+    assert [m.body for m in res.messages] == [b"2", b"3", b"4"]
+    assert (res.next_begin_offset, res.min_offset, res.max_offset) == (5, 0, 10)
+
+
+def test_overflow_one_and_badly(open_store: Opener) -> None:
+    store = open_store()
+    _fill(store, 5)
+    one = store.get_messages("g", "T", 0, 5, 10)
+    assert (one.status, one.next_begin_offset) == (S.OFFSET_OVERFLOW_ONE, 5)
+    badly = store.get_messages("g", "T", 0, 9, 10)
+    # min offset 0: RocketMQ sends the consumer back to the start
+    assert (badly.status, badly.next_begin_offset) == (S.OFFSET_OVERFLOW_BADLY, 0)
+
+
+def test_too_small_and_badly_after_retention(open_store: Opener) -> None:
+    store = open_store()
+    store.put_messages([msg(body=b"x" * 40_000, TAGS="A") for _ in range(60)])
+    result = store.delete_expired_files(now_ms=2**62)
+    assert result.commit_log_segments >= 1
+    cq_min = store.get_min_offset_in_queue("T", 0)
+    assert cq_min > 0
+    small = store.get_messages("g", "T", 0, 0, 10)
+    assert (small.status, small.next_begin_offset, small.min_offset) == (S.OFFSET_TOO_SMALL, cq_min, cq_min)
+    badly = store.get_messages("g", "T", 0, 1000, 10)
+    assert (badly.status, badly.next_begin_offset) == (S.OFFSET_OVERFLOW_BADLY, 60)
+
+
+def test_message_was_removing(open_store: Opener) -> None:
+    store = open_store(consume_queue_entries_per_file=4)
+    store.put_messages([msg(body=b"x" * 40_000) for _ in range(30)])
+    # the CommitLog segment is gone but the ConsumeQueue was not trimmed yet
+    store.commit_log.delete_first_segment()
+    res = store.get_messages("g", "T", 0, 0, 10)
+    assert res.status is S.MESSAGE_WAS_REMOVING
+    assert res.next_begin_offset == 4  # the scanned index segment
+    assert res.messages == []
+
+
+def test_removed_entries_are_skipped_up_to_next_file(open_store: Opener) -> None:
+    store = open_store(consume_queue_entries_per_file=64)
+    store.put_messages([msg(body=b"x" * 40_000) for _ in range(30)])
+    store.commit_log.delete_first_segment()
+    res = store.get_messages("g", "T", 0, 0, 5)
+    assert res.status is S.FOUND
+    assert res.messages[0].commit_log_offset == 1 << 20
+
+
+def test_offset_found_null(open_store: Opener) -> None:
+    store = open_store(consume_queue_entries_per_file=4)
+    _fill(store, 10)
+    cq = store.find_consume_queue("T", 0)
+    assert cq is not None
+    cq.log.delete_first_segment()
+    cq.log.min_index = 0  # as if the min offset had not been corrected yet
+    res = store.get_messages("g", "T", 0, 1, 10)
+    assert (res.status, res.next_begin_offset) == (S.OFFSET_FOUND_NULL, 4)
+
+
+@pytest.mark.parametrize("filter_cls", [TagFilter, VectorTagFilter])
+def test_tag_filter_on_index(open_store: Opener, filter_cls: type[TagFilter]) -> None:
+    store = open_store(consume_queue_entries_per_file=1000)
+    _fill(store, 300, tag=lambda i: "B" if i % 50 == 7 else "A")
+    flt = filter_cls("B")
+    res = store.get_messages("g", "T", 0, 0, 32, flt)
+    assert res.status is S.FOUND
+    assert [m.body for m in res.messages] == [str(i).encode() for i in range(7, 300, 50)]
+    assert res.next_begin_offset == 300
+    none = store.get_messages("g", "T", 0, 0, 32, filter_cls("C"))
+    assert (none.status, none.next_begin_offset, none.messages) == (S.NO_MATCHED_MESSAGE, 300, [])
+
+
+def test_exact_stage_removes_hash_collisions(open_store: Opener) -> None:
+    store = open_store()
+    # "Aa" and "BB" have the same Java hash code
+    assert tags_code_of("Aa") == tags_code_of("BB")
+    store.put_messages([msg(body=b"1", TAGS="Aa"), msg(body=b"2", TAGS="BB"), msg(body=b"3", TAGS="Aa")])
+    flt = TagFilter("BB")
+    res = store.get_messages("g", "T", 0, 0, 10, flt)
+    assert [m.body for m in res.messages] == [b"2"]
+    only_exact = store.get_messages("g", "T", 0, 0, 10, CollidingFilter("Aa"))
+    assert [m.body for m in only_exact.messages] == [b"1", b"3"]
+    nothing = store.get_messages("g", "T", 0, 2, 10, CollidingFilter("BB"))
+    assert (nothing.status, nothing.next_begin_offset) == (S.NO_MATCHED_MESSAGE, 3)
+
+
+def test_scan_bound_is_16000_bytes_of_index(open_store: Opener) -> None:
+    store = open_store(consume_queue_entries_per_file=5000)
+    _fill(store, 2000)
+    res = store.get_messages("g", "T", 0, 0, 32, VectorTagFilter("Z"))
+    assert (res.status, res.next_begin_offset, res.scanned) == (S.NO_MATCHED_MESSAGE, 800, 800)
+    big = store.get_messages("g", "T", 0, 0, 1000, VectorTagFilter("Z"))
+    assert big.next_begin_offset == 1000
+
+
+def test_batch_limits(open_store: Opener) -> None:
+    store = open_store(consume_queue_entries_per_file=1000, max_transfer_count=8, max_transfer_bytes=10_000)
+    store.put_messages([msg(body=b"x" * 100) for _ in range(50)])
+    res = store.get_messages("g", "T", 0, 0, 32)
+    assert (len(res.messages), res.next_begin_offset) == (8, 8)
+    store.put_messages([msg(body=b"y" * 6000, queue_id=1) for _ in range(5)])
+    res = store.get_messages("g", "T", 1, 0, 32)
+    assert len(res.messages) == 1  # a second one would pass max_transfer_bytes
+    store.put_messages([msg(body=b"z" * 20_000, queue_id=2)])
+    res = store.get_messages("g", "T", 2, 0, 32)
+    assert len(res.messages) == 1  # one message is always returned
+
+
+class BloomishDispatcher:
+    """A test bitmap dispatcher: bit (hash of the Region property) % 112 set in a 14-byte bitmap."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.seen: list[DispatchRequest] = []
+
+    def compute_bitmaps(self, requests: Sequence[DispatchRequest]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for req in requests:
+            region = req.properties.get("Region")
+            if region is None:
+                out.append(None)
+                continue
+            bits = bytearray(14)
+            bit = _bit_of(region)
+            bits[bit // 8] |= 1 << (bit % 8)
+            out.append(bytes(bits))
+        return out
+
+    def dispatch(self, requests: Sequence[DispatchRequest]) -> None:
+        self.batches.append(len(requests))
+        self.seen.extend(requests)
+
+
+def _bit_of(region: str) -> int:
+    return sum(region.encode()) % 112
+
+
+class RegionFilter:
+    """Exact: Region == wanted; index: the bitmap must have the region's bit."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+        self.bit = _bit_of(region)
+        self.index_rejected = 0
+
+    def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
+        if ext is None or ext.filter_bitmap is None:
+            return True
+        hit = bool(ext.filter_bitmap[self.bit // 8] & (1 << (self.bit % 8)))
+        self.index_rejected += not hit
+        return hit
+
+    def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
+        return properties.get("Region") == self.region
+
+
+class VectorRegionFilter(RegionFilter):
+    def match_consume_queue_block(
+        self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None
+    ) -> npt.NDArray[np.bool_]:
+        if ext is None:
+            return np.ones(len(tags_codes), dtype=bool)
+        mask = np.ones(len(tags_codes), dtype=bool)
+        has = ext.present & (ext.bitmap_lengths > 0)
+        hit = (ext.bitmaps[:, self.bit // 8] & (1 << (self.bit % 8))) != 0
+        mask[: len(has)] = ~has | hit
+        return mask
+
+
+@pytest.mark.parametrize("filter_cls", [RegionFilter, VectorRegionFilter])
+def test_bitmaps_from_dispatcher_reach_the_filter(open_store: Opener, filter_cls: type[RegionFilter]) -> None:
+    store = open_store(consume_queue_entries_per_file=1000)
+    dispatcher = BloomishDispatcher()
+    store.set_bitmap_dispatcher(dispatcher)
+    store.add_dispatcher(dispatcher)
+    regions = ["Hangzhou", "Beijing", "Shanghai"]
+    store.put_messages([msg(body=str(i).encode(), Region=regions[i % 3]) for i in range(30)])
+    store.put_message(msg(body=b"noregion"))
+    assert sum(dispatcher.batches) == 31
+    assert [r.consume_queue_offset for r in dispatcher.seen] == list(range(31))
+    cq = store.find_consume_queue("T", 0)
+    assert cq is not None and cq.ext is not None
+    unit = cq.ext.get(0)
+    assert unit is not None and unit.filter_bitmap is not None and len(unit.filter_bitmap) == 14
+    assert unit.tags_code == 0 and unit.store_timestamp > 0
+    no_bitmap = cq.ext.get(30)
+    assert no_bitmap is not None and no_bitmap.filter_bitmap is None
+    flt = filter_cls("Beijing")
+    res = store.get_messages("g", "T", 0, 0, 32, flt)
+    assert [m.body for m in res.messages] == [str(i).encode() for i in range(1, 30, 3)]
+    if filter_cls is RegionFilter:
+        assert flt.index_rejected == 20  # skipped on the bitmap, the CommitLog was not read
+
+
+def test_failing_dispatchers_do_not_fail_appends(open_store: Opener) -> None:
+    class Broken:
+        def dispatch(self, requests: Sequence[DispatchRequest]) -> None:
+            raise RuntimeError("boom")
+
+        def compute_bitmaps(self, requests: Sequence[DispatchRequest]) -> list[bytes | None]:
+            return [b"\xff" * 100 for _ in requests]  # too long: stored without bitmap
+
+    store = open_store()
+    store.add_dispatcher(Broken())
+    store.set_bitmap_dispatcher(Broken())
+    store.put_message(msg())
+    res = store.get_messages("g", "T", 0, 0, 1)
+    assert res.status is S.FOUND
+    cq = store.find_consume_queue("T", 0)
+    assert cq is not None and cq.ext is not None
+    unit = cq.ext.get(0)
+    assert unit is not None and unit.filter_bitmap is None

@@ -1,0 +1,183 @@
+"""Recovery: torn tails, corrupted bytes, lost indexes, garbage segments (hypothesis)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import msg, small_config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from siftmq.errors import StoreError
+from siftmq.store import GetMessageStatus, MessageStore, StoreConfig
+
+
+def _write(cfg: StoreConfig, n: int, *, crash: bool, body_size: int = 3000) -> dict[int, bytes]:
+    """Write ``n`` messages over 2 queues; leave the abort marker if ``crash``."""
+    store = MessageStore.open(cfg)
+    bodies: dict[int, bytes] = {}
+    for i in range(n):
+        body = bytes([i % 251]) * (body_size + i)
+        r = store.put_message(msg(body=body, queue_id=i % 2, TAGS=f"t{i % 3}", UNIQ_KEY=f"u{i}"))
+        bodies[r.commit_log_offset] = body
+    store.close()
+    if crash:
+        (cfg.data_dir / "abort").touch()
+    return bodies
+
+
+def _read_all(store: MessageStore) -> list[tuple[int, int, bytes]]:
+    """(queue_id, queue_offset, body) of every readable message; checks index/log agreement."""
+    out = []
+    for topic, q in store.queues():
+        offset = store.get_min_offset_in_queue(topic, q)
+        while True:
+            res = store.get_messages("g", topic, q, offset, 32)
+            for m in res.messages:
+                assert (m.topic, m.queue_id) == (topic, q)
+                out.append((q, m.queue_offset, m.body))
+            if res.status is not GetMessageStatus.FOUND:
+                break
+            offset = res.next_begin_offset
+    return out
+
+
+def _commitlog_files(data: Path) -> list[Path]:
+    return sorted((data / "commitlog").iterdir())
+
+
+@pytest.mark.parametrize("crash", [True, False])
+def test_torn_tail_is_truncated(tmp_path: Path, crash: bool) -> None:
+    cfg = small_config(tmp_path)
+    bodies = _write(cfg, 40, crash=crash)
+    last = _commitlog_files(tmp_path)[-1]
+    size = last.stat().st_size
+    os.truncate(last, size - 100)  # tear the last record
+    with MessageStore.open(cfg) as store:
+        got = _read_all(store)
+        assert len(got) == 39
+        assert store.max_commit_log_offset == max(bodies)
+        assert {b for _q, _o, b in got} == set(list(bodies.values())[:39])
+        r = store.put_message(msg(body=b"after", queue_id=1))
+        assert r.commit_log_offset == max(bodies)
+        assert r.queue_offset == 19  # message 39 (queue 1, offset 19) was lost; its offset is reused
+
+
+def test_corrupted_byte_in_middle_truncates_at_last_good_record(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path)
+    bodies = _write(cfg, 20, crash=True)
+    offsets = sorted(bodies)
+    victim = offsets[10]
+    with open(_commitlog_files(tmp_path)[0], "r+b") as f:
+        f.seek(victim + 200)
+        b = f.read(1)
+        f.seek(victim + 200)
+        f.write(bytes([b[0] ^ 0x40]))
+    with MessageStore.open(cfg) as store:
+        assert store.max_commit_log_offset == victim
+        got = _read_all(store)
+        assert sorted(b for _q, _o, b in got) == sorted(bodies[o] for o in offsets[:10])
+        assert store.query_message_by_uniq_key("u12") is None
+
+
+def test_lost_consume_queues_are_rebuilt(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path)
+    _write(cfg, 50, crash=False)
+    with MessageStore.open(cfg) as store:
+        expected = _read_all(store)
+    shutil.rmtree(tmp_path / "consumequeue" / "T" / "1")
+    with MessageStore.open(cfg) as store:
+        assert _read_all(store) == expected
+
+
+def test_stale_consume_queue_tail_is_cut(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path)
+    _write(cfg, 30, crash=True)
+    cq_file = sorted((tmp_path / "consumequeue" / "T" / "0").iterdir())[-1]
+    with open(cq_file, "ab") as f:
+        f.write(b"\x00\x00\x00\x00\x7f\x00\x00\x00" + b"\x00\x00\x01\x00" + bytes(8) + b"\x01\x02\x03")
+    with MessageStore.open(cfg) as store:
+        assert store.get_max_offset_in_queue("T", 0) == 15
+        assert len(_read_all(store)) == 30
+
+
+def test_crash_rebuilds_index_past_checkpoint(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path, build_key_index=False)
+    _write(cfg, 30, crash=True)
+    # lose the last index entries, as if they were never flushed
+    cq_file = sorted((tmp_path / "consumequeue" / "T" / "0").iterdir())[-1]
+    os.truncate(cq_file, cq_file.stat().st_size - 20 * 3)
+    (tmp_path / "checkpoint").unlink()
+    with MessageStore.open(cfg) as store:
+        assert store.get_max_offset_in_queue("T", 0) == 15
+        assert len(_read_all(store)) == 30
+
+
+_garbage = st.binary(min_size=1, max_size=3000)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_damage_never_yields_a_corrupted_message(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    root = tmp_path_factory.mktemp("fuzz")
+    cfg = small_config(root, consume_queue_entries_per_file=8, max_message_size=16 * 1024)
+    crash = data.draw(st.booleans(), label="crash")
+    bodies = _write(cfg, 40, crash=crash, body_size=data.draw(st.integers(10, 12_000), label="body_size"))
+    valid = set(bodies.values())
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in ("lock", "abort"))
+    for _ in range(data.draw(st.integers(1, 4), label="damages")):
+        target = data.draw(st.sampled_from(files), label="file")
+        size = target.stat().st_size
+        action = data.draw(st.sampled_from(["flip", "truncate", "garbage", "append"]), label="action")
+        if action == "flip" and size:
+            pos = data.draw(st.integers(0, size - 1), label="pos")
+            with open(target, "r+b") as f:
+                f.seek(pos)
+                byte = f.read(1)[0]
+                f.seek(pos)
+                f.write(bytes([byte ^ data.draw(st.integers(1, 255), label="xor")]))
+        elif action == "truncate":
+            os.truncate(target, data.draw(st.integers(0, size), label="len"))
+        elif action == "garbage":
+            target.write_bytes(data.draw(_garbage, label="garbage"))
+        else:
+            with open(target, "ab") as f:
+                f.write(data.draw(_garbage, label="tail"))
+    if data.draw(st.booleans(), label="extra_segment"):
+        (root / "commitlog" / f"{5 << 20:020d}").write_bytes(data.draw(_garbage, label="segment"))
+    try:
+        store = MessageStore.open(cfg)
+    except StoreError:
+        return
+    try:
+        for topic, q in store.queues():
+            offset = store.get_min_offset_in_queue(topic, q)
+            for _ in range(100):
+                try:
+                    res = store.get_messages("g", topic, q, offset, 32)
+                except StoreError:
+                    offset += 1
+                    continue
+                for m in res.messages:
+                    assert m.body in valid
+                if res.status is not GetMessageStatus.FOUND:
+                    break
+                offset = res.next_begin_offset
+        for off in list(bodies)[:10]:
+            try:
+                m = store.look_message_by_offset(off)
+            except StoreError:
+                continue
+            assert m is None or m.body == bodies[off]
+        r = store.put_message(msg(body=b"still writable"))
+        m = store.look_message_by_offset(r.commit_log_offset)
+        assert m is not None and m.body == b"still writable"
+    finally:
+        store.close()
+    with MessageStore.open(cfg) as again:  # and it reopens cleanly
+        assert again.max_commit_log_offset >= r.commit_log_offset + r.size

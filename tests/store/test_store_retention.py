@@ -1,0 +1,66 @@
+"""Retention: whole CommitLog segments by age and disk usage; queue minimum offsets follow."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from conftest import msg
+
+from siftmq.store import GetMessageStatus, MessageStore
+
+Opener = Callable[..., MessageStore]
+HOUR_MS = 3600 * 1000
+
+
+def _fill(store: MessageStore) -> None:
+    store.put_messages([msg(body=b"x" * 40_000, queue_id=i % 2, KEYS=f"k{i}") for i in range(100)])
+
+
+def test_age_based_deletion(open_store: Opener) -> None:
+    store = open_store(file_reserved_time_ms=HOUR_MS, consume_queue_entries_per_file=4)
+    _fill(store)
+    segments = store.commit_log.segments()
+    assert len(segments) >= 4
+    now = time.time_ns() // 1_000_000
+    assert store.delete_expired_files(now_ms=now).commit_log_segments == 0  # all fresh
+    old = (now - 2 * HOUR_MS) / 1000
+    for seg in segments[:2]:
+        os.utime(seg.path, (old, old))
+    result = store.delete_expired_files(now_ms=now)
+    assert result.commit_log_segments == 2
+    assert result.commit_log_min_offset == segments[2].start_offset
+    assert result.consume_queue_segments > 0
+    for q in (0, 1):
+        low = store.get_min_offset_in_queue("T", q)
+        res = store.get_messages("g", "T", q, low, 1)
+        assert res.status is GetMessageStatus.FOUND
+        assert res.messages[0].commit_log_offset >= store.min_commit_log_offset
+        assert store.get_messages("g", "T", q, low - 1, 1).status is GetMessageStatus.OFFSET_TOO_SMALL
+    assert store.query_messages_by_key("T", "k0") == []
+    assert len(store.query_messages_by_key("T", "k99")) == 1
+
+
+def test_disk_usage_based_deletion_keeps_the_active_segment(open_store: Opener) -> None:
+    store = open_store()
+    _fill(store)
+    n = len(store.commit_log.segments())
+    result = store.delete_expired_files(disk_usage_ratio=lambda: 0.99)
+    assert result.commit_log_segments == n - 1
+    assert len(store.commit_log.segments()) == 1
+    store.put_message(msg(body=b"after"))
+    assert store.delete_expired_files(disk_usage_ratio=lambda: 0.1).commit_log_segments == 0
+
+
+def test_retention_survives_reopen(open_store: Opener) -> None:
+    store = open_store(consume_queue_entries_per_file=4)
+    _fill(store)
+    store.delete_expired_files(disk_usage_ratio=lambda: 0.99)
+    mins = [store.get_min_offset_in_queue("T", q) for q in (0, 1)]
+    maxs = [store.get_max_offset_in_queue("T", q) for q in (0, 1)]
+    store.close()
+    store = open_store(consume_queue_entries_per_file=4)
+    assert [store.get_min_offset_in_queue("T", q) for q in (0, 1)] == mins
+    assert [store.get_max_offset_in_queue("T", q) for q in (0, 1)] == maxs
+    assert store.put_message(msg(body=b"next")).queue_offset == 50
