@@ -17,13 +17,10 @@ from collections.abc import Iterable
 
 import mmh3
 
+from siftmq.hashing import to_int32
+
 DEFAULT_F = 20
 DEFAULT_N = 32
-
-
-def _int32(value: int) -> int:
-    value &= 0xFFFFFFFF
-    return value - 0x100000000 if value & 0x80000000 else value
 
 
 class BloomFilter:
@@ -54,11 +51,11 @@ class BloomFilter:
     def bit_positions(self, key: str) -> list[int]:
         data = key.encode("utf-8", "replace")
         h64 = mmh3.hash64(data, 0, signed=False)[0]
-        hash1 = _int32(h64)
-        hash2 = _int32(h64 >> 32)
+        hash1 = to_int32(h64)
+        hash2 = to_int32(h64 >> 32)
         positions = []
         for i in range(1, self.k + 1):
-            c = _int32(hash1 + i * hash2)
+            c = to_int32(hash1 + i * hash2)
             if c < 0:
                 c = ~c
             positions.append(c % self.m)

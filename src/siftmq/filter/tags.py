@@ -16,29 +16,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from siftmq.errors import FilterSyntaxError
+from siftmq.hashing import java_string_hash, to_int32
+
+__all__ = ["SUB_ALL", "TagFilter", "java_string_hash", "to_int32"]
 
 SUB_ALL: Final = "*"
 _SPLIT: Final = re.compile(r"\|\|")
 _JAVA_TRIM: Final = "".join(chr(c) for c in range(0x21))
-
-
-def java_string_hash(s: str) -> int:
-    """Java ``String.hashCode``: over UTF-16 code units, 32-bit wrap-around, signed."""
-    h = 0
-    if s.isascii() or all(ord(c) < 0x10000 for c in s):
-        for c in s:
-            h = (31 * h + ord(c)) & 0xFFFFFFFF
-    else:
-        data = s.encode("utf-16-le", "surrogatepass")
-        for unit in memoryview(data).cast("H"):
-            h = (31 * h + unit) & 0xFFFFFFFF
-    return h - 0x100000000 if h & 0x80000000 else h
-
-
-def to_int32(value: int) -> int:
-    """Java ``(int)`` of a long: keep the low 32 bits, signed."""
-    value &= 0xFFFFFFFF
-    return value - 0x100000000 if value & 0x80000000 else value
 
 
 @dataclass(frozen=True, slots=True)

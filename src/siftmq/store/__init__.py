@@ -5,7 +5,8 @@ Imports only ``siftmq.errors`` (never filter, broker, server, client or spark). 
 :class:`BitmapDispatcher`.
 """
 
-from siftmq.store.codec import Message, StoredMessage, encode_host, java_string_hash, tags_code_of
+from siftmq.hashing import java_string_hash
+from siftmq.store.codec import Message, StoredMessage, encode_host, tags_code_of
 from siftmq.store.commitlog import AppendedRecord
 from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue_ext import CqExtBlock, CqExtUnit

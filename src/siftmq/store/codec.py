@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError
+from siftmq.hashing import java_string_hash
 
 MESSAGE_MAGIC_CODE: Final = 0x5346_4D31  # "SFM1"
 BLANK_MAGIC_CODE: Final = -875286124  # RocketMQ's end-of-file marker (0xCBD43194 as signed int32)
@@ -80,15 +81,6 @@ def encode_host(ip: str, port: int) -> bytes:
 def decode_host(raw: bytes) -> tuple[str, int]:
     """Inverse of :func:`encode_host`."""
     return ".".join(str(b) for b in raw[:4]), int.from_bytes(raw[4:8], "big")
-
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode()`` of ``text`` as a signed 32-bit int (over UTF-16 code units)."""
-    h = 0
-    raw = text.encode("utf-16-be")
-    for i in range(0, len(raw), 2):
-        h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
 
 
 def tags_code_of(tags: str | None) -> int:
