@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -80,6 +81,33 @@ def filter_eval(
         raise typer.Exit(2) from None
     _out.print({True: "TRUE", False: "FALSE", None: "NULL"}[result], markup=False)
     raise typer.Exit(0 if result is True else 2)
+
+
+@app.command("broker")
+def broker(
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="Where the broker keeps its data [./data].")
+    ] = None,
+    listen: Annotated[
+        str | None, typer.Option("--listen", help="host:port; port 0 picks a free port [127.0.0.1:8081].")
+    ] = None,
+    flush: Annotated[
+        str | None, typer.Option("--flush", help="sync: a send returns once on disk; async: every 500 ms.")
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A TOML file of broker settings.")] = None,
+) -> None:
+    """Run the broker (RocketMQ 5 gRPC) on embedded storage; prints a line with 'ready' once it serves."""
+    from siftmq.broker.config import BrokerConfig
+    from siftmq.errors import ConfigError
+
+    try:
+        cfg = BrokerConfig.load(config, data_dir=data_dir, listen=listen, flush=flush)
+    except ConfigError as exc:
+        _err.print(f"[bold red]error:[/] {exc}", markup=True)
+        raise typer.Exit(2) from None
+    from siftmq.server.app import run
+
+    raise typer.Exit(run(cfg))
 
 
 def main() -> None:

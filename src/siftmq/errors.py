@@ -21,6 +21,11 @@ The tree::
     │   ├── MessageTooLargeError     a record would not fit the configured limits
     │   ├── StoreClosedError         the store was used after close()
     │   └── StoreLockedError         another process holds the data directory
+    ├── BrokerError                  a broker request was refused (``code`` is the wire status name)
+    │   ├── BadRequestError          malformed or illegal input (topic, group, tag, key, handle, ...)
+    │   ├── NotFoundError            an unknown topic or group
+    │   ├── UnsupportedError         a call or feature this broker does not serve, or turned off
+    │   └── TooManyRequestsError     a bound on concurrent work was hit (retriable)
     └── ConfigError                  invalid configuration value
 
 Each layer raises its own errors; the edges translate them (``raise X from exc``).
@@ -163,6 +168,48 @@ class StoreLockedError(StoreError):
     """Another process holds the store's data directory."""
 
     code = "STORE_LOCKED"
+
+
+# --------------------------------------------------------------------------------------------- broker
+
+
+class BrokerError(SiftError):
+    """The broker refused a request.
+
+    ``status`` is the RocketMQ v2 status name the edge answers with (``apache.rocketmq.v2.Code``):
+    the class's ``code`` unless a more specific one (``ILLEGAL_TOPIC``, ...) is given.
+    """
+
+    code = "INTERNAL_ERROR"
+
+    def __init__(self, message: str, *, status: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status or type(self).code
+
+
+class BadRequestError(BrokerError):
+    """Malformed or illegal input; the specific status (ILLEGAL_TOPIC, ...) is given per instance."""
+
+    code = "BAD_REQUEST"
+
+
+class NotFoundError(BrokerError):
+    """An unknown topic, group or message."""
+
+    code = "NOT_FOUND"
+
+
+class UnsupportedError(BrokerError):
+    """A call or feature this broker does not serve (or that its configuration turned off)."""
+
+    code = "UNSUPPORTED"
+
+
+class TooManyRequestsError(BrokerError):
+    """A bound on concurrent work was hit; retry later."""
+
+    code = "TOO_MANY_REQUESTS"
+    retriable = True
 
 
 # -------------------------------------------------------------------------------------------- helpers

@@ -1,0 +1,509 @@
+"""The broker: topics, sends, filtered receives with invisible time, acks, redelivery and dead letters.
+
+Synchronous and thread-safe; the gRPC edge calls it from a thread pool (long polling is in
+:mod:`siftmq.broker.long_polling`). Layout of the data directory::
+
+    <data_dir>/store/...                the message store (CommitLog, ConsumeQueue, ext, checkpoint)
+    <data_dir>/config/topics.json       topics
+    <data_dir>/config/filters.json      SQL92 filter registrations (bloom keys group#topic)
+    <data_dir>/config/consumer_state.json   per-group progress and in-flight messages
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from siftmq.broker.clients import ClientRegistry
+from siftmq.broker.config import BrokerConfig
+from siftmq.broker.consumer_state import ConsumerStateTable, InFlight, QueueProgress
+from siftmq.broker.filter_registry import FilterRegistry
+from siftmq.broker.message_filters import TagMessageFilter
+from siftmq.broker.model import (
+    PROPERTY_BORN_HOST,
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    Delivery,
+    OutgoingMessage,
+    SendResult,
+    Subscription,
+)
+from siftmq.broker.receipts import ReceiptHandle
+from siftmq.broker.topics import TopicConfig, TopicManager
+from siftmq.broker.validation import (
+    check_group,
+    check_keys,
+    check_message_id,
+    check_tag,
+    check_topic,
+    check_user_properties,
+)
+from siftmq.errors import BadRequestError, FilterError, NotFoundError, StoreError, UnsupportedError
+from siftmq.filter import BloomFilter, compile_filter
+from siftmq.store import (
+    DispatchRequest,
+    GetMessageStatus,
+    Message,
+    MessageFilter,
+    MessageStore,
+    StoreConfig,
+    StoredMessage,
+    encode_host,
+)
+
+_log = logging.getLogger(__name__)
+
+DLQ_PREFIX = "%DLQ%"
+#: Index entries a single receive may scan per queue before it answers (bounds one call's work).
+MAX_SCAN_PER_RECEIVE = 64_000
+FILTER_KINDS = {"TAG": "TAG", "SQL": "SQL92", "SQL92": "SQL92"}
+
+
+def dlq_topic(group: str) -> str:
+    return f"{DLQ_PREFIX}{group}"
+
+
+class Broker:
+    """One broker over one data directory. Call :meth:`start`, then :meth:`close`."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        config_dir = config.data_dir / "config"
+        config_dir.mkdir(parents=True, exist_ok=True)
+        self.bloom = BloomFilter()
+        self.topics = TopicManager(config_dir, auto_create=config.auto_create_topics,
+                                   default_queue_nums=config.default_queue_nums,
+                                   max_queue_nums=config.max_queue_nums)
+        self.filters = FilterRegistry(config_dir, self.bloom, expire_s=config.filter_registration_expire_s)
+        self.consumers = ConsumerStateTable(config_dir)
+        self.clients = ClientRegistry(config.client_session_expire_s)
+        self.store = MessageStore(
+            StoreConfig(
+                data_dir=config.data_dir / "store",
+                commit_log_segment_size=config.commit_log_segment_size,
+                max_message_size=config.max_body_size,
+                flush_mode=config.flush,
+                flush_interval_ms=config.flush_interval_ms,
+                bitmap_size=self.bloom.bitmap_size,
+            ),
+            bitmap_dispatcher=self.filters,
+        )
+        self._arrival_listeners: list[Callable[[set[str]], None]] = []
+        self._queue_cursor = itertools.count()
+        self._send_locks = [threading.Lock() for _ in range(64)]
+        self._stop = threading.Event()
+        self._housekeeper: threading.Thread | None = None
+
+    # ---------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.store.add_dispatcher(_ArrivalDispatcher(self))
+        self.store.start()
+        for topic in self.topics.all():
+            for qid in range(topic.queue_nums):
+                self.store.create_queue(topic.name, qid)
+        self._stop.clear()
+        self._housekeeper = threading.Thread(target=self._housekeeping, name="siftmq-broker-housekeeping",
+                                             daemon=True)
+        self._housekeeper.start()
+
+    def close(self) -> None:
+        """Stop background work, write consumer state and registrations, close the store (flushes)."""
+        self._stop.set()
+        if self._housekeeper is not None:
+            self._housekeeper.join()
+            self._housekeeper = None
+        try:
+            self.consumers.save()
+            self.filters.save()
+        finally:
+            self.store.close()
+
+    def add_arrival_listener(self, listener: Callable[[set[str]], None]) -> None:
+        """``listener(topics)`` is called (from the dispatch thread) when messages become readable."""
+        self._arrival_listeners.append(listener)
+
+    def _housekeeping(self) -> None:
+        flush_s = self.config.consumer_state_flush_ms / 1000
+        last_sweep = 0.0
+        while not self._stop.wait(flush_s):
+            try:
+                if self.consumers.dirty:
+                    self.consumers.save()
+                if time.monotonic() - last_sweep >= 10:
+                    last_sweep = time.monotonic()
+                    self.clients.expire()
+                    for group in self.clients.live_groups():
+                        self.filters.touch_group(group)
+                    self.filters.expire()
+            except Exception:
+                _log.exception("broker housekeeping failed; retrying")
+
+    # ------------------------------------------------------------------------------------- topics
+
+    def route(self, topic: str) -> TopicConfig:
+        """The topic's config, created with the default queue count when auto-creation is on."""
+        return self.topics.get_or_create(topic)
+
+    def _readable_topic(self, topic: str) -> TopicConfig:
+        check_topic(topic)
+        if topic.startswith(DLQ_PREFIX):
+            found = self.topics.get(topic)
+            if found is None:
+                raise NotFoundError(f"dead-letter topic {topic!r} has no messages yet",
+                                    status="TOPIC_NOT_FOUND")
+            return found
+        return self.topics.get_or_create(topic)
+
+    # --------------------------------------------------------------------------------------- send
+
+    def send(self, msg: OutgoingMessage) -> SendResult:
+        """Validate and store one message; a retry with the same message id is stored once."""
+        check_topic(msg.topic, for_send=True)
+        check_message_id(msg.message_id)
+        if msg.message_group is not None:
+            raise UnsupportedError("FIFO messages (message_group) are not supported by this broker yet",
+                                   status="UNSUPPORTED")
+        if msg.delivery_timestamp_ms is not None:
+            raise UnsupportedError("delay messages (delivery_timestamp) are not supported by this broker yet",
+                                   status="UNSUPPORTED")
+        if not msg.body:
+            raise BadRequestError("message body is empty", status="MESSAGE_BODY_EMPTY")
+        if len(msg.body) > self.config.max_body_size:
+            raise BadRequestError(
+                f"message body of {len(msg.body)} bytes exceeds the limit {self.config.max_body_size}",
+                status="MESSAGE_BODY_TOO_LARGE",
+            )
+        if msg.tag is not None:
+            check_tag(msg.tag)
+        check_keys(msg.keys)
+        check_user_properties(msg.user_properties, max_count=self.config.max_user_properties,
+                              max_bytes=self.config.max_user_properties_bytes)
+        topic = self.topics.get_or_create(msg.topic, for_send=True)
+        if not topic.writable:
+            raise BadRequestError(f"topic {topic.name!r} is not writable", status="FORBIDDEN")
+        properties = dict(msg.user_properties)
+        if msg.tag is not None:
+            properties["TAGS"] = msg.tag
+        if msg.keys:
+            properties["KEYS"] = " ".join(msg.keys)
+        properties["UNIQ_KEY"] = msg.message_id
+        born_host = _host_bytes(msg.born_host)
+        if born_host is None and msg.born_host:
+            properties[PROPERTY_BORN_HOST] = msg.born_host[:255]
+        # Same message id, same stripe: a client's retry waits for the first attempt, then sees it.
+        with self._send_locks[hash(msg.message_id) % len(self._send_locks)]:
+            existing = self.store.query_message_by_uniq_key(msg.message_id)
+            if existing is not None and existing.topic == topic.name:
+                return SendResult(msg.message_id, existing.queue_id, existing.queue_offset, duplicate=True)
+            queue_id = next(self._queue_cursor) % topic.queue_nums
+            record = self.store.put_message(Message(
+                topic=topic.name, body=bytes(msg.body), queue_id=queue_id, properties=properties,
+                born_timestamp=msg.born_timestamp_ms, born_host=born_host or encode_host("0.0.0.0", 0),
+            ))
+        return SendResult(msg.message_id, record.queue_id, record.queue_offset)
+
+    # ------------------------------------------------------------------------------------ filters
+
+    def message_filter(self, group: str, subscription: Subscription) -> MessageFilter | None:
+        """The store-level filter for ``group``'s subscription (None for TAG ``*``).
+
+        SQL92 subscriptions register the expression with the bitmap dispatcher (bloom key
+        ``group#topic``). Raises :class:`FilterError` for an invalid expression and
+        :class:`UnsupportedError` for SQL92 when property filtering is turned off.
+        """
+        kind = FILTER_KINDS.get(subscription.kind.upper())
+        if kind is None:
+            raise BadRequestError(f"unknown filter type {subscription.kind!r}; use TAG or SQL92",
+                                  status="ILLEGAL_FILTER_EXPRESSION")
+        if kind == "SQL92" and not self.config.enable_property_filter:
+            raise UnsupportedError(
+                "SQL92 filtering is turned off on this broker (enable_property_filter = false); "
+                "subscribe with a TAG expression or turn it on"
+            )
+        compiled = compile_filter(kind, subscription.expression)
+        if kind == "TAG":
+            assert compiled.tag_filter is not None
+            return None if compiled.tag_filter.sub_all else TagMessageFilter(compiled.tag_filter)
+        return self.filters.register(group, subscription.topic, compiled).message_filter()
+
+    def subscribe(self, client_id: str, client_type: str, group: str | None,
+                  subscriptions: Sequence[Subscription]) -> None:
+        """Record a client's settings; SQL92 subscriptions are registered (and validated) at once."""
+        if group is not None:
+            check_group(group)
+        errors: list[str] = []
+        if group is not None:
+            for sub in subscriptions:
+                try:
+                    check_topic(sub.topic)
+                    self.message_filter(group, sub)
+                except (FilterError, BadRequestError, UnsupportedError) as exc:
+                    errors.append(f"{sub.topic}: {exc}")
+        self.clients.touch(client_id, client_type=client_type, group=group, subscriptions=list(subscriptions))
+        if errors:
+            raise BadRequestError("; ".join(errors), status="ILLEGAL_FILTER_EXPRESSION")
+
+    # ------------------------------------------------------------------------------------ receive
+
+    def receive(self, group: str, subscription: Subscription, *, queue_id: int = -1, batch_size: int = 32,
+                invisible_ms: int | None = None) -> list[Delivery]:
+        """Deliver up to ``batch_size`` messages of ``subscription.topic`` that match its filter.
+
+        Reads the requested queue first, then the topic's other queues; redeliveries whose
+        invisible time is over come before new messages. Non-matching messages are passed over
+        (the group's progress moves past them). Returns [] when nothing is available now.
+        """
+        check_group(group)
+        topic = self._readable_topic(subscription.topic)
+        if not topic.readable:
+            raise BadRequestError(f"topic {topic.name!r} is not readable", status="FORBIDDEN")
+        invisible = self._invisible_ms(invisible_ms)
+        batch_size = max(1, min(batch_size, self.config.max_batch_size))
+        message_filter = self.message_filter(group, subscription)
+        queues = list(range(topic.queue_nums))
+        if 0 <= queue_id < topic.queue_nums:
+            queues = queues[queue_id:] + queues[:queue_id]
+        else:
+            shift = next(self._queue_cursor) % topic.queue_nums
+            queues = queues[shift:] + queues[:shift]
+        rp = _ReceivePass(group, topic.name, _now_ms(), invisible, batch_size, message_filter)
+        for qid in queues:  # redeliveries first, across queues
+            prog = self._progress(group, topic.name, qid)
+            with prog.lock:
+                self._take_due(rp, qid, prog)
+            if len(rp.out) >= batch_size:
+                return rp.out
+        for qid in queues:
+            prog = self._progress(group, topic.name, qid)
+            with prog.lock:
+                self._take_new(rp, qid, prog)
+            if len(rp.out) >= batch_size:
+                break
+        return rp.out
+
+    def next_redelivery_ms(self, group: str, topic: str) -> int | None:
+        """When the earliest in-flight message of ``group`` on ``topic`` becomes visible again."""
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            return None
+        due = []
+        for qid in range(cfg.queue_nums):
+            prog = self.consumers.get((group, topic, qid))
+            if prog is not None:
+                with prog.lock:
+                    t = prog.next_due_ms()
+                if t is not None:
+                    due.append(t)
+        return min(due, default=None)
+
+    def _invisible_ms(self, invisible_ms: int | None) -> int:
+        cfg = self.config
+        if invisible_ms is None:
+            return int(cfg.default_invisible_time_s * 1000)
+        if not cfg.min_invisible_time_s * 1000 <= invisible_ms <= cfg.max_invisible_time_s * 1000:
+            raise BadRequestError(
+                f"invisible duration {invisible_ms} ms is outside {cfg.min_invisible_time_s:g} s.."
+                f"{cfg.max_invisible_time_s:g} s",
+                status="ILLEGAL_INVISIBLE_TIME",
+            )
+        return invisible_ms
+
+    def _progress(self, group: str, topic: str, qid: int) -> QueueProgress:
+        prog = self.consumers.get((group, topic, qid))
+        if prog is not None:
+            return prog
+        # RocketMQ's rule for a new group: from the start while the queue still holds its first
+        # message, otherwise only what arrives from now on.
+        lo = self.store.get_min_offset_in_queue(topic, qid)
+        start = 0 if lo == 0 else self.store.get_max_offset_in_queue(topic, qid)
+        return self.consumers.get_or_create((group, topic, qid), start)
+
+    def _take_due(self, rp: _ReceivePass, qid: int, prog: QueueProgress) -> None:
+        limit = rp.batch_size - len(rp.out)
+        if limit <= 0:
+            return
+        for item in list(prog.pop_due(rp.now, limit)):
+            msg = self._load(item)
+            if msg is None:  # removed by retention: nothing left to deliver
+                del prog.inflight[item.queue_offset]
+                self.consumers.mark_dirty()
+                continue
+            if item.attempt >= self.config.max_delivery_attempts:
+                self._to_dlq(rp.group, msg, item.attempt)
+                del prog.inflight[item.queue_offset]
+                self.consumers.mark_dirty()
+                continue
+            rp.out.append(self._deliver(rp, qid, prog, msg, item.attempt + 1))
+
+    def _take_new(self, rp: _ReceivePass, qid: int, prog: QueueProgress) -> None:
+        scanned = 0
+        S = GetMessageStatus
+        limit = rp.batch_size - len(rp.out)
+        while limit > 0 and scanned < MAX_SCAN_PER_RECEIVE:
+            result = self.store.get_messages(rp.group, rp.topic, qid, prog.pop_offset, limit,
+                                             rp.message_filter)
+            moved = result.next_begin_offset != prog.pop_offset
+            if result.status in (S.FOUND, S.NO_MATCHED_MESSAGE, S.OFFSET_FOUND_NULL,
+                                 S.MESSAGE_WAS_REMOVING, S.OFFSET_TOO_SMALL, S.OFFSET_OVERFLOW_BADLY):
+                prog.pop_offset = result.next_begin_offset
+            if moved:
+                self.consumers.mark_dirty()
+            for msg in result.messages:
+                rp.out.append(self._deliver(rp, qid, prog, msg, 1))
+            limit -= len(result.messages)
+            scanned += max(result.scanned, 1)
+            if not moved or prog.pop_offset >= result.max_offset or result.status in (
+                S.OFFSET_OVERFLOW_ONE, S.NO_MESSAGE_IN_QUEUE, S.NO_MATCHED_LOGIC_QUEUE
+            ):
+                break
+
+    def _deliver(self, rp: _ReceivePass, qid: int, prog: QueueProgress, msg: StoredMessage,
+                 attempt: int) -> Delivery:
+        nonce = secrets.randbits(48)
+        prog.put(InFlight(msg.queue_offset, msg.commit_log_offset, msg.store_size, attempt,
+                          rp.now + rp.invisible_ms, nonce))
+        self.consumers.mark_dirty()
+        handle = ReceiptHandle(rp.topic, qid, msg.queue_offset, nonce).encode()
+        return Delivery(msg, handle, attempt, rp.invisible_ms)
+
+    def _load(self, item: InFlight) -> StoredMessage | None:
+        try:
+            return self.store.look_message_by_offset(item.commit_log_offset, item.size)
+        except StoreError:
+            _log.exception("in-flight message at commit log offset %d cannot be read", item.commit_log_offset)
+            return None
+
+    # -------------------------------------------------------------------------------- ack / nack
+
+    def _in_flight(self, group: str, topic: str, handle_text: str) -> tuple[QueueProgress, InFlight]:
+        """The in-flight entry a receipt handle names; the caller then holds ``prog.lock``."""
+        check_group(group)
+        handle = ReceiptHandle.decode(handle_text)
+        if handle.topic != topic:
+            raise BadRequestError(f"receipt handle belongs to topic {handle.topic!r}, not {topic!r}",
+                                  status="INVALID_RECEIPT_HANDLE")
+        prog = self.consumers.get((group, topic, handle.queue_id))
+        if prog is None:
+            raise BadRequestError(f"receipt handle is unknown to group {group!r}",
+                                  status="INVALID_RECEIPT_HANDLE")
+        prog.lock.acquire()
+        item = prog.inflight.get(handle.queue_offset)
+        problem = None
+        if item is None:
+            problem = "the message is not in flight (already acknowledged, or moved to the dead-letter queue)"
+        elif item.nonce != handle.nonce:
+            problem = "the receipt handle is stale: the message was delivered again with a new handle"
+        elif item.visible_at_ms <= _now_ms():
+            problem = "the receipt handle expired: the message's invisible time is over"
+        if problem is not None:
+            prog.lock.release()
+            raise BadRequestError(problem, status="INVALID_RECEIPT_HANDLE")
+        assert item is not None
+        return prog, item
+
+    def ack(self, group: str, topic: str, handle_text: str) -> None:
+        """Acknowledge one delivery (the message is done for the group)."""
+        prog, item = self._in_flight(group, topic, handle_text)
+        try:
+            del prog.inflight[item.queue_offset]
+            self.consumers.mark_dirty()
+        finally:
+            prog.lock.release()
+
+    def change_invisible_duration(self, group: str, topic: str, handle_text: str, invisible_ms: int) -> str:
+        """Make the message visible again ``invisible_ms`` from now; returns the new receipt handle.
+
+        A consumer's negative acknowledgement: the message is redelivered then, with
+        ``delivery_attempt`` + 1.
+        """
+        if not 0 <= invisible_ms <= self.config.max_invisible_time_s * 1000:
+            raise BadRequestError(
+                f"invisible duration {invisible_ms} ms is outside 0..{self.config.max_invisible_time_s:g} s",
+                status="ILLEGAL_INVISIBLE_TIME",
+            )
+        handle = ReceiptHandle.decode(handle_text)
+        prog, item = self._in_flight(group, topic, handle_text)
+        try:
+            nonce = secrets.randbits(48)
+            prog.put(InFlight(item.queue_offset, item.commit_log_offset, item.size, item.attempt,
+                              _now_ms() + invisible_ms, nonce))
+            self.consumers.mark_dirty()
+        finally:
+            prog.lock.release()
+        return ReceiptHandle(topic, handle.queue_id, handle.queue_offset, nonce).encode()
+
+    def forward_to_dlq(self, group: str, topic: str, handle_text: str) -> None:
+        """Move the delivered message to the group's dead-letter topic now."""
+        prog, item = self._in_flight(group, topic, handle_text)
+        try:
+            msg = self._load(item)
+            if msg is not None:
+                self._to_dlq(group, msg, item.attempt)
+            del prog.inflight[item.queue_offset]
+            self.consumers.mark_dirty()
+        finally:
+            prog.lock.release()
+
+    def _to_dlq(self, group: str, msg: StoredMessage, attempts: int) -> None:
+        topic = dlq_topic(group)
+        cfg = self.topics.get_or_create(topic, system=True)
+        props = dict(msg.properties)
+        props[PROPERTY_DLQ_ORIGIN_TOPIC] = msg.topic
+        props[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = msg.uniq_key or msg.offset_msg_id
+        self.store.put_message(Message(
+            topic=cfg.name, body=msg.body, queue_id=0, properties=props, born_timestamp=msg.born_timestamp,
+            born_host=msg.born_host, reconsume_times=attempts,
+        ))
+        _log.info("message %s of %s moved to %s after %d attempts", msg.uniq_key, msg.topic, topic, attempts)
+
+    # ---------------------------------------------------------------------------------- sessions
+
+    def heartbeat(self, client_id: str, client_type: str, group: str | None) -> None:
+        if group:
+            check_group(group)
+        self.clients.touch(client_id, client_type=client_type, group=group)
+
+    def client_terminated(self, client_id: str) -> None:
+        self.clients.remove(client_id)
+
+
+@dataclass(slots=True)
+class _ReceivePass:
+    """The state of one receive call across the queues it reads."""
+
+    group: str
+    topic: str
+    now: int
+    invisible_ms: int
+    batch_size: int
+    message_filter: MessageFilter | None
+    out: list[Delivery] = field(default_factory=list)
+
+
+class _ArrivalDispatcher:
+    """Tells the broker's arrival listeners (long polling) which topics got new messages."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def dispatch(self, requests: Sequence[DispatchRequest]) -> None:
+        topics = {r.topic for r in requests}
+        for listener in list(self._broker._arrival_listeners):
+            listener(topics)
+
+
+def _host_bytes(host: str) -> bytes | None:
+    try:
+        return encode_host(host, 0)
+    except (ValueError, OSError):
+        return None
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,67 @@
+"""Client sessions: who is connected, as which kind of client, in which group, subscribing what.
+
+Sessions are keyed by the client id every RocketMQ 5 client sends (``x-mq-client-id``). They are
+refreshed by Telemetry settings, heartbeats and data calls, and expire ``expire_s`` after the last
+sign of life or at once on NotifyClientTermination.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from siftmq.broker.model import Subscription
+
+
+@dataclass(slots=True)
+class ClientSession:
+    client_id: str
+    client_type: str = "UNSPECIFIED"
+    group: str | None = None
+    subscriptions: dict[str, Subscription] = field(default_factory=dict)
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+class ClientRegistry:
+    """Live client sessions. Thread-safe."""
+
+    def __init__(self, expire_s: float) -> None:
+        self._expire_s = expire_s
+        self._lock = threading.Lock()
+        self._sessions: dict[str, ClientSession] = {}
+
+    def touch(self, client_id: str, *, client_type: str | None = None, group: str | None = None,
+              subscriptions: list[Subscription] | None = None) -> ClientSession:
+        with self._lock:
+            session = self._sessions.get(client_id)
+            if session is None:
+                session = self._sessions[client_id] = ClientSession(client_id)
+            session.last_seen = time.monotonic()
+            if client_type:
+                session.client_type = client_type
+            if group:
+                session.group = group
+            if subscriptions is not None:
+                session.subscriptions = {s.topic: s for s in subscriptions}
+            return session
+
+    def remove(self, client_id: str) -> None:
+        with self._lock:
+            self._sessions.pop(client_id, None)
+
+    def expire(self) -> list[ClientSession]:
+        cutoff = time.monotonic() - self._expire_s
+        with self._lock:
+            gone = [s for s in self._sessions.values() if s.last_seen < cutoff]
+            for s in gone:
+                del self._sessions[s.client_id]
+        return gone
+
+    def live_groups(self) -> set[str]:
+        with self._lock:
+            return {s.group for s in self._sessions.values() if s.group}
+
+    def sessions(self) -> list[ClientSession]:
+        with self._lock:
+            return list(self._sessions.values())

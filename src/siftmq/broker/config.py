@@ -1,0 +1,120 @@
+"""Broker configuration: defaults, a TOML file (``--config siftmq.toml``) and command-line overrides.
+
+Every knob has a production-minded default; the file uses the same names as :class:`BrokerConfig`
+(unknown names are an error, so a typo never passes silently)::
+
+    data_dir = "./data"
+    listen = "127.0.0.1:8081"
+    flush = "sync"
+    auto_create_topics = true
+    default_queue_nums = 8
+    enable_property_filter = true
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from siftmq.errors import ConfigError
+
+MIB = 1024 * 1024
+
+#: RocketMQ's default retry schedule (messageDelayLevel from level 3 on), in seconds.
+DEFAULT_RETRY_BACKOFF_S: tuple[float, ...] = (
+    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """What a broker process runs with."""
+
+    data_dir: Path = Path("./data")
+    listen: str = "127.0.0.1:8081"
+    flush: Literal["sync", "async"] = "async"
+    flush_interval_ms: int = 500
+    commit_log_segment_size: int = 1024 * MIB
+    broker_name: str = "siftmq-broker"
+    # topics
+    auto_create_topics: bool = True
+    default_queue_nums: int = 8
+    max_queue_nums: int = 1024
+    # messages
+    max_body_size: int = 4 * MIB
+    max_user_properties: int = 128
+    max_user_properties_bytes: int = 16 * 1024
+    # filtering
+    enable_property_filter: bool = True
+    filter_registration_expire_s: float = 24 * 3600.0
+    # receive / ack
+    min_invisible_time_s: float = 1.0
+    max_invisible_time_s: float = 12 * 3600.0
+    default_invisible_time_s: float = 60.0
+    max_long_polling_s: float = 30.0
+    push_long_polling_s: float = 20.0
+    max_batch_size: int = 64
+    max_delivery_attempts: int = 16
+    retry_backoff_s: tuple[float, ...] = field(default=DEFAULT_RETRY_BACKOFF_S)
+    consumer_state_flush_ms: int = 1000
+    client_session_expire_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        object.__setattr__(self, "retry_backoff_s", tuple(float(x) for x in self.retry_backoff_s))
+        if self.flush not in ("sync", "async"):
+            raise ConfigError(f"flush must be 'sync' or 'async', not {self.flush!r}")
+        parse_listen(self.listen)
+        _positive(self, "default_queue_nums", "max_queue_nums", "max_body_size", "max_user_properties",
+                  "max_user_properties_bytes", "max_batch_size", "max_delivery_attempts",
+                  "consumer_state_flush_ms", "flush_interval_ms")
+        if self.default_queue_nums > self.max_queue_nums:
+            raise ConfigError("default_queue_nums must not exceed max_queue_nums")
+        if not 0 < self.min_invisible_time_s <= self.default_invisible_time_s <= self.max_invisible_time_s:
+            raise ConfigError(
+                "need 0 < min_invisible_time_s <= default_invisible_time_s <= max_invisible_time_s"
+            )
+        if self.max_long_polling_s <= 0 or self.push_long_polling_s <= 0:
+            raise ConfigError("long polling times must be positive")
+        if not self.retry_backoff_s or min(self.retry_backoff_s) <= 0:
+            raise ConfigError("retry_backoff_s must be a non-empty list of positive seconds")
+
+    @classmethod
+    def load(cls, path: Path | None = None, **overrides: Any) -> BrokerConfig:
+        """Defaults, then the TOML file at ``path`` (if any), then ``overrides`` that are not None."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    values.update(tomllib.load(f))
+            except FileNotFoundError as exc:
+                raise ConfigError(f"config file {path} does not exist") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown configuration key(s): {', '.join(unknown)}")
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"bad configuration: {exc}") from exc
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """Split ``host:port`` (port 0 picks a free port)."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"listen must be host:port with a port in 0..65535, not {listen!r}")
+    return host, int(port_text)
+
+
+def _positive(config: BrokerConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, not {value!r}")

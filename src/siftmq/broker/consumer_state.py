@@ -1,0 +1,125 @@
+"""Per-group consume progress: the next offset to read and the messages in flight, per queue.
+
+A queue's progress is ``pop_offset`` (the next queue offset a receive reads) and the in-flight
+messages: delivered, not yet acknowledged, each with its delivery attempt, the time it becomes
+visible again and the nonce of its current receipt handle. The group's committed offset is the
+smallest in-flight offset (or ``pop_offset``): everything before it is done.
+
+The whole table is written to ``config/consumer_state.json`` (atomically) at most every
+``flush_ms`` while it changes, and on a clean stop. After a crash the broker restarts from the last
+snapshot: acknowledgements of the last interval are forgotten, so those messages are delivered
+again — at worst a redelivery, never a loss.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from siftmq.broker.persist import read_json, write_json
+
+QueueKey = tuple[str, str, int]  # group, topic, queue id
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A delivered, unacknowledged message."""
+
+    queue_offset: int
+    commit_log_offset: int
+    size: int
+    attempt: int
+    visible_at_ms: int
+    nonce: int
+
+
+@dataclass(slots=True)
+class QueueProgress:
+    """The progress of one group on one queue. Callers hold ``lock`` while reading or changing it."""
+
+    pop_offset: int
+    inflight: dict[int, InFlight] = field(default_factory=dict)
+    _due: list[tuple[int, int, int]] = field(default_factory=list)  # (visible_at_ms, offset, nonce)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def committed_offset(self) -> int:
+        return min(self.inflight) if self.inflight else self.pop_offset
+
+    def put(self, item: InFlight) -> None:
+        self.inflight[item.queue_offset] = item
+        heapq.heappush(self._due, (item.visible_at_ms, item.queue_offset, item.nonce))
+
+    def pop_due(self, now_ms: int, limit: int) -> Iterator[InFlight]:
+        """In-flight messages whose invisible time is over (at most ``limit``), oldest first."""
+        taken = 0
+        while self._due and taken < limit and self._due[0][0] <= now_ms:
+            _, offset, nonce = heapq.heappop(self._due)
+            item = self.inflight.get(offset)
+            if item is None or item.nonce != nonce:
+                continue  # acknowledged or re-armed since
+            taken += 1
+            yield item
+
+    def next_due_ms(self) -> int | None:
+        while self._due:
+            _, offset, nonce = self._due[0]
+            item = self.inflight.get(offset)
+            if item is not None and item.nonce == nonce:
+                return self._due[0][0]
+            heapq.heappop(self._due)
+        return None
+
+
+class ConsumerStateTable:
+    """All groups' :class:`QueueProgress`, persisted as one JSON snapshot."""
+
+    def __init__(self, config_dir: Path) -> None:
+        self._path = config_dir / "consumer_state.json"
+        self._lock = threading.Lock()
+        self._queues: dict[QueueKey, QueueProgress] = {}
+        self._dirty = False
+        for key, item in read_json(self._path, {}).items():
+            group, topic, qid = key.split("\t")
+            prog = QueueProgress(int(item["pop"]))
+            for off, clo, size, attempt, visible, nonce in item.get("inflight", []):
+                prog.put(InFlight(off, clo, size, attempt, visible, nonce))
+            self._queues[(group, topic, int(qid))] = prog
+
+    def get(self, key: QueueKey) -> QueueProgress | None:
+        return self._queues.get(key)
+
+    def get_or_create(self, key: QueueKey, initial_offset: int) -> QueueProgress:
+        prog = self._queues.get(key)
+        if prog is None:
+            with self._lock:
+                prog = self._queues.setdefault(key, QueueProgress(initial_offset))
+                self._dirty = True
+        return prog
+
+    def items(self) -> list[tuple[QueueKey, QueueProgress]]:
+        with self._lock:
+            return list(self._queues.items())
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    @property
+    def dirty(self) -> bool:
+        return self._dirty
+
+    def save(self) -> None:
+        """Write the snapshot (each queue copied under its own lock)."""
+        self._dirty = False
+        snapshot: dict[str, object] = {}
+        for (group, topic, qid), prog in self.items():
+            with prog.lock:
+                snapshot[f"{group}\t{topic}\t{qid}"] = {
+                    "pop": prog.pop_offset,
+                    "inflight": [[i.queue_offset, i.commit_log_offset, i.size, i.attempt, i.visible_at_ms,
+                                  i.nonce] for i in prog.inflight.values()],
+                }
+        write_json(self._path, snapshot)

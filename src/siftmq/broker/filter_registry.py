@@ -1,0 +1,196 @@
+"""SQL92 filter registrations and the bitmap dispatcher (RocketMQ's ConsumerFilterManager + CalcBitMap).
+
+When a group subscribes a topic with SQL92 the broker registers the expression under the bloom key
+``group#topic``. At dispatch, every registration of a record's topic is evaluated — all records of a
+batch at once with ``matches_batch`` — and each matching registration's bloom bits are OR-ed into
+the record's bitmap (stored in its ConsumeQueueExt unit).
+
+A registration has a version (bumped when the group's expression changes) and a born time:
+bitmaps of records stored before it say nothing about it, so those records are evaluated exactly
+(see :class:`~siftmq.broker.message_filters.SqlMessageFilter`). Registrations are kept in
+``config/filters.json`` and dropped ``expire_s`` after the group was last seen alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from siftmq.broker.message_filters import SqlMessageFilter
+from siftmq.broker.persist import read_json, write_json
+from siftmq.errors import FilterError
+from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
+from siftmq.store import DispatchRequest
+
+_log = logging.getLogger(__name__)
+_NEVER = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class FilterRegistration:
+    """One ``group#topic`` SQL92 registration."""
+
+    group: str
+    topic: str
+    expression: str
+    version: int
+    born_time_ms: int
+    last_seen_ms: int
+    positions: tuple[int, ...]
+    compiled: CompiledFilter
+
+    @property
+    def bloom_key(self) -> str:
+        return f"{self.group}#{self.topic}"
+
+    def message_filter(self) -> SqlMessageFilter:
+        return SqlMessageFilter(self.compiled, self.positions, self.born_time_ms)
+
+
+class FilterRegistry:
+    """The broker's SQL92 registrations; implements the store's ``BitmapDispatcher``. Thread-safe."""
+
+    def __init__(self, config_dir: Path, bloom: BloomFilter, *, expire_s: float) -> None:
+        self.bloom = bloom
+        self._path = config_dir / "filters.json"
+        self._expire_ms = int(expire_s * 1000)
+        self._lock = threading.Lock()
+        self._by_key: dict[tuple[str, str], FilterRegistration] = {}
+        self._by_topic: dict[str, tuple[FilterRegistration, ...]] = {}
+        self._dirty = False
+        for item in read_json(self._path, []):
+            try:
+                reg = self._make(item["group"], item["topic"], item["expression"], int(item["version"]),
+                                 born=int(item["born_time_ms"]), seen=int(item["last_seen_ms"]))
+            except (KeyError, TypeError, ValueError, FilterError) as exc:
+                _log.error("dropping unreadable filter registration %r: %s", item, exc)
+                continue
+            self._by_key[(reg.group, reg.topic)] = reg
+        self._reindex_locked()
+
+    # ------------------------------------------------------------------------------------ registering
+
+    def _make(self, group: str, topic: str, expression: str, version: int, *, born: int,
+              seen: int) -> FilterRegistration:
+        compiled = compile_filter("SQL92", expression)
+        positions = tuple(self.bloom.bit_positions(f"{group}#{topic}"))
+        return FilterRegistration(group, topic, expression, version, born, seen, positions, compiled)
+
+    def register(self, group: str, topic: str, compiled: CompiledFilter) -> FilterRegistration:
+        """Register (or refresh) ``group``'s SQL92 expression on ``topic``; returns the registration."""
+        now = _now_ms()
+        key = (group, topic)
+        with self._lock:
+            current = self._by_key.get(key)
+            if current is not None and current.expression == compiled.normalized:
+                if now - current.last_seen_ms > 1000:
+                    self._by_key[key] = replace(current, last_seen_ms=now)
+                    self._dirty = True
+                return self._by_key[key]
+            version = current.version + 1 if current is not None else 1
+            # Until its born time is set below, no bitmap is trusted for this registration.
+            reg = FilterRegistration(group, topic, compiled.normalized, version, _NEVER, now,
+                                     tuple(self.bloom.bit_positions(f"{group}#{topic}")), compiled)
+            self._by_key[key] = reg
+            self._reindex_locked()
+            # The born time is read after the registration is visible to the dispatcher, so every
+            # record stored later gets this registration's bits.
+            reg = replace(reg, born_time_ms=_now_ms())
+            self._by_key[key] = reg
+            self._reindex_locked()
+            self._save_locked()
+        _log.info("registered SQL92 filter v%d for %s#%s: %s", reg.version, group, topic, reg.expression)
+        return reg
+
+    def get(self, group: str, topic: str) -> FilterRegistration | None:
+        return self._by_key.get((group, topic))
+
+    def all(self) -> list[FilterRegistration]:
+        with self._lock:
+            return sorted(self._by_key.values(), key=lambda r: (r.group, r.topic))
+
+    def touch_group(self, group: str, now_ms: int | None = None) -> None:
+        """Record that ``group`` has a live consumer (keeps its registrations from expiring)."""
+        now = now_ms if now_ms is not None else _now_ms()
+        with self._lock:
+            for key, reg in list(self._by_key.items()):
+                if reg.group == group and now - reg.last_seen_ms > 1000:
+                    self._by_key[key] = replace(reg, last_seen_ms=now)
+                    self._dirty = True
+            self._reindex_locked()
+
+    def expire(self, now_ms: int | None = None) -> list[FilterRegistration]:
+        """Drop registrations whose group was last seen more than ``expire_s`` ago; returns them."""
+        now = now_ms if now_ms is not None else _now_ms()
+        with self._lock:
+            gone = [r for r in self._by_key.values() if now - r.last_seen_ms > self._expire_ms]
+            for reg in gone:
+                del self._by_key[(reg.group, reg.topic)]
+                _log.info("dropped SQL92 filter of %s#%s (no consumer for %d s)", reg.group, reg.topic,
+                          (now - reg.last_seen_ms) // 1000)
+            if gone:
+                self._reindex_locked()
+                self._save_locked()
+            elif self._dirty:
+                self._save_locked()
+        return gone
+
+    def save(self) -> None:
+        with self._lock:
+            self._save_locked()
+
+    def _reindex_locked(self) -> None:
+        by_topic: dict[str, list[FilterRegistration]] = {}
+        for reg in self._by_key.values():
+            by_topic.setdefault(reg.topic, []).append(reg)
+        self._by_topic = {t: tuple(regs) for t, regs in by_topic.items()}
+
+    def _save_locked(self) -> None:
+        write_json(self._path, [
+            {"group": r.group, "topic": r.topic, "expression": r.expression, "version": r.version,
+             "born_time_ms": r.born_time_ms, "last_seen_ms": r.last_seen_ms}
+            for r in self._by_key.values()
+        ])
+        self._dirty = False
+
+    # ----------------------------------------------------------------------------------- dispatching
+
+    def compute_bitmaps(self, requests: Sequence[DispatchRequest]) -> list[bytes | None]:
+        """One bitmap per request: the bits of every registration of its topic that matches it."""
+        out: list[bytes | None] = [None] * len(requests)
+        by_topic = self._by_topic
+        if not by_topic:
+            return out
+        rows_by_topic: dict[str, list[int]] = {}
+        for i, req in enumerate(requests):
+            if req.topic in by_topic:
+                rows_by_topic.setdefault(req.topic, []).append(i)
+        size = self.bloom.bitmap_size
+        for topic, rows in rows_by_topic.items():
+            regs = by_topic[topic]
+            names = set().union(*(r.compiled.properties for r in regs))
+            batch = {name: [requests[i].properties.get(name) for i in rows] for name in names}
+            bits = np.zeros((len(rows), size), dtype=np.uint8)
+            for reg in regs:
+                try:
+                    matched = reg.compiled.matches_batch(batch)
+                except Exception:  # a filter bug must not stop dispatch; exact evaluation still runs
+                    _log.exception("evaluating %s#%s at dispatch failed", reg.group, reg.topic)
+                    continue
+                if not matched.any():
+                    continue
+                for p in reg.positions:
+                    bits[matched, p >> 3] |= np.uint8(1 << (p & 7))
+            for j, i in enumerate(rows):
+                out[i] = bits[j].tobytes()
+        return out
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

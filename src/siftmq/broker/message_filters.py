@@ -1,0 +1,92 @@
+"""The broker's implementations of the store's MessageFilter protocol (both stages, both kinds).
+
+* :class:`TagMessageFilter` — index stage: the entry's tags code is in the subscription's hash set
+  (vectorized with ``numpy.isin``); CommitLog stage: the exact tag string, so a hash collision never
+  reaches a client.
+* :class:`SqlMessageFilter` — index stage: when the entry's ext unit has a bitmap computed after the
+  group's registration, the group's bloom bits must all be set; otherwise (no bitmap, or a message
+  stored before the registration) the entry may match. CommitLog stage: the exact SQL92 evaluation
+  over the message's properties (``TAGS`` is the tag).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from siftmq.filter import CompiledFilter
+from siftmq.filter.tags import TagFilter
+from siftmq.store import CqExtBlock, CqExtUnit
+
+#: Messages stored within this many ms after a registration are evaluated exactly (clock steps,
+#: batches dispatched around the registration) rather than trusted to their bitmap.
+REGISTRATION_MARGIN_MS = 1000
+
+
+class TagMessageFilter:
+    """TAG subscription ``A||B`` (``*`` is represented by no filter at all)."""
+
+    __slots__ = ("_codes", "tag_filter")
+
+    def __init__(self, tag_filter: TagFilter) -> None:
+        self.tag_filter = tag_filter
+        self._codes = np.fromiter(sorted(tag_filter.codes), dtype=np.int64, count=len(tag_filter.codes))
+
+    def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
+        return self.tag_filter.matches_code(tags_code)
+
+    def match_consume_queue_block(
+        self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None
+    ) -> npt.NDArray[np.bool_]:
+        return np.isin(tags_codes, self._codes)
+
+    def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
+        return self.tag_filter.matches_tag(properties.get("TAGS"))
+
+
+class SqlMessageFilter:
+    """SQL92 subscription with an optional bloom registration (positions + born time)."""
+
+    __slots__ = ("_bytes", "_masks", "born_time_ms", "compiled", "positions")
+
+    def __init__(self, compiled: CompiledFilter, positions: Sequence[int] | None, born_time_ms: int) -> None:
+        self.compiled = compiled
+        self.positions = tuple(positions) if positions else ()
+        self.born_time_ms = born_time_ms
+        self._bytes = np.array([p >> 3 for p in self.positions], dtype=np.intp)
+        self._masks = np.array([1 << (p & 7) for p in self.positions], dtype=np.uint8)
+
+    def _bitmap_trusted(self, store_timestamp: int) -> bool:
+        return bool(self.positions) and store_timestamp > self.born_time_ms + REGISTRATION_MARGIN_MS
+
+    def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
+        if ext is None or ext.filter_bitmap is None or not self._bitmap_trusted(ext.store_timestamp):
+            return True
+        bitmap = ext.filter_bitmap
+        return all(
+            p >> 3 < len(bitmap) and bitmap[p >> 3] & (1 << (p & 7)) for p in self.positions
+        )
+
+    def match_consume_queue_block(
+        self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None
+    ) -> npt.NDArray[np.bool_]:
+        n = len(tags_codes)
+        if ext is None or not self.positions:
+            return np.ones(n, dtype=np.bool_)
+        m = min(n, len(ext.present))
+        decided = (
+            ext.present[:m]
+            & (ext.bitmap_lengths[:m] > 0)
+            & (ext.store_timestamps[:m] > self.born_time_ms + REGISTRATION_MARGIN_MS)
+        )
+        if int(self._bytes.max()) >= ext.bitmaps.shape[1]:
+            return np.ones(n, dtype=np.bool_)
+        hit = np.all((ext.bitmaps[:m, self._bytes] & self._masks) != 0, axis=1)
+        out = np.ones(n, dtype=np.bool_)
+        out[:m] = ~decided | hit
+        return out
+
+    def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
+        return self.compiled.matches(properties)

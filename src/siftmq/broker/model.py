@@ -1,0 +1,61 @@
+"""The broker's domain types: what a producer sends and what a consumer receives."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from siftmq.store import StoredMessage
+
+#: The property that carries a FIFO message's group (RocketMQ's ``__SHARDINGKEY``).
+PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
+PROPERTY_BORN_HOST = "__BORN_HOST"
+PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """A message as a producer sends it (before validation)."""
+
+    topic: str
+    body: bytes
+    message_id: str
+    tag: str | None = None
+    keys: Sequence[str] = ()
+    user_properties: Mapping[str, str] = field(default_factory=dict)
+    born_timestamp_ms: int = 0
+    born_host: str = ""
+    message_group: str | None = None
+    delivery_timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    message_id: str
+    queue_id: int
+    queue_offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message handed to a consumer: the stored message and this delivery's handle and attempt."""
+
+    message: StoredMessage
+    receipt_handle: str
+    delivery_attempt: int
+    invisible_ms: int
+
+    @property
+    def message_id(self) -> str:
+        return self.message.uniq_key or self.message.offset_msg_id
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """What a consumer asked for on one topic: a filter kind (``TAG``/``SQL92``) and its expression."""
+
+    topic: str
+    kind: str
+    expression: str

@@ -1,0 +1,42 @@
+"""Receipt handles: ``v1:<queue id>:<queue offset>:<nonce hex>:<topic>``.
+
+A handle names one delivery of one message. Every redelivery or change of invisible time issues a
+new nonce, so an older handle of the same message is recognisably stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from siftmq.errors import BadRequestError
+
+_VERSION = "v1"
+MAX_HANDLE_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptHandle:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    nonce: int
+
+    def encode(self) -> str:
+        return f"{_VERSION}:{self.queue_id}:{self.queue_offset}:{self.nonce:x}:{self.topic}"
+
+    @classmethod
+    def decode(cls, text: str) -> ReceiptHandle:
+        """Parse a handle; anything malformed is ``INVALID_RECEIPT_HANDLE``."""
+        if not text or len(text) > MAX_HANDLE_LENGTH:
+            raise BadRequestError("receipt handle is empty or too long", status="INVALID_RECEIPT_HANDLE")
+        parts = text.split(":", 4)
+        try:
+            if len(parts) != 5 or parts[0] != _VERSION or not parts[4]:
+                raise ValueError
+            qid, offset, nonce = int(parts[1]), int(parts[2]), int(parts[3], 16)
+            if qid < 0 or offset < 0 or nonce < 0:
+                raise ValueError
+        except ValueError:
+            raise BadRequestError(f"malformed receipt handle {text[:100]!r}",
+                                  status="INVALID_RECEIPT_HANDLE") from None
+        return cls(parts[4], qid, offset, nonce)

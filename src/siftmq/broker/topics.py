@@ -1,0 +1,90 @@
+"""Topics: queue counts and permissions, created on first use when allowed, kept in ``config/topics.json``."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from siftmq.broker.persist import read_json, write_json
+from siftmq.broker.validation import check_topic
+from siftmq.errors import BadRequestError, NotFoundError
+
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_READ_WRITE = PERM_READ | PERM_WRITE
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """One topic: its queue count and RocketMQ permission bits (read 4, write 2)."""
+
+    name: str
+    queue_nums: int
+    perm: int = PERM_READ_WRITE
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+
+class TopicManager:
+    """The broker's topic table. Thread-safe."""
+
+    def __init__(self, config_dir: Path, *, auto_create: bool, default_queue_nums: int,
+                 max_queue_nums: int) -> None:
+        self._path = config_dir / "topics.json"
+        self._auto_create = auto_create
+        self._default_queue_nums = default_queue_nums
+        self._max_queue_nums = max_queue_nums
+        self._lock = threading.Lock()
+        self._topics: dict[str, TopicConfig] = {}
+        for name, item in read_json(self._path, {}).items():
+            self._topics[name] = TopicConfig(name, int(item["queue_nums"]), int(item.get("perm", 6)))
+
+    def get(self, name: str) -> TopicConfig | None:
+        """The topic's config, or None."""
+        return self._topics.get(name)
+
+    def all(self) -> list[TopicConfig]:
+        """Every topic, by name."""
+        with self._lock:
+            return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def get_or_create(self, name: str, *, for_send: bool = False, system: bool = False) -> TopicConfig:
+        """The topic's config; creates it (default queue count) when auto-creation is on or ``system``."""
+        found = self._topics.get(name)
+        if found is not None:
+            return found
+        check_topic(name, for_send=for_send)
+        if not (self._auto_create or system):
+            raise NotFoundError(
+                f"topic {name!r} does not exist and auto-creation is off; create it first",
+                status="TOPIC_NOT_FOUND",
+            )
+        return self.create(name, 1 if system else self._default_queue_nums, exist_ok=True)
+
+    def create(self, name: str, queue_nums: int, *, perm: int = PERM_READ_WRITE,
+               exist_ok: bool = False) -> TopicConfig:
+        """Create (or with ``exist_ok`` return) a topic."""
+        check_topic(name)
+        if not 1 <= queue_nums <= self._max_queue_nums:
+            raise BadRequestError(f"queue_nums must be in 1..{self._max_queue_nums}, not {queue_nums}")
+        with self._lock:
+            found = self._topics.get(name)
+            if found is not None:
+                if exist_ok:
+                    return found
+                raise BadRequestError(f"topic {name!r} already exists", status="ILLEGAL_TOPIC")
+            topic = TopicConfig(name, queue_nums, perm)
+            self._topics[name] = topic
+            self._save_locked()
+            return topic
+
+    def _save_locked(self) -> None:
+        write_json(self._path, {t.name: {"queue_nums": t.queue_nums, "perm": t.perm}
+                                for t in self._topics.values()})

@@ -1,0 +1,128 @@
+"""Checks on what clients send: topic and group names, tags, keys, user properties.
+
+Each check raises :class:`~siftmq.errors.BadRequestError` with the wire status RocketMQ uses
+(``ILLEGAL_TOPIC``, ``ILLEGAL_MESSAGE_TAG``, ...) and a message naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from siftmq.errors import BadRequestError
+
+MAX_TOPIC_LENGTH: Final = 127
+MAX_GROUP_LENGTH: Final = 255
+MAX_TAG_LENGTH: Final = 255
+MAX_KEY_LENGTH: Final = 255
+MAX_KEYS: Final = 32
+MAX_MESSAGE_ID_LENGTH: Final = 128
+_NAME_RE: Final = re.compile(r"[%|a-zA-Z0-9_-]+")  # RocketMQ's TopicValidator characters
+_SYSTEM_PREFIX: Final = "%"
+#: Property names the broker writes itself; a user property may not take them.
+RESERVED_PROPERTIES: Final = frozenset({
+    "TAGS", "KEYS", "UNIQ_KEY", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID",
+    "TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID",
+    "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", "RECONSUME_TIME", "MSG_REGION", "TRACE_ON",
+    "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "DLQ_ORIGIN_TOPIC",
+    "DLQ_ORIGIN_MESSAGE_ID", "INNER_NUM", "INNER_BASE", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC",
+})
+_SEPARATORS: Final = ("\x01", "\x02")
+
+
+def qualified_name(namespace: str, name: str) -> str:
+    """RocketMQ's namespaced resource name: ``namespace%name`` (just ``name`` without a namespace)."""
+    return f"{namespace}%{name}" if namespace else name
+
+
+def check_topic(topic: str, *, for_send: bool = False) -> None:
+    """1..127 characters of ``[%|a-zA-Z0-9_-]``; producers may not write system topics (``%...``)."""
+    if not topic:
+        raise BadRequestError("topic name is empty", status="ILLEGAL_TOPIC")
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise BadRequestError(
+            f"topic name of {len(topic)} characters exceeds {MAX_TOPIC_LENGTH}", status="ILLEGAL_TOPIC"
+        )
+    if not _NAME_RE.fullmatch(topic):
+        raise BadRequestError(
+            f"illegal topic name {topic!r}: use characters of [%|a-zA-Z0-9_-]", status="ILLEGAL_TOPIC"
+        )
+    if for_send and topic.startswith(_SYSTEM_PREFIX) and "%" in topic[1:]:
+        raise BadRequestError(f"topic {topic!r} is a system topic; producers cannot send to it",
+                              status="ILLEGAL_TOPIC")
+
+
+def check_group(group: str) -> None:
+    """1..255 characters of ``[%|a-zA-Z0-9_-]`` (so ``group#topic`` bloom keys are unambiguous)."""
+    if not group:
+        raise BadRequestError("consumer group name is empty", status="ILLEGAL_CONSUMER_GROUP")
+    if len(group) > MAX_GROUP_LENGTH or not _NAME_RE.fullmatch(group):
+        raise BadRequestError(
+            f"illegal consumer group name {group[:300]!r}: use 1..{MAX_GROUP_LENGTH} characters of "
+            "[%|a-zA-Z0-9_-]",
+            status="ILLEGAL_CONSUMER_GROUP",
+        )
+
+
+def check_tag(tag: str) -> None:
+    """A tag is non-blank, at most 255 characters, and never contains ``|`` (the subscription separator)."""
+    if not tag.strip():
+        raise BadRequestError("message tag is blank", status="ILLEGAL_MESSAGE_TAG")
+    if "|" in tag:
+        raise BadRequestError(f"message tag {tag[:300]!r} contains '|'", status="ILLEGAL_MESSAGE_TAG")
+    if len(tag) > MAX_TAG_LENGTH or any(c in tag for c in _SEPARATORS):
+        raise BadRequestError(
+            f"message tag must be at most {MAX_TAG_LENGTH} characters without control separators",
+            status="ILLEGAL_MESSAGE_TAG",
+        )
+
+
+def check_keys(keys: Sequence[str]) -> None:
+    """At most 32 keys, each non-blank, without whitespace (keys are stored space-separated)."""
+    if len(keys) > MAX_KEYS:
+        raise BadRequestError(f"{len(keys)} message keys exceed the limit {MAX_KEYS}",
+                              status="ILLEGAL_MESSAGE_KEY")
+    for key in keys:
+        if not key or len(key) > MAX_KEY_LENGTH or any(c.isspace() for c in key) or any(
+            c in key for c in _SEPARATORS
+        ):
+            raise BadRequestError(
+                f"illegal message key {key[:300]!r}: 1..{MAX_KEY_LENGTH} characters, no whitespace",
+                status="ILLEGAL_MESSAGE_KEY",
+            )
+
+
+def check_message_id(message_id: str) -> None:
+    """A client message id: 1..128 printable ASCII characters without spaces."""
+    if not message_id or len(message_id) > MAX_MESSAGE_ID_LENGTH or not (
+        message_id.isascii() and message_id.isprintable() and " " not in message_id
+    ):
+        raise BadRequestError(f"illegal message id {message_id[:200]!r}", status="ILLEGAL_MESSAGE_ID")
+
+
+def check_user_properties(properties: Mapping[str, str], *, max_count: int, max_bytes: int) -> None:
+    """Names non-empty, not reserved, no separator characters; count and total size bounded."""
+    if len(properties) > max_count:
+        raise BadRequestError(f"{len(properties)} user properties exceed the limit {max_count}",
+                              status="MESSAGE_PROPERTIES_TOO_LARGE")
+    total = 0
+    for name, value in properties.items():
+        if not name or name.strip() != name:
+            raise BadRequestError(f"illegal user property name {name!r}",
+                                  status="ILLEGAL_MESSAGE_PROPERTY_KEY")
+        if name in RESERVED_PROPERTIES or name.startswith("__"):
+            raise BadRequestError(f"user property name {name!r} is reserved by the broker",
+                                  status="ILLEGAL_MESSAGE_PROPERTY_KEY")
+        if any(c in name for c in _SEPARATORS):
+            raise BadRequestError(f"user property name {name!r} contains a control separator (\\x01/\\x02)",
+                                  status="ILLEGAL_MESSAGE_PROPERTY_KEY")
+        if any(c in value for c in _SEPARATORS):
+            raise BadRequestError(
+                f"value of user property {name!r} contains a control separator (\\x01/\\x02)",
+                status="BAD_REQUEST",
+            )
+        total += len(name.encode()) + len(value.encode())
+    if total > max_bytes:
+        raise BadRequestError(f"user properties of {total} bytes exceed the limit {max_bytes}",
+                              status="MESSAGE_PROPERTIES_TOO_LARGE")

@@ -1,0 +1,102 @@
+"""Running the broker: the grpc.aio server, the ready line, clean shutdown on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from siftmq.broker.broker import Broker
+from siftmq.broker.config import BrokerConfig, parse_listen
+from siftmq.broker.long_polling import ArrivalNotifier
+from siftmq.errors import SiftError
+from siftmq.protocol.service import RPCS, SERVICE_NAME, Rpc
+from siftmq.server.service import MessagingService
+
+_log = logging.getLogger(__name__)
+RPC_THREADS = 64
+SHUTDOWN_GRACE_S = 3.0
+
+
+class BindError(SiftError):
+    """The listen address cannot be bound (in use, or not a local address)."""
+
+    code = "BIND_FAILED"
+
+
+def _handler(service: MessagingService) -> grpc.GenericRpcHandler:
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for rpc in RPCS:
+        handlers[rpc.name] = _method_handler(service, rpc)
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+def _method_handler(service: MessagingService, rpc: Rpc) -> grpc.RpcMethodHandler:
+    behaviour: Any = getattr(service, rpc.name, None)
+    if behaviour is None or rpc.request is None:
+        behaviour = service.unsupported(rpc.name, rpc.response, rpc.shape != "unary_unary")
+    deserializer = rpc.request.FromString if rpc.request is not None else None
+    serializer = rpc.response.SerializeToString
+    make = {
+        "unary_unary": grpc.unary_unary_rpc_method_handler,
+        "unary_stream": grpc.unary_stream_rpc_method_handler,
+        "stream_stream": grpc.stream_stream_rpc_method_handler,
+    }[rpc.shape]
+    return make(behaviour, request_deserializer=deserializer, response_serializer=serializer)
+
+
+async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
+    """Run a broker until SIGTERM/SIGINT; prints the ready line once it accepts calls."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(RPC_THREADS, thread_name_prefix="siftmq-rpc"))
+    broker = Broker(config)
+    broker.start()
+    try:
+        notifier = ArrivalNotifier(loop)
+        broker.add_arrival_listener(notifier.on_arrival)
+        server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", config.max_body_size + 4 * 1024 * 1024),
+            ("grpc.max_send_message_length", -1),
+        ])
+        server.add_generic_rpc_handlers((_handler(MessagingService(broker, notifier)),))
+        host, _ = parse_listen(config.listen)
+        try:
+            port = server.add_insecure_port(config.listen)
+        except RuntimeError as exc:
+            raise BindError(f"cannot listen on {config.listen}: {exc} (is another broker running there?)") \
+                from exc
+        if port == 0:
+            raise BindError(f"cannot listen on {config.listen} (is another broker running there?)")
+        await server.start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        line = f"siftmq broker ready on {host}:{port} (data in {config.data_dir}, flush {config.flush})"
+        print(line, flush=True)
+        if ready is not None:
+            ready(host, port)
+        await stop.wait()
+        _log.info("stopping: finishing calls in flight (up to %.0f s)", SHUTDOWN_GRACE_S)
+        await server.stop(SHUTDOWN_GRACE_S)
+    finally:
+        broker.close()
+    print("siftmq broker stopped", flush=True)
+
+
+def run(config: BrokerConfig) -> int:
+    """Blocking entry point for the CLI; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("grpc").setLevel(logging.WARNING)
+    try:
+        asyncio.run(serve(config))
+    except SiftError as exc:
+        print(f"siftmq broker: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0

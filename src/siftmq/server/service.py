@@ -1,0 +1,267 @@
+"""Handlers of ``apache.rocketmq.v2.MessagingService``: decode, call the broker, encode.
+
+Every handler answers with a status (never a bare gRPC error) so the official clients always get
+a response they understand; the mapping of errors to codes is :mod:`siftmq.server.status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from siftmq.broker.broker import Broker
+from siftmq.broker.long_polling import ArrivalNotifier, receive_long_polling
+from siftmq.broker.model import Subscription
+from siftmq.errors import BadRequestError
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.server import convert
+from siftmq.server.status import ok, status, status_of
+
+_log = logging.getLogger(__name__)
+
+#: Time left to the client after a long poll ends, to receive the answer before its deadline.
+DEADLINE_MARGIN_S = 0.5
+PRODUCER_MAX_ATTEMPTS = 3
+
+
+def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id":
+            return str(value)[:256]
+    return ""
+
+
+def _seconds(seconds: float) -> Duration:
+    d = Duration()
+    d.FromMilliseconds(int(seconds * 1000))
+    return d
+
+
+class MessagingService:
+    """One instance per server; ``notifier`` drives long polling."""
+
+    def __init__(self, broker: Broker, notifier: ArrivalNotifier) -> None:
+        self.broker = broker
+        self.notifier = notifier
+        self.config = broker.config
+
+    @staticmethod
+    async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a broker call in the RPC thread pool (store I/O and fsync never block the event loop)."""
+        return await asyncio.to_thread(fn, *args)
+
+    # ------------------------------------------------------------------------------- route, session
+
+    async def QueryRoute(self, request: pb.QueryRouteRequest, context: Any) -> pb.QueryRouteResponse:
+        try:
+            topic = await self._call(self.broker.route, convert.topic_name(request.topic))
+        except Exception as exc:
+            return pb.QueryRouteResponse(status=status_of(exc, call="QueryRoute"))
+        if not request.endpoints.addresses:
+            return pb.QueryRouteResponse(status=status("ILLEGAL_ACCESS_POINT",
+                                                       "QueryRoute needs the endpoints the client used"))
+        perm = {6: pb.Permission.READ_WRITE, 4: pb.Permission.READ, 2: pb.Permission.WRITE}.get(
+            topic.perm, pb.Permission.NONE)
+        broker = pb.Broker(name=self.config.broker_name, id=0, endpoints=request.endpoints)
+        queues = [
+            pb.MessageQueue(topic=request.topic, id=qid, permission=perm, broker=broker,
+                            accept_message_types=[pb.MessageType.NORMAL])
+            for qid in range(topic.queue_nums)
+        ]
+        return pb.QueryRouteResponse(status=ok(), message_queues=queues)
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        group = convert.topic_name(request.group) if request.HasField("group") else None
+        try:
+            self.broker.heartbeat(_client_id(context), pb.ClientType.Name(request.client_type), group)
+        except Exception as exc:
+            return pb.HeartbeatResponse(status=status_of(exc, call="Heartbeat"))
+        return pb.HeartbeatResponse(status=ok())
+
+    async def NotifyClientTermination(self, request: pb.NotifyClientTerminationRequest,
+                                      context: Any) -> pb.NotifyClientTerminationResponse:
+        self.broker.client_terminated(_client_id(context))
+        return pb.NotifyClientTerminationResponse(status=ok())
+
+    async def Telemetry(self, requests: AsyncIterator[pb.TelemetryCommand],
+                        context: Any) -> AsyncIterator[pb.TelemetryCommand]:
+        client_id = _client_id(context)
+        async for command in requests:
+            if command.WhichOneof("command") != "settings":
+                continue  # results of commands siftmq never sends
+            settings = command.settings
+            try:
+                await self._call(self._apply_settings, client_id, settings)
+                reply_status = ok()
+            except Exception as exc:
+                reply_status = status_of(exc, call="Telemetry")
+            yield pb.TelemetryCommand(status=reply_status, settings=self._reply_settings(settings))
+
+    def _apply_settings(self, client_id: str, settings: pb.Settings) -> None:
+        client_type = pb.ClientType.Name(settings.client_type)
+        if settings.WhichOneof("pub_sub") != "subscription":
+            self.broker.heartbeat(client_id, client_type, None)
+            return
+        sub = settings.subscription
+        group = convert.topic_name(sub.group) if sub.HasField("group") else None
+        subscriptions = [convert.subscription_of(convert.topic_name(e.topic), e.expression)
+                         for e in sub.subscriptions]
+        self.broker.subscribe(client_id, client_type, group, subscriptions)
+
+    def _reply_settings(self, settings: pb.Settings) -> pb.Settings:
+        reply = pb.Settings()
+        reply.CopyFrom(settings)
+        reply.metric.CopyFrom(pb.Metric(on=False))
+        if settings.WhichOneof("pub_sub") == "subscription":
+            sub = reply.subscription
+            sub.fifo = False
+            sub.receive_batch_size = min(32, self.config.max_batch_size)
+            if not settings.subscription.HasField("long_polling_timeout"):
+                sub.long_polling_timeout.CopyFrom(_seconds(self.config.push_long_polling_s))
+            reply.backoff_policy.CopyFrom(pb.RetryPolicy(
+                max_attempts=self.config.max_delivery_attempts,
+                customized_backoff=pb.CustomizedBackoff(
+                    next=[_seconds(s) for s in self.config.retry_backoff_s]),
+            ))
+        else:
+            reply.publishing.max_body_size = self.config.max_body_size
+            reply.publishing.validate_message_type = True
+            reply.backoff_policy.CopyFrom(pb.RetryPolicy(
+                max_attempts=PRODUCER_MAX_ATTEMPTS,
+                exponential_backoff=pb.ExponentialBackoff(initial=_seconds(0.01), max=_seconds(1.0),
+                                                          multiplier=2.0),
+            ))
+        return reply
+
+    # --------------------------------------------------------------------------------------- send
+
+    async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
+        try:
+            if len(request.messages) != 1:
+                raise BadRequestError(f"SendMessage takes exactly one message, got {len(request.messages)}")
+            msg = convert.outgoing_message(request.messages[0], self.config.max_body_size)
+            result = await self._call(self.broker.send, msg)
+        except Exception as exc:
+            st = status_of(exc, call="SendMessage")
+            return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)])
+        entry = pb.SendResultEntry(status=ok(), message_id=result.message_id, offset=result.queue_offset)
+        return pb.SendMessageResponse(status=ok(), entries=[entry])
+
+    # ------------------------------------------------------------------------------------ receive
+
+    async def QueryAssignment(self, request: pb.QueryAssignmentRequest,
+                              context: Any) -> pb.QueryAssignmentResponse:
+        try:
+            topic = await self._call(self.broker.route, convert.topic_name(request.topic))
+        except Exception as exc:
+            return pb.QueryAssignmentResponse(status=status_of(exc, call="QueryAssignment"))
+        broker = pb.Broker(name=self.config.broker_name, id=0, endpoints=request.endpoints)
+        perm = pb.Permission.READ_WRITE if topic.perm == 6 else pb.Permission.READ
+        # As RocketMQ's proxy: one assignment per broker (queue id -1 = every queue of the broker).
+        queue = pb.MessageQueue(topic=request.topic, id=-1, permission=perm, broker=broker,
+                                accept_message_types=[pb.MessageType.NORMAL])
+        return pb.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
+
+    async def ReceiveMessage(self, request: pb.ReceiveMessageRequest,
+                             context: Any) -> AsyncIterator[pb.ReceiveMessageResponse]:
+        deliveries = []
+        try:
+            group = convert.topic_name(request.group)
+            topic = convert.topic_name(request.message_queue.topic)
+            subscription: Subscription = convert.subscription_of(topic, request.filter_expression)
+            invisible = (convert.duration_ms(request.invisible_duration)
+                         if request.HasField("invisible_duration") and not request.auto_renew else None)
+            hold = 0.0
+            if request.HasField("long_polling_timeout"):
+                hold = min(convert.duration_ms(request.long_polling_timeout) / 1000,
+                           self.config.max_long_polling_s)
+            remaining = context.time_remaining()
+            if remaining is not None:
+                hold = min(hold, remaining - DEADLINE_MARGIN_S)
+            if request.batch_size < 0:
+                raise BadRequestError(f"batch_size must be positive, got {request.batch_size}")
+            deliveries = await receive_long_polling(
+                self.broker, self.notifier, group, subscription, queue_id=request.message_queue.id,
+                batch_size=request.batch_size or 1, invisible_ms=invisible, hold_s=hold,
+            )
+            st = ok() if deliveries else status("MESSAGE_NOT_FOUND", "no matching message")
+        except Exception as exc:
+            st = status_of(exc, call="ReceiveMessage")
+        yield pb.ReceiveMessageResponse(status=st)
+        for delivery in deliveries:
+            message = convert.delivered_message(delivery, request.message_queue.topic)
+            yield pb.ReceiveMessageResponse(message=message)
+        now = Timestamp()
+        now.FromNanoseconds(time.time_ns())
+        yield pb.ReceiveMessageResponse(delivery_timestamp=now)
+
+    async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
+        group = convert.topic_name(request.group)
+        topic = convert.topic_name(request.topic)
+        entries = []
+        first_error: pb.Status | None = None
+        for entry in request.entries:
+            try:
+                await self._call(self.broker.ack, group, topic, entry.receipt_handle)
+                st = ok()
+            except Exception as exc:
+                st = status_of(exc, call="AckMessage")
+                first_error = first_error or st
+            entries.append(pb.AckMessageResultEntry(message_id=entry.message_id,
+                                                    receipt_handle=entry.receipt_handle, status=st))
+        if not request.entries:
+            first_error = status("BAD_REQUEST", "AckMessage has no entries")
+        if first_error is not None and len(entries) > 1 and any(e.status.code == pb.Code.OK for e in entries):
+            top = status("MULTIPLE_RESULTS", "some entries failed; see each entry's status")
+        else:
+            top = first_error or ok()
+        return pb.AckMessageResponse(status=top, entries=entries)
+
+    async def ChangeInvisibleDuration(self, request: pb.ChangeInvisibleDurationRequest,
+                                      context: Any) -> pb.ChangeInvisibleDurationResponse:
+        try:
+            handle = await self._call(self.broker.change_invisible_duration,
+                convert.topic_name(request.group), convert.topic_name(request.topic), request.receipt_handle,
+                convert.duration_ms(request.invisible_duration),
+            )
+        except Exception as exc:
+            return pb.ChangeInvisibleDurationResponse(status=status_of(exc, call="ChangeInvisibleDuration"),
+                                                      receipt_handle=request.receipt_handle)
+        return pb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: pb.ForwardMessageToDeadLetterQueueRequest, context: Any
+    ) -> pb.ForwardMessageToDeadLetterQueueResponse:
+        try:
+            await self._call(self.broker.forward_to_dlq,
+                             convert.topic_name(request.group), convert.topic_name(request.topic),
+                             request.receipt_handle)
+        except Exception as exc:
+            return pb.ForwardMessageToDeadLetterQueueResponse(
+                status=status_of(exc, call="ForwardMessageToDeadLetterQueue"))
+        return pb.ForwardMessageToDeadLetterQueueResponse(status=ok())
+
+    # ----------------------------------------------------------------------------- not served yet
+
+    def unsupported(self, name: str, response: type[Any], streaming: bool) -> Callable[..., Any]:
+        message = (f"{name} is not supported by this broker"
+                   if name in ("EndTransaction", "RecallMessage", "SyncLiteSubscription")
+                   else f"{name} (pull consumers) is not served yet by this broker")
+        code = "UNSUPPORTED" if name in ("EndTransaction", "RecallMessage", "SyncLiteSubscription") \
+            else "NOT_IMPLEMENTED"
+
+        if streaming:
+            async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                yield response(status=status(code, message))
+            return stream
+
+        async def unary(request: Any, context: Any) -> Any:
+            return response(status=status(code, message))
+        return unary
