@@ -19,8 +19,14 @@ READY_TIMEOUT_S = 60
 class BrokerProcess:
     """``python -m siftmq broker`` in a subprocess; ``endpoint`` is ``127.0.0.1:<port>`` once ready."""
 
-    def __init__(self, data_dir: Path, *, flush: str = "async", config: dict[str, object] | None = None,
-                 listen: str = "127.0.0.1:0") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        flush: str = "async",
+        config: dict[str, object] | None = None,
+        listen: str = "127.0.0.1:0",
+    ) -> None:
         self.data_dir = data_dir
         self.flush = flush
         self.listen = listen
@@ -34,12 +40,27 @@ class BrokerProcess:
         self.output: list[str] = []
 
     def start(self) -> BrokerProcess:
-        cmd = [sys.executable, "-m", "siftmq", "broker", "--data-dir", str(self.data_dir),
-               "--listen", self.listen, "--flush", self.flush]
+        cmd = [
+            sys.executable,
+            "-m",
+            "siftmq",
+            "broker",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen",
+            self.listen,
+            "--flush",
+            self.flush,
+        ]
         if self.config_path is not None:
             cmd += ["--config", str(self.config_path)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         ready = threading.Event()
 
         def pump() -> None:
@@ -51,7 +72,8 @@ class BrokerProcess:
                     self.port = int(self.endpoint.rsplit(":", 1)[1])
                     ready.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready.wait(0.05):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -64,13 +86,21 @@ class BrokerProcess:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        self._close_pipe()
+        return code
 
     def kill(self) -> None:
         """SIGKILL (a crash)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self._pump.join(10)
+            self.proc.stdout.close()
 
     def log(self) -> str:
         return "\n".join(self.output)

@@ -16,8 +16,7 @@ TOPIC = "Orders"
 
 
 def make_broker(data_dir: Path, **overrides: object) -> Broker:
-    cfg = BrokerConfig(data_dir=data_dir, min_invisible_time_s=0.05, default_queue_nums=4,
-                       **overrides)  # type: ignore[arg-type]
+    cfg = BrokerConfig(data_dir=data_dir, min_invisible_time_s=0.05, default_queue_nums=4, **overrides)  # type: ignore[arg-type]
     broker = Broker(cfg)
     broker.start()
     return broker
@@ -33,15 +32,17 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
 _ids = iter(range(10**9))
 
 
-def send(broker: Broker, tag: str | None = None, topic: str = TOPIC, message_id: str | None = None,
-         **props: str) -> str:
+def send(
+    broker: Broker, tag: str | None = None, topic: str = TOPIC, message_id: str | None = None, **props: str
+) -> str:
     mid = message_id or f"01ID{next(_ids):030d}"
     broker.send(OutgoingMessage(topic=topic, body=b"x" * 10, message_id=mid, tag=tag, user_properties=props))
     return mid
 
 
-def drain(broker: Broker, group: str, sub: Subscription, *, ack: bool = True,
-          invisible_ms: int | None = 60_000) -> list[tuple[str | None, dict[str, str], int]]:
+def drain(
+    broker: Broker, group: str, sub: Subscription, *, ack: bool = True, invisible_ms: int | None = 60_000
+) -> list[tuple[str | None, dict[str, str], int]]:
     got = []
     while True:
         batch = broker.receive(group, sub, batch_size=16, invisible_ms=invisible_ms)
@@ -211,8 +212,9 @@ def test_duplicate_message_id_is_stored_once(broker: Broker) -> None:
         ({"message_id": ""}, "ILLEGAL_MESSAGE_ID"),
     ],
 )
-def test_bad_sends_are_refused_and_store_nothing(broker: Broker, change: dict[str, object],
-                                                 status: str) -> None:
+def test_bad_sends_are_refused_and_store_nothing(
+    broker: Broker, change: dict[str, object], status: str
+) -> None:
     fields: dict[str, object] = {"topic": TOPIC, "body": b"ok", "message_id": "01BAD", "tag": "T"}
     fields.update(change)
     before = broker.store.max_commit_log_offset
@@ -265,8 +267,9 @@ def test_progress_in_flight_and_registrations_survive_a_restart(tmp_path: Path) 
                 broker.ack("g", TOPIC, d.receipt_handle)
         assert len(seen) == 4  # 2 redelivered + 2 never delivered; the acked two are not back
         assert {m for m, a in seen.items() if a == 2} == unacked
-        broker.filters.register("g", TOPIC, __import__("siftmq.filter", fromlist=["x"]).compile_filter(
-            "SQL92", "n >= 1"))
+        broker.filters.register(
+            "g", TOPIC, __import__("siftmq.filter", fromlist=["x"]).compile_filter("SQL92", "n >= 1")
+        )
         reg2 = broker.filters.get("g", TOPIC)
         assert reg2 is not None and reg2.version == 2
     finally:

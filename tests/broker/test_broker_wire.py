@@ -1,0 +1,243 @@
+"""The gRPC edge with siftmq's own stubs: bad input, unsupported calls, route shape, process behaviour."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol.service import RPCS
+
+pytestmark = pytest.mark.integration
+RPC = {r.name: r for r in RPCS}
+
+
+class Stub:
+    """Calls by RPC name over a plain channel."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.channel = grpc.insecure_channel(endpoint)
+
+    def __call__(self, name: str, request: Any, timeout: float = 10) -> Any:
+        rpc = RPC[name]
+        ser = (lambda b: b) if isinstance(request, bytes) else type(request).SerializeToString
+        if rpc.shape == "unary_unary":
+            call = self.channel.unary_unary(
+                rpc.path, request_serializer=ser, response_deserializer=rpc.response.FromString
+            )
+            return call(request, timeout=timeout)
+        call = self.channel.unary_stream(
+            rpc.path, request_serializer=ser, response_deserializer=rpc.response.FromString
+        )
+        return list(call(request, timeout=timeout))
+
+    def endpoints(self) -> pb.Endpoints:
+        host, port = self.endpoint.rsplit(":", 1)
+        return pb.Endpoints(scheme=pb.AddressScheme.IPv4, addresses=[pb.Address(host=host, port=int(port))])
+
+    def send(
+        self,
+        topic: str = "Wire",
+        body: bytes = b"hello",
+        tag: str | None = "T",
+        message_id: str = "01AB",
+        **props: str,
+    ) -> pb.SendMessageResponse:
+        sp = pb.SystemProperties(
+            message_id=message_id, body_encoding=pb.Encoding.IDENTITY, message_type=pb.MessageType.NORMAL
+        )
+        if tag is not None:
+            sp.tag = tag
+        msg = pb.Message(
+            topic=pb.Resource(name=topic), body=body, system_properties=sp, user_properties=props
+        )
+        return self("SendMessage", pb.SendMessageRequest(messages=[msg]))
+
+
+@pytest.fixture
+def stub(start_broker: Any) -> Iterator[Stub]:
+    broker = start_broker()
+    s = Stub(broker.endpoint)
+    yield s
+    s.channel.close()
+
+
+def test_route_gives_master_queues_at_the_callers_endpoint(stub: Stub) -> None:
+    resp = stub(
+        "QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="Routed"), endpoints=stub.endpoints())
+    )
+    assert resp.status.code == pb.Code.OK
+    assert [q.id for q in resp.message_queues] == list(range(8))
+    for q in resp.message_queues:
+        assert q.broker.id == 0 and q.permission == pb.Permission.READ_WRITE
+        assert list(q.accept_message_types) == [pb.MessageType.NORMAL]
+        assert q.broker.endpoints == stub.endpoints()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({"tag": "A|B"}, pb.Code.ILLEGAL_MESSAGE_TAG),
+        ({"topic": "no spaces"}, pb.Code.ILLEGAL_TOPIC),
+        ({"body": b""}, pb.Code.MESSAGE_BODY_EMPTY),
+        ({"body": b"x" * (4 * 1024 * 1024 + 1)}, pb.Code.MESSAGE_BODY_TOO_LARGE),
+        ({"message_id": ""}, pb.Code.ILLEGAL_MESSAGE_ID),
+        ({"UNIQ_KEY": "mine"}, pb.Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        ({"bad": "\x01"}, pb.Code.BAD_REQUEST),
+    ],
+)
+def test_bad_sends_get_their_status_and_the_broker_keeps_serving(
+    stub: Stub, kwargs: dict[str, Any], code: int
+) -> None:
+    resp = stub.send(**kwargs)
+    assert resp.status.code == code, resp.status.message
+    assert resp.status.message
+    ok = stub.send(message_id="01OK")
+    assert ok.status.code == pb.Code.OK and len(ok.entries) == 1 and ok.entries[0].message_id == "01OK"
+
+
+def test_receive_ack_and_bad_handles_over_the_wire(stub: Stub) -> None:
+    assert stub.send(message_id="01R1", Region="Hangzhou", price="100").status.code == pb.Code.OK
+    assert stub.send(message_id="01R2", Region="Hangzhou", price="7").status.code == pb.Code.OK
+    queue = pb.MessageQueue(topic=pb.Resource(name="Wire"), id=0, broker=pb.Broker(name="b"))
+    req = pb.ReceiveMessageRequest(
+        group=pb.Resource(name="wire-g"),
+        message_queue=queue,
+        batch_size=8,
+        filter_expression=pb.FilterExpression(type=pb.FilterType.SQL, expression="price > 30"),
+    )
+    req.invisible_duration.FromSeconds(30)
+    req.long_polling_timeout.FromSeconds(1)
+    frames = stub("ReceiveMessage", req)
+    kinds = [f.WhichOneof("content") for f in frames]
+    assert kinds[0] == "status" and kinds[-1] == "delivery_timestamp"
+    assert frames[0].status.code == pb.Code.OK
+    messages = [f.message for f in frames if f.HasField("message")]
+    assert [m.system_properties.message_id for m in messages] == ["01R1"]
+    sp = messages[0].system_properties
+    assert sp.body_encoding == pb.Encoding.IDENTITY and sp.delivery_attempt == 1 and sp.receipt_handle
+    assert sp.body_digest.type == pb.DigestType.CRC32 and len(sp.body_digest.checksum) == 8
+    ack = pb.AckMessageRequest(
+        group=req.group,
+        topic=queue.topic,
+        entries=[pb.AckMessageEntry(message_id="01R1", receipt_handle=sp.receipt_handle)],
+    )
+    assert stub("AckMessage", ack).status.code == pb.Code.OK
+    again = stub("AckMessage", ack)
+    assert again.status.code == pb.Code.INVALID_RECEIPT_HANDLE
+    ack.entries[0].receipt_handle = "v1:0:0:1:Nope"
+    assert stub("AckMessage", ack).status.code == pb.Code.INVALID_RECEIPT_HANDLE
+    change = pb.ChangeInvisibleDurationRequest(group=req.group, topic=queue.topic, receipt_handle="junk")
+    resp = stub("ChangeInvisibleDuration", change)
+    assert resp.status.code == pb.Code.INVALID_RECEIPT_HANDLE and resp.receipt_handle == "junk"
+    # an empty long poll answers MESSAGE_NOT_FOUND in about the requested time
+    t0 = time.monotonic()
+    frames = stub("ReceiveMessage", req)
+    assert frames[0].status.code == pb.Code.MESSAGE_NOT_FOUND and 0.8 < time.monotonic() - t0 < 5
+    bad = pb.ReceiveMessageRequest()
+    bad.CopyFrom(req)
+    bad.filter_expression.expression = "price >"
+    frames = stub("ReceiveMessage", bad)
+    assert frames[0].status.code == pb.Code.ILLEGAL_FILTER_EXPRESSION
+    assert "7" in frames[0].status.message
+
+
+def test_long_poll_wakes_up_when_a_message_arrives(stub: Stub) -> None:
+    queue = pb.MessageQueue(topic=pb.Resource(name="Wake"), id=-1)
+    req = pb.ReceiveMessageRequest(
+        group=pb.Resource(name="wake-g"),
+        message_queue=queue,
+        batch_size=1,
+        filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
+    )
+    req.long_polling_timeout.FromSeconds(20)
+    stub("QueryRoute", pb.QueryRouteRequest(topic=queue.topic, endpoints=stub.endpoints()))
+    assert (
+        stub("ReceiveMessage", pb.ReceiveMessageRequest(group=req.group, message_queue=queue, batch_size=1))[
+            0
+        ].status.code
+        == pb.Code.MESSAGE_NOT_FOUND
+    )
+    future = stub.channel.unary_stream(
+        RPC["ReceiveMessage"].path,
+        request_serializer=pb.ReceiveMessageRequest.SerializeToString,
+        response_deserializer=pb.ReceiveMessageResponse.FromString,
+    )(req, timeout=25)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert stub.send(topic="Wake", message_id="01WAKE").status.code == pb.Code.OK
+    frames = list(future)
+    assert time.monotonic() - t0 < 5
+    assert [f.message.system_properties.message_id for f in frames if f.HasField("message")] == ["01WAKE"]
+
+
+def test_unsupported_and_malformed_calls(stub: Stub) -> None:
+    for name in ("EndTransaction", "RecallMessage", "SyncLiteSubscription"):
+        resp = stub(name, b"\x0a\x00")
+        assert resp.status.code == pb.Code.UNSUPPORTED and name in resp.status.message
+    with pytest.raises(grpc.RpcError):
+        stub("SendMessage", b"\xff\xff\xff garbage")
+    assert stub.send(message_id="01AFTER").status.code == pb.Code.OK
+    assert stub("Heartbeat", pb.HeartbeatRequest()).status.code == pb.Code.OK
+
+
+def test_duplicate_send_is_stored_once(stub: Stub) -> None:
+    first = stub.send(message_id="01SAME")
+    second = stub.send(message_id="01SAME")
+    assert first.entries[0].offset == second.entries[0].offset
+
+
+def test_second_broker_on_the_same_port_fails_loudly(start_broker: Any, tmp_path: Any) -> None:
+    first = start_broker("one")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "siftmq",
+            "broker",
+            "--data-dir",
+            str(tmp_path / "two"),
+            "--listen",
+            first.endpoint,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "cannot listen" in proc.stderr and "ready" not in proc.stdout
+
+
+def test_same_data_dir_twice_fails_loudly(start_broker: Any, tmp_path: Any) -> None:
+    first = start_broker("shared")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "siftmq",
+            "broker",
+            "--data-dir",
+            str(first.data_dir),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and "ready" not in proc.stdout
+
+
+def test_sigterm_stops_cleanly(start_broker: Any) -> None:
+    broker = start_broker()
+    assert broker.stop() == 0
+    assert any("stopped" in line for line in broker.output)
