@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 EXPR ?= Region = 'Hangzhou' AND price > 30
 PROPS ?= Region=Hangzhou price=45
 
-.PHONY: run test lint bench clean
+.PHONY: run filter test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-## run: the main job (until the broker lands: check and evaluate a filter; EXPR=..., PROPS=...)
+## run: the main job: the broker on 127.0.0.1:8081 with its data under ./data (ARGS="--flush sync ...")
 run: $(STAMP)
+	$(BIN)/siftmq broker --data-dir ./data $(ARGS)
+
+## filter: check and evaluate one filter expression (EXPR=..., PROPS=...)
+filter: $(STAMP)
 	$(BIN)/siftmq filter check "$(EXPR)"
 	-$(BIN)/siftmq filter eval "$(EXPR)" $(PROPS)
 
@@ -32,6 +36,8 @@ test: lint
 ## bench: the benchmarks (figures for the README)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_filter.py
+	$(BIN)/python benchmarks/bench_store.py
+	$(BIN)/python benchmarks/bench_broker.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

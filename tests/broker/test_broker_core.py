@@ -274,3 +274,46 @@ def test_progress_in_flight_and_registrations_survive_a_restart(tmp_path: Path) 
         assert reg2 is not None and reg2.version == 2
     finally:
         broker.close()
+
+
+def test_settings_register_sql_subscriptions_and_reject_invalid_ones(broker: Broker) -> None:
+    broker.subscribe("client-1", "PUSH_CONSUMER", "g-settings", [sql_sub("price > 10"), tag_sub("Pay")])
+    reg = broker.filters.get("g-settings", TOPIC)
+    assert reg is not None and reg.expression == "price > 10"
+    with pytest.raises(BadRequestError) as exc:
+        broker.subscribe("client-2", "PUSH_CONSUMER", "g-bad", [sql_sub("price >")])
+    assert exc.value.status == "ILLEGAL_FILTER_EXPRESSION" and TOPIC in exc.value.message
+    assert broker.filters.get("g-bad", TOPIC) is None
+
+
+def test_registrations_expire_after_the_group_is_gone(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path / "d", filter_registration_expire_s=60)
+    try:
+        broker.receive("g", sql_sub("a = 'x'"))
+        reg = broker.filters.get("g", TOPIC)
+        assert reg is not None
+        assert broker.filters.expire(reg.last_seen_ms + 30_000) == []
+        broker.filters.touch_group("g", reg.last_seen_ms + 50_000)  # a live consumer keeps it
+        assert broker.filters.expire(reg.last_seen_ms + 90_000) == []
+        gone = broker.filters.expire(reg.last_seen_ms + 200_000)
+        assert [r.bloom_key for r in gone] == [f"g#{TOPIC}"] and broker.filters.get("g", TOPIC) is None
+        send(broker, "T", a="x")
+        send(broker, "T", a="y")
+        got = drain(broker, "g", sql_sub("a = 'x'"))  # re-registered; stored messages evaluated exactly
+        assert [p["a"] for _, p, _ in got] == ["x"]
+    finally:
+        broker.close()
+
+
+def test_auto_create_off_refuses_unknown_topics(tmp_path: Path) -> None:
+    from siftmq.errors import NotFoundError
+
+    broker = make_broker(tmp_path / "d", auto_create_topics=False)
+    try:
+        with pytest.raises(NotFoundError) as exc:
+            broker.route("Unknown")
+        assert exc.value.status == "TOPIC_NOT_FOUND"
+        broker.topics.create("Known", 2)
+        assert broker.route("Known").queue_nums == 2
+    finally:
+        broker.close()
