@@ -43,9 +43,21 @@ def percentile(values: list[float], q: float) -> float:
 
 def start_broker(data_dir: Path, flush: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "siftmq", "broker", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
-         "--flush", flush],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "siftmq",
+            "broker",
+            "--data-dir",
+            str(data_dir),
+            "--listen",
+            "127.0.0.1:0",
+            "--flush",
+            flush,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -89,10 +101,12 @@ def send_phase(endpoint: str, topic: str, total: int, threads: int) -> tuple[flo
     return time.perf_counter() - start, latencies
 
 
-def receive_phase(endpoint: str, topic: str, group: str, expr: FilterExpression,
-                  expected: int) -> tuple[float, list[float], int, int]:
-    consumer = SimpleConsumer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), group,
-                              {topic: expr}, 2)
+def receive_phase(
+    endpoint: str, topic: str, group: str, expr: FilterExpression, expected: int
+) -> tuple[float, list[float], int, int]:
+    consumer = SimpleConsumer(
+        ClientConfiguration(endpoint, Credentials(), request_timeout=10), group, {topic: expr}, 2
+    )
     consumer.startup()
     latencies: list[float] = []
     got = 0
@@ -116,7 +130,9 @@ def receive_phase(endpoint: str, topic: str, group: str, expr: FilterExpression,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--flush", choices=("async", "sync"), default="async")
@@ -129,23 +145,30 @@ def main() -> None:
             elapsed, lat = send_phase(endpoint, topic, args.messages, args.threads)
             cpu_send = cpu_seconds(proc.pid) - cpu0
             client_send = cpu_seconds(os.getpid()) - client0
-            print(f"send ({args.flush}, {args.threads} producer threads, 1 KiB): "
-                  f"{args.messages / elapsed:,.0f} msg/s, p50 {percentile(lat, 50) * 1000:.2f} ms, "
-                  f"p99 {percentile(lat, 99) * 1000:.2f} ms, broker CPU {cpu_send / args.messages * 1e6:,.0f} "
-                  f"s per million (client CPU {client_send / args.messages * 1e6:,.0f})")
+            print(
+                f"send ({args.flush}, {args.threads} producer threads, 1 KiB): "
+                f"{args.messages / elapsed:,.0f} msg/s, p50 {percentile(lat, 50) * 1000:.2f} ms, "
+                f"p99 {percentile(lat, 99) * 1000:.2f} ms, broker CPU {cpu_send / args.messages * 1e6:,.0f} "
+                f"s per million (client CPU {client_send / args.messages * 1e6:,.0f})"
+            )
             expected = (args.messages + 9) // 10
-            for name, expr in (("TAG Sel", FilterExpression("Sel")),
-                               ("SQL92 sel = 1 AND size > 0", FilterExpression("sel = 1 AND size > 0",
-                                                                              FilterType.SQL))):
+            for name, expr in (
+                ("TAG Sel", FilterExpression("Sel")),
+                ("SQL92 sel = 1 AND size > 0", FilterExpression("sel = 1 AND size > 0", FilterType.SQL)),
+            ):
                 cpu0 = cpu_seconds(proc.pid)
-                elapsed, lat, got, body_bytes = receive_phase(endpoint, topic, f"bench-{len(name)}", expr,
-                                                              expected)
+                elapsed, lat, got, body_bytes = receive_phase(
+                    endpoint, topic, f"bench-{len(name)}", expr, expected
+                )
                 cpu = cpu_seconds(proc.pid) - cpu0
-                print(f"receive {name} (10% selective): {got:,} of {expected:,} matched, "
-                      f"{got / elapsed:,.0f} matched msg/s, receive call p50 {percentile(lat, 50) * 1000:.1f} ms, "
-                      f"p99 {percentile(lat, 99) * 1000:.1f} ms, broker CPU {cpu / args.messages * 1e6:,.0f} s "
-                      f"per million scanned, delivered bytes per matched byte "
-                      f"{body_bytes / (expected * len(BODY)):.2f}")
+                print(
+                    f"receive {name} (10% selective): {got:,} of {expected:,} matched, "
+                    f"{got / elapsed:,.0f} matched msg/s, "
+                    f"receive call p50 {percentile(lat, 50) * 1000:.1f} ms, "
+                    f"p99 {percentile(lat, 99) * 1000:.1f} ms, broker CPU {cpu / args.messages * 1e6:,.0f} s "
+                    f"per million scanned, delivered bytes per matched byte "
+                    f"{body_bytes / (expected * len(BODY)):.2f}"
+                )
         finally:
             proc.terminate()
             proc.wait(30)

@@ -16,8 +16,8 @@ TOPIC = "Orders"
 
 
 def make_broker(data_dir: Path, **overrides: object) -> Broker:
-    cfg = BrokerConfig(data_dir=data_dir, min_invisible_time_s=0.05, default_queue_nums=4, **overrides)  # type: ignore[arg-type]
-    broker = Broker(cfg)
+    settings: dict[str, object] = {"min_invisible_time_s": 0.05, "default_queue_nums": 4, **overrides}
+    broker = Broker(BrokerConfig(data_dir=data_dir, **settings))  # type: ignore[arg-type]
     broker.start()
     return broker
 
@@ -315,5 +315,47 @@ def test_auto_create_off_refuses_unknown_topics(tmp_path: Path) -> None:
         assert exc.value.status == "TOPIC_NOT_FOUND"
         broker.topics.create("Known", 2)
         assert broker.route("Known").queue_nums == 2
+    finally:
+        broker.close()
+
+
+def test_offset_pull_filters_and_reports_where_to_resume(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path / "d", default_queue_nums=1)
+    try:
+        for i in range(50):
+            send(broker, "Pay" if i % 10 == 0 else "Other", n=str(i))
+        sub = tag_sub("Pay")
+        result = broker.pull("puller", sub, 0, 0, 32)
+        assert result.status == "FOUND" and [m.properties["n"] for m in result.messages] == [
+            "0", "10", "20", "30", "40"]  # fmt: skip
+        assert result.next_offset == 50 and result.max_offset == 50
+        assert broker.pull("puller", sub, 0, 50, 32).status == "NO_NEW_MESSAGE"
+        assert broker.pull("puller", sub, 0, 41, 32).status == "NO_NEW_MESSAGE"  # passed over to the end
+        bad = broker.pull("puller", sub, 0, 70, 32)
+        assert bad.status == "ILLEGAL_OFFSET" and bad.next_offset in (0, 50)
+        sql = broker.pull("puller", sql_sub("n > 44"), 0, 0, 2)
+        assert [m.properties["n"] for m in sql.messages] == ["45", "46"] and sql.next_offset == 47
+        with pytest.raises(BadRequestError):
+            broker.pull("puller", sub, 1, 0, 32)  # no such queue
+        # committed offsets
+        from siftmq.errors import NotFoundError
+
+        with pytest.raises(NotFoundError):
+            broker.get_offset("puller", TOPIC, 0)
+        broker.update_offset("puller", TOPIC, 0, 47)
+        assert broker.get_offset("puller", TOPIC, 0) == 47
+        with pytest.raises(BadRequestError) as exc:
+            broker.update_offset("puller", TOPIC, 0, 51)
+        assert exc.value.status == "ILLEGAL_OFFSET"
+        assert broker.query_offset(TOPIC, 0, "BEGINNING") == 0
+        assert broker.query_offset(TOPIC, 0, "END") == 50
+        stamps = [m.store_timestamp for m in broker.pull("t", tag_sub("*"), 0, 0, 64).messages]
+        assert broker.query_offset(TOPIC, 0, "TIMESTAMP", stamps[20]) == stamps.index(stamps[20])
+        assert broker.query_offset(TOPIC, 0, "TIMESTAMP", stamps[-1] + 1) == 50
+    finally:
+        broker.close()
+    broker = make_broker(tmp_path / "d", default_queue_nums=1)
+    try:
+        assert broker.get_offset("puller", TOPIC, 0) == 47  # survives a restart
     finally:
         broker.close()

@@ -241,3 +241,41 @@ def test_sigterm_stops_cleanly(start_broker: Any) -> None:
     broker = start_broker()
     assert broker.stop() == 0
     assert any("stopped" in line for line in broker.output)
+
+
+def test_offset_pull_family_over_the_wire(stub: Stub) -> None:
+    for i in range(5):
+        assert (
+            stub.send(topic="Pulled", message_id=f"01P{i}", tag="Pay" if i % 2 else "X").status.code == 20000
+        )
+    stub("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="Pulled"), endpoints=stub.endpoints()))
+    group = pb.Resource(name="pull-g")
+    total = 0
+    for qid in range(8):
+        queue = pb.MessageQueue(topic=pb.Resource(name="Pulled"), id=qid)
+        end = stub(
+            "QueryOffset",
+            pb.QueryOffsetRequest(message_queue=queue, query_offset_policy=pb.QueryOffsetPolicy.END),
+        )
+        assert end.status.code == pb.Code.OK
+        req = pb.PullMessageRequest(
+            group=group, message_queue=queue, offset=0, batch_size=32,
+            filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="Pay"),
+        )  # fmt: skip
+        frames = stub("PullMessage", req)
+        assert (
+            frames[0].WhichOneof("content") == "status" and frames[-1].WhichOneof("content") == "next_offset"
+        )
+        got = [f.message for f in frames if f.HasField("message")]
+        assert all(m.system_properties.tag == "Pay" for m in got)
+        assert frames[-1].next_offset == end.offset
+        total += len(got)
+        update = pb.UpdateOffsetRequest(group=group, message_queue=queue, offset=frames[-1].next_offset)
+        assert stub("UpdateOffset", update).status.code == pb.Code.OK
+        got_offset = stub("GetOffset", pb.GetOffsetRequest(group=group, message_queue=queue))
+        assert got_offset.status.code == pb.Code.OK and got_offset.offset == end.offset
+    assert total == 2
+    bad = pb.PullMessageRequest(
+        group=group, message_queue=pb.MessageQueue(topic=pb.Resource(name="Pulled"), id=99)
+    )
+    assert stub("PullMessage", bad)[0].status.code == pb.Code.BAD_REQUEST

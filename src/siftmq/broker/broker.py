@@ -30,9 +30,11 @@ from siftmq.broker.model import (
     PROPERTY_DLQ_ORIGIN_TOPIC,
     Delivery,
     OutgoingMessage,
+    PullResult,
     SendResult,
     Subscription,
 )
+from siftmq.broker.offsets import OffsetTable
 from siftmq.broker.receipts import ReceiptHandle
 from siftmq.broker.topics import TopicConfig, TopicManager
 from siftmq.broker.validation import (
@@ -76,11 +78,15 @@ class Broker:
         config_dir = config.data_dir / "config"
         config_dir.mkdir(parents=True, exist_ok=True)
         self.bloom = BloomFilter()
-        self.topics = TopicManager(config_dir, auto_create=config.auto_create_topics,
-                                   default_queue_nums=config.default_queue_nums,
-                                   max_queue_nums=config.max_queue_nums)
+        self.topics = TopicManager(
+            config_dir,
+            auto_create=config.auto_create_topics,
+            default_queue_nums=config.default_queue_nums,
+            max_queue_nums=config.max_queue_nums,
+        )
         self.filters = FilterRegistry(config_dir, self.bloom, expire_s=config.filter_registration_expire_s)
         self.consumers = ConsumerStateTable(config_dir)
+        self.offsets = OffsetTable(config_dir)
         self.clients = ClientRegistry(config.client_session_expire_s)
         self.store = MessageStore(
             StoreConfig(
@@ -108,8 +114,9 @@ class Broker:
             for qid in range(topic.queue_nums):
                 self.store.create_queue(topic.name, qid)
         self._stop.clear()
-        self._housekeeper = threading.Thread(target=self._housekeeping, name="siftmq-broker-housekeeping",
-                                             daemon=True)
+        self._housekeeper = threading.Thread(
+            target=self._housekeeping, name="siftmq-broker-housekeeping", daemon=True
+        )
         self._housekeeper.start()
 
     def close(self) -> None:
@@ -120,6 +127,7 @@ class Broker:
             self._housekeeper = None
         try:
             self.consumers.save()
+            self.offsets.save()
             self.filters.save()
         finally:
             self.store.close()
@@ -135,6 +143,8 @@ class Broker:
             try:
                 if self.consumers.dirty:
                     self.consumers.save()
+                if self.offsets.dirty:
+                    self.offsets.save()
                 if time.monotonic() - last_sweep >= 10:
                     last_sweep = time.monotonic()
                     self.clients.expire()
@@ -155,8 +165,9 @@ class Broker:
         if topic.startswith(DLQ_PREFIX):
             found = self.topics.get(topic)
             if found is None:
-                raise NotFoundError(f"dead-letter topic {topic!r} has no messages yet",
-                                    status="TOPIC_NOT_FOUND")
+                raise NotFoundError(
+                    f"dead-letter topic {topic!r} has no messages yet", status="TOPIC_NOT_FOUND"
+                )
             return found
         return self.topics.get_or_create(topic)
 
@@ -167,11 +178,14 @@ class Broker:
         check_topic(msg.topic, for_send=True)
         check_message_id(msg.message_id)
         if msg.message_group is not None:
-            raise UnsupportedError("FIFO messages (message_group) are not supported by this broker yet",
-                                   status="UNSUPPORTED")
+            raise UnsupportedError(
+                "FIFO messages (message_group) are not supported by this broker yet", status="UNSUPPORTED"
+            )
         if msg.delivery_timestamp_ms is not None:
-            raise UnsupportedError("delay messages (delivery_timestamp) are not supported by this broker yet",
-                                   status="UNSUPPORTED")
+            raise UnsupportedError(
+                "delay messages (delivery_timestamp) are not supported by this broker yet",
+                status="UNSUPPORTED",
+            )
         if not msg.body:
             raise BadRequestError("message body is empty", status="MESSAGE_BODY_EMPTY")
         if len(msg.body) > self.config.max_body_size:
@@ -182,8 +196,11 @@ class Broker:
         if msg.tag is not None:
             check_tag(msg.tag)
         check_keys(msg.keys)
-        check_user_properties(msg.user_properties, max_count=self.config.max_user_properties,
-                              max_bytes=self.config.max_user_properties_bytes)
+        check_user_properties(
+            msg.user_properties,
+            max_count=self.config.max_user_properties,
+            max_bytes=self.config.max_user_properties_bytes,
+        )
         topic = self.topics.get_or_create(msg.topic, for_send=True)
         if not topic.writable:
             raise BadRequestError(f"topic {topic.name!r} is not writable", status="FORBIDDEN")
@@ -202,10 +219,16 @@ class Broker:
             if existing is not None and existing.topic == topic.name:
                 return SendResult(msg.message_id, existing.queue_id, existing.queue_offset, duplicate=True)
             queue_id = next(self._queue_cursor) % topic.queue_nums
-            record = self.store.put_message(Message(
-                topic=topic.name, body=bytes(msg.body), queue_id=queue_id, properties=properties,
-                born_timestamp=msg.born_timestamp_ms, born_host=born_host or encode_host("0.0.0.0", 0),
-            ))
+            record = self.store.put_message(
+                Message(
+                    topic=topic.name,
+                    body=bytes(msg.body),
+                    queue_id=queue_id,
+                    properties=properties,
+                    born_timestamp=msg.born_timestamp_ms,
+                    born_host=born_host or encode_host("0.0.0.0", 0),
+                )
+            )
         return SendResult(msg.message_id, record.queue_id, record.queue_offset)
 
     # ------------------------------------------------------------------------------------ filters
@@ -219,8 +242,10 @@ class Broker:
         """
         kind = FILTER_KINDS.get(subscription.kind.upper())
         if kind is None:
-            raise BadRequestError(f"unknown filter type {subscription.kind!r}; use TAG or SQL92",
-                                  status="ILLEGAL_FILTER_EXPRESSION")
+            raise BadRequestError(
+                f"unknown filter type {subscription.kind!r}; use TAG or SQL92",
+                status="ILLEGAL_FILTER_EXPRESSION",
+            )
         if kind == "SQL92" and not self.config.enable_property_filter:
             raise UnsupportedError(
                 "SQL92 filtering is turned off on this broker (enable_property_filter = false); "
@@ -232,8 +257,9 @@ class Broker:
             return None if compiled.tag_filter.sub_all else TagMessageFilter(compiled.tag_filter)
         return self.filters.register(group, subscription.topic, compiled).message_filter()
 
-    def subscribe(self, client_id: str, client_type: str, group: str | None,
-                  subscriptions: Sequence[Subscription]) -> None:
+    def subscribe(
+        self, client_id: str, client_type: str, group: str | None, subscriptions: Sequence[Subscription]
+    ) -> None:
         """Record a client's settings; SQL92 subscriptions are registered (and validated) at once."""
         if group is not None:
             check_group(group)
@@ -251,8 +277,15 @@ class Broker:
 
     # ------------------------------------------------------------------------------------ receive
 
-    def receive(self, group: str, subscription: Subscription, *, queue_id: int = -1, batch_size: int = 32,
-                invisible_ms: int | None = None) -> list[Delivery]:
+    def receive(
+        self,
+        group: str,
+        subscription: Subscription,
+        *,
+        queue_id: int = -1,
+        batch_size: int = 32,
+        invisible_ms: int | None = None,
+    ) -> list[Delivery]:
         """Deliver up to ``batch_size`` messages of ``subscription.topic`` that match its filter.
 
         Reads the requested queue first, then the topic's other queues; redeliveries whose
@@ -346,11 +379,18 @@ class Broker:
         S = GetMessageStatus
         limit = rp.batch_size - len(rp.out)
         while limit > 0 and scanned < MAX_SCAN_PER_RECEIVE:
-            result = self.store.get_messages(rp.group, rp.topic, qid, prog.pop_offset, limit,
-                                             rp.message_filter)
+            result = self.store.get_messages(
+                rp.group, rp.topic, qid, prog.pop_offset, limit, rp.message_filter
+            )
             moved = result.next_begin_offset != prog.pop_offset
-            if result.status in (S.FOUND, S.NO_MATCHED_MESSAGE, S.OFFSET_FOUND_NULL,
-                                 S.MESSAGE_WAS_REMOVING, S.OFFSET_TOO_SMALL, S.OFFSET_OVERFLOW_BADLY):
+            if result.status in (
+                S.FOUND,
+                S.NO_MATCHED_MESSAGE,
+                S.OFFSET_FOUND_NULL,
+                S.MESSAGE_WAS_REMOVING,
+                S.OFFSET_TOO_SMALL,
+                S.OFFSET_OVERFLOW_BADLY,
+            ):
                 prog.pop_offset = result.next_begin_offset
             if moved:
                 self.consumers.mark_dirty()
@@ -358,16 +398,27 @@ class Broker:
                 rp.out.append(self._deliver(rp, qid, prog, msg, 1))
             limit -= len(result.messages)
             scanned += max(result.scanned, 1)
-            if not moved or prog.pop_offset >= result.max_offset or result.status in (
-                S.OFFSET_OVERFLOW_ONE, S.NO_MESSAGE_IN_QUEUE, S.NO_MATCHED_LOGIC_QUEUE
+            if (
+                not moved
+                or prog.pop_offset >= result.max_offset
+                or result.status in (S.OFFSET_OVERFLOW_ONE, S.NO_MESSAGE_IN_QUEUE, S.NO_MATCHED_LOGIC_QUEUE)
             ):
                 break
 
-    def _deliver(self, rp: _ReceivePass, qid: int, prog: QueueProgress, msg: StoredMessage,
-                 attempt: int) -> Delivery:
+    def _deliver(
+        self, rp: _ReceivePass, qid: int, prog: QueueProgress, msg: StoredMessage, attempt: int
+    ) -> Delivery:
         nonce = secrets.randbits(48)
-        prog.put(InFlight(msg.queue_offset, msg.commit_log_offset, msg.store_size, attempt,
-                          rp.now + rp.invisible_ms, nonce))
+        prog.put(
+            InFlight(
+                msg.queue_offset,
+                msg.commit_log_offset,
+                msg.store_size,
+                attempt,
+                rp.now + rp.invisible_ms,
+                nonce,
+            )
+        )
         self.consumers.mark_dirty()
         handle = ReceiptHandle(rp.topic, qid, msg.queue_offset, nonce).encode()
         return Delivery(msg, handle, attempt, rp.invisible_ms)
@@ -379,6 +430,110 @@ class Broker:
             _log.exception("in-flight message at commit log offset %d cannot be read", item.commit_log_offset)
             return None
 
+    # --------------------------------------------------------------------------------------- pull
+
+    def _queue(self, topic_name: str, queue_id: int) -> TopicConfig:
+        topic = self._readable_topic(topic_name)
+        if not 0 <= queue_id < topic.queue_nums:
+            raise BadRequestError(
+                f"queue {queue_id} does not exist: topic {topic.name!r} has queues 0..{topic.queue_nums - 1}"
+            )
+        return topic
+
+    def pull(
+        self, group: str, subscription: Subscription, queue_id: int, offset: int, batch_size: int
+    ) -> PullResult:
+        """Messages of one queue from ``offset`` that match the subscription (no invisible time, no acks).
+
+        Non-matching entries are passed over within the call's scan bound; ``next_offset`` is where
+        the next pull starts.
+        """
+        check_group(group)
+        topic = self._queue(subscription.topic, queue_id)
+        if not topic.readable:
+            raise BadRequestError(f"topic {topic.name!r} is not readable", status="FORBIDDEN")
+        if offset < 0:
+            raise BadRequestError(f"offset must not be negative, got {offset}", status="ILLEGAL_OFFSET")
+        batch_size = max(1, min(batch_size, self.config.max_batch_size))
+        message_filter = self.message_filter(group, subscription)
+        S = GetMessageStatus
+        messages: list[StoredMessage] = []
+        scanned = 0
+        next_offset = offset
+        while True:
+            r = self.store.get_messages(
+                group, topic.name, queue_id, next_offset, batch_size - len(messages), message_filter
+            )
+            lo, hi = r.min_offset, r.max_offset
+            if r.status in (S.OFFSET_TOO_SMALL, S.OFFSET_OVERFLOW_BADLY):
+                return PullResult("ILLEGAL_OFFSET", messages, r.next_begin_offset, lo, hi)
+            if r.status in (S.NO_MATCHED_LOGIC_QUEUE, S.NO_MESSAGE_IN_QUEUE, S.OFFSET_OVERFLOW_ONE):
+                break
+            messages.extend(r.messages)
+            scanned += max(r.scanned, 1)
+            moved = r.next_begin_offset != next_offset
+            next_offset = r.next_begin_offset
+            full = len(messages) >= batch_size or scanned >= MAX_SCAN_PER_RECEIVE
+            if full or not moved or next_offset >= hi:
+                break
+        hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
+        lo = self.store.get_min_offset_in_queue(topic.name, queue_id)
+        if messages:
+            return PullResult("FOUND", messages, next_offset, lo, hi)
+        status = "NO_NEW_MESSAGE" if next_offset >= hi else "NO_MATCHED_MESSAGE"
+        return PullResult(status, messages, next_offset, lo, hi)
+
+    def update_offset(self, group: str, topic_name: str, queue_id: int, offset: int) -> None:
+        """Commit a pull consumer's offset (the next offset it will read)."""
+        check_group(group)
+        topic = self._queue(topic_name, queue_id)
+        hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
+        if not 0 <= offset <= hi:
+            raise BadRequestError(
+                f"offset {offset} is outside 0..{hi} of {topic.name}:{queue_id}", status="ILLEGAL_OFFSET"
+            )
+        self.offsets.set((group, topic.name, queue_id), offset)
+
+    def get_offset(self, group: str, topic_name: str, queue_id: int) -> int:
+        """The group's committed offset on a queue (pull commits, else its receive progress)."""
+        check_group(group)
+        topic = self._queue(topic_name, queue_id)
+        found = self.offsets.get((group, topic.name, queue_id))
+        if found is not None:
+            return found
+        prog = self.consumers.get((group, topic.name, queue_id))
+        if prog is not None:
+            with prog.lock:
+                return prog.committed_offset
+        raise NotFoundError(
+            f"group {group!r} has no offset on {topic.name}:{queue_id}", status="OFFSET_NOT_FOUND"
+        )
+
+    def query_offset(
+        self, topic_name: str, queue_id: int, policy: str, timestamp_ms: int | None = None
+    ) -> int:
+        """``BEGINNING`` (min), ``END`` (max), or ``TIMESTAMP``: the first offset stored at or after it."""
+        topic = self._queue(topic_name, queue_id)
+        lo = self.store.get_min_offset_in_queue(topic.name, queue_id)
+        hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
+        if policy == "BEGINNING":
+            return lo
+        if policy == "END":
+            return hi
+        if policy != "TIMESTAMP" or timestamp_ms is None:
+            raise BadRequestError(f"unknown offset policy {policy!r} (or TIMESTAMP without a timestamp)")
+        while lo < hi:  # first offset whose store time is >= timestamp_ms
+            mid = (lo + hi) // 2
+            r = self.store.get_messages("", topic.name, queue_id, mid, 1, None)
+            if not r.messages:
+                lo = max(r.next_begin_offset, mid + 1)
+                continue
+            if r.messages[0].store_timestamp >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
     # -------------------------------------------------------------------------------- ack / nack
 
     def _in_flight(self, group: str, topic: str, handle_text: str) -> tuple[QueueProgress, InFlight]:
@@ -386,12 +541,15 @@ class Broker:
         check_group(group)
         handle = ReceiptHandle.decode(handle_text)
         if handle.topic != topic:
-            raise BadRequestError(f"receipt handle belongs to topic {handle.topic!r}, not {topic!r}",
-                                  status="INVALID_RECEIPT_HANDLE")
+            raise BadRequestError(
+                f"receipt handle belongs to topic {handle.topic!r}, not {topic!r}",
+                status="INVALID_RECEIPT_HANDLE",
+            )
         prog = self.consumers.get((group, topic, handle.queue_id))
         if prog is None:
-            raise BadRequestError(f"receipt handle is unknown to group {group!r}",
-                                  status="INVALID_RECEIPT_HANDLE")
+            raise BadRequestError(
+                f"receipt handle is unknown to group {group!r}", status="INVALID_RECEIPT_HANDLE"
+            )
         prog.lock.acquire()
         item = prog.inflight.get(handle.queue_offset)
         problem = None
@@ -431,8 +589,16 @@ class Broker:
         prog, item = self._in_flight(group, topic, handle_text)
         try:
             nonce = secrets.randbits(48)
-            prog.put(InFlight(item.queue_offset, item.commit_log_offset, item.size, item.attempt,
-                              _now_ms() + invisible_ms, nonce))
+            prog.put(
+                InFlight(
+                    item.queue_offset,
+                    item.commit_log_offset,
+                    item.size,
+                    item.attempt,
+                    _now_ms() + invisible_ms,
+                    nonce,
+                )
+            )
             self.consumers.mark_dirty()
         finally:
             prog.lock.release()
@@ -456,10 +622,17 @@ class Broker:
         props = dict(msg.properties)
         props[PROPERTY_DLQ_ORIGIN_TOPIC] = msg.topic
         props[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = msg.uniq_key or msg.offset_msg_id
-        self.store.put_message(Message(
-            topic=cfg.name, body=msg.body, queue_id=0, properties=props, born_timestamp=msg.born_timestamp,
-            born_host=msg.born_host, reconsume_times=attempts,
-        ))
+        self.store.put_message(
+            Message(
+                topic=cfg.name,
+                body=msg.body,
+                queue_id=0,
+                properties=props,
+                born_timestamp=msg.born_timestamp,
+                born_host=msg.born_host,
+                reconsume_times=attempts,
+            )
+        )
         _log.info("message %s of %s moved to %s after %d attempts", msg.uniq_key, msg.topic, topic, attempts)
 
     # ---------------------------------------------------------------------------------- sessions

@@ -31,8 +31,14 @@ class ClientRegistry:
         self._lock = threading.Lock()
         self._sessions: dict[str, ClientSession] = {}
 
-    def touch(self, client_id: str, *, client_type: str | None = None, group: str | None = None,
-              subscriptions: list[Subscription] | None = None) -> ClientSession:
+    def touch(
+        self,
+        client_id: str,
+        *,
+        client_type: str | None = None,
+        group: str | None = None,
+        subscriptions: list[Subscription] | None = None,
+    ) -> ClientSession:
         with self._lock:
             session = self._sessions.get(client_id)
             if session is None:

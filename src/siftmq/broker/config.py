@@ -25,7 +25,24 @@ MIB = 1024 * 1024
 
 #: RocketMQ's default retry schedule (messageDelayLevel from level 3 on), in seconds.
 DEFAULT_RETRY_BACKOFF_S: tuple[float, ...] = (
-    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+    1,
+    5,
+    10,
+    30,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    420,
+    480,
+    540,
+    600,
+    1200,
+    1800,
+    3600,
+    7200,
 )
 
 
@@ -68,9 +85,18 @@ class BrokerConfig:
         if self.flush not in ("sync", "async"):
             raise ConfigError(f"flush must be 'sync' or 'async', not {self.flush!r}")
         parse_listen(self.listen)
-        _positive(self, "default_queue_nums", "max_queue_nums", "max_body_size", "max_user_properties",
-                  "max_user_properties_bytes", "max_batch_size", "max_delivery_attempts",
-                  "consumer_state_flush_ms", "flush_interval_ms")
+        _positive(
+            self,
+            "default_queue_nums",
+            "max_queue_nums",
+            "max_body_size",
+            "max_user_properties",
+            "max_user_properties_bytes",
+            "max_batch_size",
+            "max_delivery_attempts",
+            "consumer_state_flush_ms",
+            "flush_interval_ms",
+        )
         if self.default_queue_nums > self.max_queue_nums:
             raise ConfigError("default_queue_nums must not exceed max_queue_nums")
         if not 0 < self.min_invisible_time_s <= self.default_invisible_time_s <= self.max_invisible_time_s:

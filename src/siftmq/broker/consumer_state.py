@@ -119,7 +119,9 @@ class ConsumerStateTable:
             with prog.lock:
                 snapshot[f"{group}\t{topic}\t{qid}"] = {
                     "pop": prog.pop_offset,
-                    "inflight": [[i.queue_offset, i.commit_log_offset, i.size, i.attempt, i.visible_at_ms,
-                                  i.nonce] for i in prog.inflight.values()],
+                    "inflight": [
+                        [i.queue_offset, i.commit_log_offset, i.size, i.attempt, i.visible_at_ms, i.nonce]
+                        for i in prog.inflight.values()
+                    ],
                 }
         write_json(self._path, snapshot)

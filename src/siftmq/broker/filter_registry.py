@@ -66,8 +66,14 @@ class FilterRegistry:
         self._dirty = False
         for item in read_json(self._path, []):
             try:
-                reg = self._make(item["group"], item["topic"], item["expression"], int(item["version"]),
-                                 born=int(item["born_time_ms"]), seen=int(item["last_seen_ms"]))
+                reg = self._make(
+                    item["group"],
+                    item["topic"],
+                    item["expression"],
+                    int(item["version"]),
+                    born=int(item["born_time_ms"]),
+                    seen=int(item["last_seen_ms"]),
+                )
             except (KeyError, TypeError, ValueError, FilterError) as exc:
                 _log.error("dropping unreadable filter registration %r: %s", item, exc)
                 continue
@@ -76,8 +82,9 @@ class FilterRegistry:
 
     # ------------------------------------------------------------------------------------ registering
 
-    def _make(self, group: str, topic: str, expression: str, version: int, *, born: int,
-              seen: int) -> FilterRegistration:
+    def _make(
+        self, group: str, topic: str, expression: str, version: int, *, born: int, seen: int
+    ) -> FilterRegistration:
         compiled = compile_filter("SQL92", expression)
         positions = tuple(self.bloom.bit_positions(f"{group}#{topic}"))
         return FilterRegistration(group, topic, expression, version, born, seen, positions, compiled)
@@ -95,8 +102,16 @@ class FilterRegistry:
                 return self._by_key[key]
             version = current.version + 1 if current is not None else 1
             # Until its born time is set below, no bitmap is trusted for this registration.
-            reg = FilterRegistration(group, topic, compiled.normalized, version, _NEVER, now,
-                                     tuple(self.bloom.bit_positions(f"{group}#{topic}")), compiled)
+            reg = FilterRegistration(
+                group,
+                topic,
+                compiled.normalized,
+                version,
+                _NEVER,
+                now,
+                tuple(self.bloom.bit_positions(f"{group}#{topic}")),
+                compiled,
+            )
             self._by_key[key] = reg
             self._reindex_locked()
             # The born time is read after the registration is visible to the dispatcher, so every
@@ -132,8 +147,12 @@ class FilterRegistry:
             gone = [r for r in self._by_key.values() if now - r.last_seen_ms > self._expire_ms]
             for reg in gone:
                 del self._by_key[(reg.group, reg.topic)]
-                _log.info("dropped SQL92 filter of %s#%s (no consumer for %d s)", reg.group, reg.topic,
-                          (now - reg.last_seen_ms) // 1000)
+                _log.info(
+                    "dropped SQL92 filter of %s#%s (no consumer for %d s)",
+                    reg.group,
+                    reg.topic,
+                    (now - reg.last_seen_ms) // 1000,
+                )
             if gone:
                 self._reindex_locked()
                 self._save_locked()
@@ -152,11 +171,20 @@ class FilterRegistry:
         self._by_topic = {t: tuple(regs) for t, regs in by_topic.items()}
 
     def _save_locked(self) -> None:
-        write_json(self._path, [
-            {"group": r.group, "topic": r.topic, "expression": r.expression, "version": r.version,
-             "born_time_ms": r.born_time_ms, "last_seen_ms": r.last_seen_ms}
-            for r in self._by_key.values()
-        ])
+        write_json(
+            self._path,
+            [
+                {
+                    "group": r.group,
+                    "topic": r.topic,
+                    "expression": r.expression,
+                    "version": r.version,
+                    "born_time_ms": r.born_time_ms,
+                    "last_seen_ms": r.last_seen_ms,
+                }
+                for r in self._by_key.values()
+            ],
+        )
         self._dirty = False
 
     # ----------------------------------------------------------------------------------- dispatching

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from siftmq.broker.broker import Broker
-from siftmq.broker.model import Delivery, Subscription
+from siftmq.broker.model import Delivery, PullResult, Subscription
 
 
 class ArrivalNotifier:
@@ -69,7 +69,11 @@ async def receive_long_polling(
     while True:
         seen = notifier.version(topic)
         deliveries = await asyncio.to_thread(
-            broker.receive, group, subscription, queue_id=queue_id, batch_size=batch_size,
+            broker.receive,
+            group,
+            subscription,
+            queue_id=queue_id,
+            batch_size=batch_size,
             invisible_ms=invisible_ms,
         )
         remaining = deadline - time.monotonic()
@@ -79,3 +83,26 @@ async def receive_long_polling(
         if due is not None:
             remaining = min(remaining, max(due - time.time() * 1000, 0) / 1000 + 0.005)
         await notifier.wait(topic, seen, max(remaining, 0.001))
+
+
+async def pull_long_polling(
+    broker: Broker,
+    notifier: ArrivalNotifier,
+    group: str,
+    subscription: Subscription,
+    *,
+    queue_id: int,
+    offset: int,
+    batch_size: int,
+    hold_s: float,
+) -> PullResult:
+    """:meth:`Broker.pull`, waiting up to ``hold_s`` seconds while the queue has nothing new."""
+    deadline = time.monotonic() + max(hold_s, 0.0)
+    topic = subscription.topic
+    while True:
+        seen = notifier.version(topic)
+        result = await asyncio.to_thread(broker.pull, group, subscription, queue_id, offset, batch_size)
+        remaining = deadline - time.monotonic()
+        if result.status != "NO_NEW_MESSAGE" or remaining <= 0:
+            return result
+        await notifier.wait(topic, seen, remaining)

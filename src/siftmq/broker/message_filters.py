@@ -65,9 +65,7 @@ class SqlMessageFilter:
         if ext is None or ext.filter_bitmap is None or not self._bitmap_trusted(ext.store_timestamp):
             return True
         bitmap = ext.filter_bitmap
-        return all(
-            p >> 3 < len(bitmap) and bitmap[p >> 3] & (1 << (p & 7)) for p in self.positions
-        )
+        return all(p >> 3 < len(bitmap) and bitmap[p >> 3] & (1 << (p & 7)) for p in self.positions)
 
     def match_consume_queue_block(
         self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None

@@ -59,3 +59,19 @@ class Subscription:
     topic: str
     kind: str
     expression: str
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """The answer to an offset-based pull.
+
+    ``status`` is ``FOUND`` (messages), ``NO_NEW_MESSAGE`` (nothing at or after ``offset`` yet),
+    ``NO_MATCHED_MESSAGE`` (entries were passed over; pull again from ``next_offset``) or
+    ``ILLEGAL_OFFSET`` (``offset`` is outside the queue; ``next_offset`` is where to resume).
+    """
+
+    status: str
+    messages: list[StoredMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int

@@ -37,6 +37,7 @@ class ReceiptHandle:
             if qid < 0 or offset < 0 or nonce < 0:
                 raise ValueError
         except ValueError:
-            raise BadRequestError(f"malformed receipt handle {text[:100]!r}",
-                                  status="INVALID_RECEIPT_HANDLE") from None
+            raise BadRequestError(
+                f"malformed receipt handle {text[:100]!r}", status="INVALID_RECEIPT_HANDLE"
+            ) from None
         return cls(parts[4], qid, offset, nonce)

@@ -35,8 +35,9 @@ class TopicConfig:
 class TopicManager:
     """The broker's topic table. Thread-safe."""
 
-    def __init__(self, config_dir: Path, *, auto_create: bool, default_queue_nums: int,
-                 max_queue_nums: int) -> None:
+    def __init__(
+        self, config_dir: Path, *, auto_create: bool, default_queue_nums: int, max_queue_nums: int
+    ) -> None:
         self._path = config_dir / "topics.json"
         self._auto_create = auto_create
         self._default_queue_nums = default_queue_nums
@@ -68,8 +69,9 @@ class TopicManager:
             )
         return self.create(name, 1 if system else self._default_queue_nums, exist_ok=True)
 
-    def create(self, name: str, queue_nums: int, *, perm: int = PERM_READ_WRITE,
-               exist_ok: bool = False) -> TopicConfig:
+    def create(
+        self, name: str, queue_nums: int, *, perm: int = PERM_READ_WRITE, exist_ok: bool = False
+    ) -> TopicConfig:
         """Create (or with ``exist_ok`` return) a topic."""
         check_topic(name)
         if not 1 <= queue_nums <= self._max_queue_nums:
@@ -86,5 +88,6 @@ class TopicManager:
             return topic
 
     def _save_locked(self) -> None:
-        write_json(self._path, {t.name: {"queue_nums": t.queue_nums, "perm": t.perm}
-                                for t in self._topics.values()})
+        write_json(
+            self._path, {t.name: {"queue_nums": t.queue_nums, "perm": t.perm} for t in self._topics.values()}
+        )

@@ -21,13 +21,38 @@ MAX_MESSAGE_ID_LENGTH: Final = 128
 _NAME_RE: Final = re.compile(r"[%|a-zA-Z0-9_-]+")  # RocketMQ's TopicValidator characters
 _SYSTEM_PREFIX: Final = "%"
 #: Property names the broker writes itself; a user property may not take them.
-RESERVED_PROPERTIES: Final = frozenset({
-    "TAGS", "KEYS", "UNIQ_KEY", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID",
-    "TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID",
-    "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", "RECONSUME_TIME", "MSG_REGION", "TRACE_ON",
-    "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "DLQ_ORIGIN_TOPIC",
-    "DLQ_ORIGIN_MESSAGE_ID", "INNER_NUM", "INNER_BASE", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC",
-})
+RESERVED_PROPERTIES: Final = frozenset(
+    {
+        "TAGS",
+        "KEYS",
+        "UNIQ_KEY",
+        "WAIT",
+        "DELAY",
+        "RETRY_TOPIC",
+        "REAL_TOPIC",
+        "REAL_QID",
+        "TRAN_MSG",
+        "PGROUP",
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+        "BUYER_ID",
+        "ORIGIN_MESSAGE_ID",
+        "TRANSFER_FLAG",
+        "CORRECTION_FLAG",
+        "MQ2_FLAG",
+        "RECONSUME_TIME",
+        "MSG_REGION",
+        "TRACE_ON",
+        "MAX_RECONSUME_TIMES",
+        "CONSUME_START_TIME",
+        "DLQ_ORIGIN_TOPIC",
+        "DLQ_ORIGIN_MESSAGE_ID",
+        "INNER_NUM",
+        "INNER_BASE",
+        "TIMER_DELIVER_MS",
+        "TIMER_DELAY_SEC",
+    }
+)
 _SEPARATORS: Final = ("\x01", "\x02")
 
 
@@ -49,8 +74,9 @@ def check_topic(topic: str, *, for_send: bool = False) -> None:
             f"illegal topic name {topic!r}: use characters of [%|a-zA-Z0-9_-]", status="ILLEGAL_TOPIC"
         )
     if for_send and topic.startswith(_SYSTEM_PREFIX) and "%" in topic[1:]:
-        raise BadRequestError(f"topic {topic!r} is a system topic; producers cannot send to it",
-                              status="ILLEGAL_TOPIC")
+        raise BadRequestError(
+            f"topic {topic!r} is a system topic; producers cannot send to it", status="ILLEGAL_TOPIC"
+        )
 
 
 def check_group(group: str) -> None:
@@ -81,11 +107,15 @@ def check_tag(tag: str) -> None:
 def check_keys(keys: Sequence[str]) -> None:
     """At most 32 keys, each non-blank, without whitespace (keys are stored space-separated)."""
     if len(keys) > MAX_KEYS:
-        raise BadRequestError(f"{len(keys)} message keys exceed the limit {MAX_KEYS}",
-                              status="ILLEGAL_MESSAGE_KEY")
+        raise BadRequestError(
+            f"{len(keys)} message keys exceed the limit {MAX_KEYS}", status="ILLEGAL_MESSAGE_KEY"
+        )
     for key in keys:
-        if not key or len(key) > MAX_KEY_LENGTH or any(c.isspace() for c in key) or any(
-            c in key for c in _SEPARATORS
+        if (
+            not key
+            or len(key) > MAX_KEY_LENGTH
+            or any(c.isspace() for c in key)
+            or any(c in key for c in _SEPARATORS)
         ):
             raise BadRequestError(
                 f"illegal message key {key[:300]!r}: 1..{MAX_KEY_LENGTH} characters, no whitespace",
@@ -95,8 +125,10 @@ def check_keys(keys: Sequence[str]) -> None:
 
 def check_message_id(message_id: str) -> None:
     """A client message id: 1..128 printable ASCII characters without spaces."""
-    if not message_id or len(message_id) > MAX_MESSAGE_ID_LENGTH or not (
-        message_id.isascii() and message_id.isprintable() and " " not in message_id
+    if (
+        not message_id
+        or len(message_id) > MAX_MESSAGE_ID_LENGTH
+        or not (message_id.isascii() and message_id.isprintable() and " " not in message_id)
     ):
         raise BadRequestError(f"illegal message id {message_id[:200]!r}", status="ILLEGAL_MESSAGE_ID")
 
@@ -104,19 +136,26 @@ def check_message_id(message_id: str) -> None:
 def check_user_properties(properties: Mapping[str, str], *, max_count: int, max_bytes: int) -> None:
     """Names non-empty, not reserved, no separator characters; count and total size bounded."""
     if len(properties) > max_count:
-        raise BadRequestError(f"{len(properties)} user properties exceed the limit {max_count}",
-                              status="MESSAGE_PROPERTIES_TOO_LARGE")
+        raise BadRequestError(
+            f"{len(properties)} user properties exceed the limit {max_count}",
+            status="MESSAGE_PROPERTIES_TOO_LARGE",
+        )
     total = 0
     for name, value in properties.items():
         if not name or name.strip() != name:
-            raise BadRequestError(f"illegal user property name {name!r}",
-                                  status="ILLEGAL_MESSAGE_PROPERTY_KEY")
+            raise BadRequestError(
+                f"illegal user property name {name!r}", status="ILLEGAL_MESSAGE_PROPERTY_KEY"
+            )
         if name in RESERVED_PROPERTIES or name.startswith("__"):
-            raise BadRequestError(f"user property name {name!r} is reserved by the broker",
-                                  status="ILLEGAL_MESSAGE_PROPERTY_KEY")
+            raise BadRequestError(
+                f"user property name {name!r} is reserved by the broker",
+                status="ILLEGAL_MESSAGE_PROPERTY_KEY",
+            )
         if any(c in name for c in _SEPARATORS):
-            raise BadRequestError(f"user property name {name!r} contains a control separator (\\x01/\\x02)",
-                                  status="ILLEGAL_MESSAGE_PROPERTY_KEY")
+            raise BadRequestError(
+                f"user property name {name!r} contains a control separator (\\x01/\\x02)",
+                status="ILLEGAL_MESSAGE_PROPERTY_KEY",
+            )
         if any(c in value for c in _SEPARATORS):
             raise BadRequestError(
                 f"value of user property {name!r} contains a control separator (\\x01/\\x02)",
@@ -124,5 +163,7 @@ def check_user_properties(properties: Mapping[str, str], *, max_count: int, max_
             )
         total += len(name.encode()) + len(value.encode())
     if total > max_bytes:
-        raise BadRequestError(f"user properties of {total} bytes exceed the limit {max_bytes}",
-                              status="MESSAGE_PROPERTIES_TOO_LARGE")
+        raise BadRequestError(
+            f"user properties of {total} bytes exceed the limit {max_bytes}",
+            status="MESSAGE_PROPERTIES_TOO_LARGE",
+        )

@@ -59,18 +59,21 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
     try:
         notifier = ArrivalNotifier(loop)
         broker.add_arrival_listener(notifier.on_arrival)
-        server = grpc.aio.server(options=[
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", config.max_body_size + 4 * 1024 * 1024),
-            ("grpc.max_send_message_length", -1),
-        ])
+        server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", config.max_body_size + 4 * 1024 * 1024),
+                ("grpc.max_send_message_length", -1),
+            ]
+        )
         server.add_generic_rpc_handlers((_handler(MessagingService(broker, notifier)),))
         host, _ = parse_listen(config.listen)
         try:
             port = server.add_insecure_port(config.listen)
         except RuntimeError as exc:
-            raise BindError(f"cannot listen on {config.listen}: {exc} (is another broker running there?)") \
-                from exc
+            raise BindError(
+                f"cannot listen on {config.listen}: {exc} (is another broker running there?)"
+            ) from exc
         if port == 0:
             raise BindError(f"cannot listen on {config.listen} (is another broker running there?)")
         await server.start()
@@ -91,8 +94,9 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
 
 def run(config: BrokerConfig) -> int:
     """Blocking entry point for the CLI; returns the process exit code."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("grpc").setLevel(logging.WARNING)
     try:
         asyncio.run(serve(config))

@@ -88,19 +88,30 @@ def delivered_message(delivery: Delivery, topic: pb.Resource) -> pb.Message:
         born_host=props.get(PROPERTY_BORN_HOST) or _host(m.born_host),
         store_timestamp=ms_timestamp(m.store_timestamp),
         store_host=_host(m.store_host),
-        receipt_handle=delivery.receipt_handle,
         queue_id=m.queue_id,
         queue_offset=m.queue_offset,
-        invisible_duration=Duration(seconds=delivery.invisible_ms // 1000,
-                                    nanos=(delivery.invisible_ms % 1000) * 1_000_000),
+        invisible_duration=Duration(
+            seconds=delivery.invisible_ms // 1000, nanos=(delivery.invisible_ms % 1000) * 1_000_000
+        ),
         delivery_attempt=delivery.delivery_attempt,
     )
+    if delivery.receipt_handle:
+        sp.receipt_handle = delivery.receipt_handle
     if m.tags is not None:
         sp.tag = m.tags
     sp.keys.extend(m.keys)
     user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES and not k.startswith("__")}
-    return pb.Message(topic=pb.Resource(resource_namespace=topic.resource_namespace, name=topic.name),
-                      user_properties=user, system_properties=sp, body=m.body)
+    return pb.Message(
+        topic=pb.Resource(resource_namespace=topic.resource_namespace, name=topic.name),
+        user_properties=user,
+        system_properties=sp,
+        body=m.body,
+    )
+
+
+def pulled_message(m: StoredMessage, topic: pb.Resource) -> pb.Message:
+    """A message of an offset pull: no receipt handle, delivery attempt 1."""
+    return delivered_message(Delivery(m, "", 1, 0), topic)
 
 
 def _host(raw: bytes) -> str:

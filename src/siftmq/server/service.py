@@ -17,7 +17,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from siftmq.broker.broker import Broker
-from siftmq.broker.long_polling import ArrivalNotifier, receive_long_polling
+from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, receive_long_polling
 from siftmq.broker.model import Subscription
 from siftmq.errors import BadRequestError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -65,14 +65,21 @@ class MessagingService:
         except Exception as exc:
             return pb.QueryRouteResponse(status=status_of(exc, call="QueryRoute"))
         if not request.endpoints.addresses:
-            return pb.QueryRouteResponse(status=status("ILLEGAL_ACCESS_POINT",
-                                                       "QueryRoute needs the endpoints the client used"))
+            return pb.QueryRouteResponse(
+                status=status("ILLEGAL_ACCESS_POINT", "QueryRoute needs the endpoints the client used")
+            )
         perm = {6: pb.Permission.READ_WRITE, 4: pb.Permission.READ, 2: pb.Permission.WRITE}.get(
-            topic.perm, pb.Permission.NONE)
+            topic.perm, pb.Permission.NONE
+        )
         broker = pb.Broker(name=self.config.broker_name, id=0, endpoints=request.endpoints)
         queues = [
-            pb.MessageQueue(topic=request.topic, id=qid, permission=perm, broker=broker,
-                            accept_message_types=[pb.MessageType.NORMAL])
+            pb.MessageQueue(
+                topic=request.topic,
+                id=qid,
+                permission=perm,
+                broker=broker,
+                accept_message_types=[pb.MessageType.NORMAL],
+            )
             for qid in range(topic.queue_nums)
         ]
         return pb.QueryRouteResponse(status=ok(), message_queues=queues)
@@ -85,13 +92,15 @@ class MessagingService:
             return pb.HeartbeatResponse(status=status_of(exc, call="Heartbeat"))
         return pb.HeartbeatResponse(status=ok())
 
-    async def NotifyClientTermination(self, request: pb.NotifyClientTerminationRequest,
-                                      context: Any) -> pb.NotifyClientTerminationResponse:
+    async def NotifyClientTermination(
+        self, request: pb.NotifyClientTerminationRequest, context: Any
+    ) -> pb.NotifyClientTerminationResponse:
         self.broker.client_terminated(_client_id(context))
         return pb.NotifyClientTerminationResponse(status=ok())
 
-    async def Telemetry(self, requests: AsyncIterator[pb.TelemetryCommand],
-                        context: Any) -> AsyncIterator[pb.TelemetryCommand]:
+    async def Telemetry(
+        self, requests: AsyncIterator[pb.TelemetryCommand], context: Any
+    ) -> AsyncIterator[pb.TelemetryCommand]:
         client_id = _client_id(context)
         async for command in requests:
             if command.WhichOneof("command") != "settings":
@@ -111,8 +120,9 @@ class MessagingService:
             return
         sub = settings.subscription
         group = convert.topic_name(sub.group) if sub.HasField("group") else None
-        subscriptions = [convert.subscription_of(convert.topic_name(e.topic), e.expression)
-                         for e in sub.subscriptions]
+        subscriptions = [
+            convert.subscription_of(convert.topic_name(e.topic), e.expression) for e in sub.subscriptions
+        ]
         self.broker.subscribe(client_id, client_type, group, subscriptions)
 
     def _reply_settings(self, settings: pb.Settings) -> pb.Settings:
@@ -125,19 +135,25 @@ class MessagingService:
             sub.receive_batch_size = min(32, self.config.max_batch_size)
             if not settings.subscription.HasField("long_polling_timeout"):
                 sub.long_polling_timeout.CopyFrom(_seconds(self.config.push_long_polling_s))
-            reply.backoff_policy.CopyFrom(pb.RetryPolicy(
-                max_attempts=self.config.max_delivery_attempts,
-                customized_backoff=pb.CustomizedBackoff(
-                    next=[_seconds(s) for s in self.config.retry_backoff_s]),
-            ))
+            reply.backoff_policy.CopyFrom(
+                pb.RetryPolicy(
+                    max_attempts=self.config.max_delivery_attempts,
+                    customized_backoff=pb.CustomizedBackoff(
+                        next=[_seconds(s) for s in self.config.retry_backoff_s]
+                    ),
+                )
+            )
         else:
             reply.publishing.max_body_size = self.config.max_body_size
             reply.publishing.validate_message_type = True
-            reply.backoff_policy.CopyFrom(pb.RetryPolicy(
-                max_attempts=PRODUCER_MAX_ATTEMPTS,
-                exponential_backoff=pb.ExponentialBackoff(initial=_seconds(0.01), max=_seconds(1.0),
-                                                          multiplier=2.0),
-            ))
+            reply.backoff_policy.CopyFrom(
+                pb.RetryPolicy(
+                    max_attempts=PRODUCER_MAX_ATTEMPTS,
+                    exponential_backoff=pb.ExponentialBackoff(
+                        initial=_seconds(0.01), max=_seconds(1.0), multiplier=2.0
+                    ),
+                )
+            )
         return reply
 
     # --------------------------------------------------------------------------------------- send
@@ -156,8 +172,9 @@ class MessagingService:
 
     # ------------------------------------------------------------------------------------ receive
 
-    async def QueryAssignment(self, request: pb.QueryAssignmentRequest,
-                              context: Any) -> pb.QueryAssignmentResponse:
+    async def QueryAssignment(
+        self, request: pb.QueryAssignmentRequest, context: Any
+    ) -> pb.QueryAssignmentResponse:
         try:
             topic = await self._call(self.broker.route, convert.topic_name(request.topic))
         except Exception as exc:
@@ -165,31 +182,47 @@ class MessagingService:
         broker = pb.Broker(name=self.config.broker_name, id=0, endpoints=request.endpoints)
         perm = pb.Permission.READ_WRITE if topic.perm == 6 else pb.Permission.READ
         # As RocketMQ's proxy: one assignment per broker (queue id -1 = every queue of the broker).
-        queue = pb.MessageQueue(topic=request.topic, id=-1, permission=perm, broker=broker,
-                                accept_message_types=[pb.MessageType.NORMAL])
+        queue = pb.MessageQueue(
+            topic=request.topic,
+            id=-1,
+            permission=perm,
+            broker=broker,
+            accept_message_types=[pb.MessageType.NORMAL],
+        )
         return pb.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
 
-    async def ReceiveMessage(self, request: pb.ReceiveMessageRequest,
-                             context: Any) -> AsyncIterator[pb.ReceiveMessageResponse]:
+    async def ReceiveMessage(
+        self, request: pb.ReceiveMessageRequest, context: Any
+    ) -> AsyncIterator[pb.ReceiveMessageResponse]:
         deliveries = []
         try:
             group = convert.topic_name(request.group)
             topic = convert.topic_name(request.message_queue.topic)
             subscription: Subscription = convert.subscription_of(topic, request.filter_expression)
-            invisible = (convert.duration_ms(request.invisible_duration)
-                         if request.HasField("invisible_duration") and not request.auto_renew else None)
+            invisible = (
+                convert.duration_ms(request.invisible_duration)
+                if request.HasField("invisible_duration") and not request.auto_renew
+                else None
+            )
             hold = 0.0
             if request.HasField("long_polling_timeout"):
-                hold = min(convert.duration_ms(request.long_polling_timeout) / 1000,
-                           self.config.max_long_polling_s)
+                hold = min(
+                    convert.duration_ms(request.long_polling_timeout) / 1000, self.config.max_long_polling_s
+                )
             remaining = context.time_remaining()
             if remaining is not None:
                 hold = min(hold, remaining - DEADLINE_MARGIN_S)
             if request.batch_size < 0:
                 raise BadRequestError(f"batch_size must be positive, got {request.batch_size}")
             deliveries = await receive_long_polling(
-                self.broker, self.notifier, group, subscription, queue_id=request.message_queue.id,
-                batch_size=request.batch_size or 1, invisible_ms=invisible, hold_s=hold,
+                self.broker,
+                self.notifier,
+                group,
+                subscription,
+                queue_id=request.message_queue.id,
+                batch_size=request.batch_size or 1,
+                invisible_ms=invisible,
+                hold_s=hold,
             )
             st = ok() if deliveries else status("MESSAGE_NOT_FOUND", "no matching message")
         except Exception as exc:
@@ -214,8 +247,11 @@ class MessagingService:
             except Exception as exc:
                 st = status_of(exc, call="AckMessage")
                 first_error = first_error or st
-            entries.append(pb.AckMessageResultEntry(message_id=entry.message_id,
-                                                    receipt_handle=entry.receipt_handle, status=st))
+            entries.append(
+                pb.AckMessageResultEntry(
+                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=st
+                )
+            )
         if not request.entries:
             first_error = status("BAD_REQUEST", "AckMessage has no entries")
         if first_error is not None and len(entries) > 1 and any(e.status.code == pb.Code.OK for e in entries):
@@ -224,44 +260,141 @@ class MessagingService:
             top = first_error or ok()
         return pb.AckMessageResponse(status=top, entries=entries)
 
-    async def ChangeInvisibleDuration(self, request: pb.ChangeInvisibleDurationRequest,
-                                      context: Any) -> pb.ChangeInvisibleDurationResponse:
+    async def ChangeInvisibleDuration(
+        self, request: pb.ChangeInvisibleDurationRequest, context: Any
+    ) -> pb.ChangeInvisibleDurationResponse:
         try:
-            handle = await self._call(self.broker.change_invisible_duration,
-                convert.topic_name(request.group), convert.topic_name(request.topic), request.receipt_handle,
+            handle = await self._call(
+                self.broker.change_invisible_duration,
+                convert.topic_name(request.group),
+                convert.topic_name(request.topic),
+                request.receipt_handle,
                 convert.duration_ms(request.invisible_duration),
             )
         except Exception as exc:
-            return pb.ChangeInvisibleDurationResponse(status=status_of(exc, call="ChangeInvisibleDuration"),
-                                                      receipt_handle=request.receipt_handle)
+            return pb.ChangeInvisibleDurationResponse(
+                status=status_of(exc, call="ChangeInvisibleDuration"), receipt_handle=request.receipt_handle
+            )
         return pb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
     async def ForwardMessageToDeadLetterQueue(
         self, request: pb.ForwardMessageToDeadLetterQueueRequest, context: Any
     ) -> pb.ForwardMessageToDeadLetterQueueResponse:
         try:
-            await self._call(self.broker.forward_to_dlq,
-                             convert.topic_name(request.group), convert.topic_name(request.topic),
-                             request.receipt_handle)
+            await self._call(
+                self.broker.forward_to_dlq,
+                convert.topic_name(request.group),
+                convert.topic_name(request.topic),
+                request.receipt_handle,
+            )
         except Exception as exc:
             return pb.ForwardMessageToDeadLetterQueueResponse(
-                status=status_of(exc, call="ForwardMessageToDeadLetterQueue"))
+                status=status_of(exc, call="ForwardMessageToDeadLetterQueue")
+            )
         return pb.ForwardMessageToDeadLetterQueueResponse(status=ok())
+
+    # ------------------------------------------------------------------------------- offset pull
+
+    async def PullMessage(
+        self, request: pb.PullMessageRequest, context: Any
+    ) -> AsyncIterator[pb.PullMessageResponse]:
+        messages = []
+        next_offset = request.offset
+        try:
+            group = convert.topic_name(request.group)
+            topic = convert.topic_name(request.message_queue.topic)
+            subscription = convert.subscription_of(topic, request.filter_expression)
+            hold = min(
+                convert.duration_ms(request.long_polling_timeout) / 1000, self.config.max_long_polling_s
+            )
+            remaining = context.time_remaining()
+            if remaining is not None:
+                hold = min(hold, remaining - DEADLINE_MARGIN_S)
+            result = await pull_long_polling(
+                self.broker,
+                self.notifier,
+                group,
+                subscription,
+                queue_id=request.message_queue.id,
+                offset=request.offset,
+                batch_size=request.batch_size or 32,
+                hold_s=hold,
+            )
+            messages, next_offset = result.messages, result.next_offset
+            if result.status == "FOUND":
+                st = ok()
+            elif result.status == "ILLEGAL_OFFSET":
+                st = status(
+                    "ILLEGAL_OFFSET",
+                    f"offset {request.offset} is outside {result.min_offset}.."
+                    f"{result.max_offset}; resume at {result.next_offset}",
+                )
+            else:
+                st = status(
+                    "MESSAGE_NOT_FOUND",
+                    "no matching message" if result.status == "NO_MATCHED_MESSAGE" else "no new message",
+                )
+        except Exception as exc:
+            st = status_of(exc, call="PullMessage")
+        yield pb.PullMessageResponse(status=st)
+        for msg in messages:
+            yield pb.PullMessageResponse(message=convert.pulled_message(msg, request.message_queue.topic))
+        yield pb.PullMessageResponse(next_offset=next_offset)
+
+    async def UpdateOffset(self, request: pb.UpdateOffsetRequest, context: Any) -> pb.UpdateOffsetResponse:
+        try:
+            await self._call(
+                self.broker.update_offset,
+                convert.topic_name(request.group),
+                convert.topic_name(request.message_queue.topic),
+                request.message_queue.id,
+                request.offset,
+            )
+        except Exception as exc:
+            return pb.UpdateOffsetResponse(status=status_of(exc, call="UpdateOffset"))
+        return pb.UpdateOffsetResponse(status=ok())
+
+    async def GetOffset(self, request: pb.GetOffsetRequest, context: Any) -> pb.GetOffsetResponse:
+        try:
+            offset = await self._call(
+                self.broker.get_offset,
+                convert.topic_name(request.group),
+                convert.topic_name(request.message_queue.topic),
+                request.message_queue.id,
+            )
+        except Exception as exc:
+            return pb.GetOffsetResponse(status=status_of(exc, call="GetOffset"))
+        return pb.GetOffsetResponse(status=ok(), offset=offset)
+
+    async def QueryOffset(self, request: pb.QueryOffsetRequest, context: Any) -> pb.QueryOffsetResponse:
+        try:
+            policy = pb.QueryOffsetPolicy.Name(request.query_offset_policy)
+            ts = convert.timestamp_ms(request.timestamp) if request.HasField("timestamp") else None
+            offset = await self._call(
+                self.broker.query_offset,
+                convert.topic_name(request.message_queue.topic),
+                request.message_queue.id,
+                policy,
+                ts,
+            )
+        except Exception as exc:
+            return pb.QueryOffsetResponse(status=status_of(exc, call="QueryOffset"))
+        return pb.QueryOffsetResponse(status=ok(), offset=offset)
 
     # ----------------------------------------------------------------------------- not served yet
 
     def unsupported(self, name: str, response: type[Any], streaming: bool) -> Callable[..., Any]:
-        message = (f"{name} is not supported by this broker"
-                   if name in ("EndTransaction", "RecallMessage", "SyncLiteSubscription")
-                   else f"{name} (pull consumers) is not served yet by this broker")
-        code = "UNSUPPORTED" if name in ("EndTransaction", "RecallMessage", "SyncLiteSubscription") \
-            else "NOT_IMPLEMENTED"
+        message = f"{name} is not supported by this broker"
+        code = "UNSUPPORTED"
 
         if streaming:
+
             async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 yield response(status=status(code, message))
+
             return stream
 
         async def unary(request: Any, context: Any) -> Any:
             return response(status=status(code, message))
+
         return unary

@@ -33,8 +33,9 @@ def status_of(exc: BaseException, *, call: str) -> pb.Status:
     if isinstance(exc, BrokerError):
         return status(exc.status, exc.message)
     if isinstance(exc, FilterSyntaxError):
-        return status("ILLEGAL_FILTER_EXPRESSION",
-                      f"invalid filter expression at {exc.start}..{exc.end}: {exc.message}")
+        return status(
+            "ILLEGAL_FILTER_EXPRESSION", f"invalid filter expression at {exc.start}..{exc.end}: {exc.message}"
+        )
     if isinstance(exc, FilterError):
         return status("ILLEGAL_FILTER_EXPRESSION", f"invalid filter expression: {exc.message}")
     if isinstance(exc, MessageTooLargeError):

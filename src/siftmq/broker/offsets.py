@@ -1,0 +1,47 @@
+"""Committed offsets of pull consumers (UpdateOffset / GetOffset), per group, topic and queue.
+
+Kept in ``config/consumer_offsets.json``, written atomically by the broker's housekeeping while it
+changes and on a clean stop. After a crash a pull consumer resumes from the last written offset:
+at worst it pulls some messages again.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from siftmq.broker.persist import read_json, write_json
+
+OffsetKey = tuple[str, str, int]  # group, topic, queue id
+
+
+class OffsetTable:
+    """Thread-safe offset table."""
+
+    def __init__(self, config_dir: Path) -> None:
+        self._path = config_dir / "consumer_offsets.json"
+        self._lock = threading.Lock()
+        self._offsets: dict[OffsetKey, int] = {}
+        self._dirty = False
+        for key, offset in read_json(self._path, {}).items():
+            group, topic, qid = key.split("\t")
+            self._offsets[(group, topic, int(qid))] = int(offset)
+
+    def get(self, key: OffsetKey) -> int | None:
+        return self._offsets.get(key)
+
+    def set(self, key: OffsetKey, offset: int) -> None:
+        with self._lock:
+            if self._offsets.get(key) != offset:
+                self._offsets[key] = offset
+                self._dirty = True
+
+    @property
+    def dirty(self) -> bool:
+        return self._dirty
+
+    def save(self) -> None:
+        with self._lock:
+            snapshot = {f"{g}\t{t}\t{q}": o for (g, t, q), o in self._offsets.items()}
+            self._dirty = False
+        write_json(self._path, snapshot)
