@@ -23,8 +23,14 @@ def generate(out_dir: Path) -> None:
     from grpc_tools import protoc  # dev-only dependency
 
     root = source_root()
-    args = ["protoc", f"-I{root}", f"-I{_well_known_include()}", f"--python_out={out_dir}",
-            f"--pyi_out={out_dir}", str(root / PROTO)]
+    args = [
+        "protoc",
+        f"-I{root}",
+        f"-I{_well_known_include()}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        str(root / PROTO),
+    ]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed on {PROTO}")
 
