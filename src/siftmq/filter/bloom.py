@@ -2,9 +2,11 @@
 
 * ``k = ceil(ln(f/100) / ln(0.5))``; ``m = ceil(n · log2(100/f) · log2(e))`` rounded up to a
   multiple of 8 — computed with the same floating-point steps as RocketMQ;
-* a key's positions come from murmur3_x64_128 (seed 0) over its UTF-8 bytes (lone surrogates as
-  ``?``): ``hash1``/``hash2`` are the low/high 32 bits of the first 64-bit word, and position i is
-  ``c mod m`` with ``c = hash1 + i·hash2`` (int32 wrap-around, ``~c`` when negative);
+* a key's positions come from murmur3_x64_128 (seed 0) over its UTF-8 bytes as Java's
+  ``String.getBytes(UTF_8)`` makes them: the key is read as UTF-16 code units, so a surrogate pair
+  held as two code points is one character, and a lone surrogate becomes ``?``. ``hash1``/``hash2``
+  are the low/high 32 bits of the first 64-bit word, and position i is ``c mod m`` with
+  ``c = hash1 + i·hash2`` (int32 wrap-around, ``~c`` when negative);
 * a bitmap is ``m/8`` bytes, bit p in byte p // 8 under mask ``1 << (p % 8)``.
 
 The broker's default is ``f=20, n=32`` and keys ``consumerGroup#topic``.
@@ -49,7 +51,7 @@ class BloomFilter:
         return self.m // 8
 
     def bit_positions(self, key: str) -> list[int]:
-        data = key.encode("utf-8", "replace")
+        data = _java_utf8(key)
         h64 = mmh3.hash64(data, 0, signed=False)[0]
         hash1 = to_int32(h64)
         hash2 = to_int32(h64 >> 32)
@@ -77,3 +79,13 @@ class BloomFilter:
         if len(bitmap) != self.bitmap_size:
             raise ValueError(f"bitmap has {len(bitmap)} bytes; this filter's bitmaps have {self.bitmap_size}")
         return all(bitmap[p >> 3] & (1 << (p & 7)) for p in positions)
+
+
+def _java_utf8(key: str) -> bytes:
+    """``key.getBytes(UTF_8)`` of the Java string with the same UTF-16 code units."""
+    try:
+        return key.encode("utf-8")
+    except UnicodeEncodeError:
+        # surrogate code points: pair them up as UTF-16 does, then each lone one becomes "?"
+        units = key.encode("utf-16-le", "surrogatepass")
+        return units.decode("utf-16-le", "surrogatepass").encode("utf-8", "replace")

@@ -5,22 +5,33 @@ sub-expression is known before looking at a row: a property is a String column, 
 boolean column, a literal (or any sub-tree without properties) a constant. The Java coercions of
 RocketMQ's evaluator become column kernels:
 
-* ``Integer.valueOf``/``Long.valueOf`` — an ASCII regex check plus a cast; rows with non-ASCII text
-  (Unicode digits, which Java accepts) or more than 18 digits are decided exactly, one by one, by
-  :mod:`siftmq.filter.javalang`;
+* ``Integer.valueOf``/``Long.valueOf`` — Arrow's cast when it accepts the whole column (its
+  ``0x`` hex, which Java rejects, found by a byte scan and decided exactly), else an ASCII regex
+  check plus a cast; rows with non-ASCII text (Unicode digits, which Java accepts) or more than 18
+  digits are decided exactly, one by one, by :mod:`siftmq.filter.javalang`;
 * ``Double.valueOf`` — Java's trim, its grammar as a regex, a cast (hex floats decided one by one);
   ``Double.compare`` order (NaN above all, -0.0 < 0.0) through total-order integer keys;
-* ``Boolean.valueOf`` — ASCII lower-case equals ``true``.
+* ``Boolean.valueOf`` — ASCII lower-case equals ``true``;
+* String equality and ``IN`` with constants — one or two 64-bit word compares per row on Arrow's
+  string-view layout (:mod:`._string_views`).
 
 Four-valued logic per row: TRUE, FALSE, NULL, or *error* (RocketMQ threw). Errors propagate exactly
 as exceptions do in RocketMQ's evaluator: AND skips its right side after a FALSE, OR after a TRUE,
 relational operators skip their right side after a NULL left, IS NULL does not catch. A row matches
 only when the result is TRUE with no error.
 
-Columns that need numeric parsing are dictionary-encoded when their cardinality is low, and parsed
-once per distinct value. A filter this backend cannot express exactly (a pattern with a lone
-surrogate) raises :class:`~siftmq.errors.UnsupportedFilterError`; ``matches`` then falls back to
-the scalar evaluator for that batch.
+Work is shared and skipped where the result cannot change:
+
+* each column's parses and string views are computed once per batch, whichever nodes use them;
+* sub-trees without properties are evaluated once per filter by the scalar backend;
+* a boolean sub-tree that reads a single dictionary-encoded column is evaluated once per distinct
+  value and mapped to the rows by the dictionary indices (exact: a row's result depends only on
+  its value). A plain column of low cardinality is dictionary-encoded for this when the sub-tree
+  is costly or parses the column as numbers (which would encode it anyway).
+
+A filter this backend cannot express exactly (a pattern with a lone surrogate) raises
+:class:`~siftmq.errors.UnsupportedFilterError`; ``matches`` then falls back to the scalar evaluator
+for that batch.
 """
 
 from __future__ import annotations
@@ -53,9 +64,11 @@ from siftmq.filter.ast import (
     Property,
     StringMatch,
     children,
+    is_boolean,
 )
+from siftmq.filter.backends._string_views import StringViews
 from siftmq.filter.javalang import INT_MAX, INT_MIN, LONG_MAX, LONG_MIN, JType
-from siftmq.filter.visitor import ExprVisitor, visit
+from siftmq.filter.visitor import ExprVisitor
 
 if TYPE_CHECKING:
     from siftmq.filter.compiler import CompiledFilter
@@ -65,6 +78,12 @@ Mask = npt.NDArray[np.bool_]
 DICTIONARY_MIN_ROWS: Final = 2048
 DICTIONARY_SAMPLE: Final = 1024
 DICTIONARY_MAX_RATIO: Final = 0.3
+# A one-column sub-tree whose predicates cost at least this much is evaluated on the dictionary of
+# a plain low-cardinality column, encoding it first (see _own_cost).
+ENCODE_MIN_COST: Final = 6
+_MATCH_COST: Final = 4
+# constants up to this many are tested with word compares; longer IN lists use Arrow's is_in
+VIEW_IN_MAX: Final = 16
 
 _INTEGRAL_RE: Final = r"^[+-]?[0-9]{1,18}$"
 _JAVA_TRIM: Final = "".join(chr(c) for c in range(0x21))
@@ -94,70 +113,135 @@ def _sign(a: npt.NDArray[Any], b: Any) -> npt.NDArray[np.int8]:
 
 
 class _Column:
-    """One string column of the batch, with its Java parses computed once and cached."""
+    """One string column of the batch; its parses, string views and dictionary are computed once."""
 
     def __init__(self, array: pa.Array, n: int) -> None:
         self.n = n
+        self._source = array
+        self._plain: pa.Array | None = None
+        self._dictionary: pa.Array | None = None
+        self._indices: npt.NDArray[np.intp] | None = None
         if pa.types.is_dictionary(array.type):
-            self.dictionary: pa.Array | None = array.dictionary.cast(pa.string())
-            self.indices: npt.NDArray[np.int64] | None = _dict_indices(array)
-            self.array: pa.Array = array
+            self._dictionary = array.dictionary.cast(pa.string())
+            self._indices = _dict_indices(array, self._dictionary)
+            if self._dictionary.null_count:  # a row whose dictionary entry is null is null
+                self.valid: Mask = self._indices != len(self._dictionary)
+            else:
+                self.valid = _valid_mask(array, n)
         else:
-            self.array = array.cast(pa.string()) if array.type != pa.string() else array
-            self.dictionary = None
-            self.indices = None
-        self.valid: Mask = _valid_mask(self.array, n)
-        self._cache: dict[str, Any] = {}
-
-    def _values(self) -> tuple[pa.Array, Callable[[npt.NDArray[Any]], npt.NDArray[Any]]]:
-        """The array to parse (the dictionary when there is one) and how to map results to rows."""
-        if self.dictionary is None and self.n >= DICTIONARY_MIN_ROWS and self._low_cardinality():
-            encoded = pc.dictionary_encode(self.array)
-            self.dictionary = encoded.dictionary
-            self.indices = _dict_indices(encoded)
-        if self.dictionary is not None:
-            indices = self.indices
-            assert indices is not None
-            return self.dictionary, lambda values: values[indices]
-        n = self.n
-        return self.array, lambda values: values[:n]
-
-    def _low_cardinality(self) -> bool:
-        sample = self.array.slice(0, DICTIONARY_SAMPLE)
-        distinct = pc.count_distinct(sample, mode="all").as_py()
-        return bool(distinct <= DICTIONARY_MAX_RATIO * len(sample))
+            self._plain = array.cast(pa.string()) if array.type != pa.string() else array
+            self.valid = _valid_mask(array, n)
+        self.has_nulls = not self.valid.all()
+        self.all_null = not self.valid.any()
+        self._cache: dict[str, tuple[npt.NDArray[Any], Mask]] = {}
+        self._row_views: StringViews | None = None
+        self._dictionary_views: StringViews | None = None
+        self._low: bool | None = None
 
     def plain(self) -> pa.Array:
         """The column as a plain string array."""
-        if pa.types.is_dictionary(self.array.type):
-            if "plain" not in self._cache:
-                self._cache["plain"] = self.array.cast(pa.string())
-            return self._cache["plain"]
-        return self.array
+        if self._plain is None:
+            self._plain = self._source.cast(pa.string())
+        return self._plain
+
+    def encoded(self) -> tuple[pa.Array, npt.NDArray[np.intp]]:
+        """Distinct values (a string array) and each row's index into them (null rows: one past the end)."""
+        if self._dictionary is None or self._indices is None:
+            encoded = pc.dictionary_encode(self.plain())
+            self._dictionary = encoded.dictionary
+            self._indices = _dict_indices(encoded, encoded.dictionary)
+        return self._dictionary, self._indices
+
+    def _to_rows(self, per_value: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Per-distinct-value results (as from :meth:`encoded`) mapped to the rows (null rows: zero)."""
+        _, indices = self.encoded()
+        result: npt.NDArray[Any] = _padded(per_value)[indices]
+        return result
+
+    def low_cardinality(self) -> bool:
+        if self._low is None:
+            sample = self.plain().slice(0, DICTIONARY_SAMPLE)
+            distinct = pc.count_distinct(sample, mode="all").as_py()
+            self._low = bool(distinct <= DICTIONARY_MAX_RATIO * len(sample))
+        return self._low
+
+    def prefers_dictionary(self, cost: int) -> bool:
+        """Whether a one-column sub-tree of this cost is best evaluated once per distinct value."""
+        if self.all_null:
+            return False
+        if self._dictionary is not None:
+            return 2 * (len(self._dictionary) + 1) <= self.n
+        return cost >= ENCODE_MIN_COST and self.n >= DICTIONARY_MIN_ROWS and self.low_cardinality()
+
+    def equals(self, text: str) -> Mask:
+        """Rows holding exactly ``text`` (never a null row)."""
+        if self.all_null:
+            return np.zeros(self.n, dtype=np.bool_)
+        if self._dictionary is not None:
+            return self._to_rows(self._views_of_dictionary().equal(text))
+        hit = self._views_of_rows().equal(text)
+        return hit & self.valid if self.has_nulls else hit
+
+    def isin(self, texts: frozenset[str]) -> Mask:
+        """Rows holding one of ``texts`` (never a null row)."""
+        if self.all_null:
+            return np.zeros(self.n, dtype=np.bool_)
+        if self._dictionary is not None:
+            return self._to_rows(_isin(self._views_of_dictionary(), self._dictionary, texts))
+        hit = _isin(self._views_of_rows(), self.plain(), texts)
+        return hit & self.valid if self.has_nulls else hit
+
+    # a plain column can be dictionary-encoded midway (to parse it): from then on the dictionary's
+    # views are used, so the two are cached apart
+    def _views_of_rows(self) -> StringViews:
+        if self._row_views is None:
+            self._row_views = StringViews(self.plain())
+        return self._row_views
+
+    def _views_of_dictionary(self) -> StringViews:
+        if self._dictionary_views is None:
+            dictionary, _ = self.encoded()
+            self._dictionary_views = StringViews(dictionary)
+        return self._dictionary_views
 
     def parsed(self, how: str) -> tuple[npt.NDArray[Any], Mask]:
-        """``(values, error)`` per row for ``how`` in int / long / double-keys / boolean."""
+        """``(values, error)`` per row for ``how``: int, long, double or boolean (no error on null rows)."""
         hit = self._cache.get(how)
         if hit is None:
-            array, to_rows = self._values()
-            values: npt.NDArray[Any]
-            errors: Mask
-            if how == "boolean":
-                values, errors = _parse_boolean(array), np.zeros(len(array) + 1, dtype=np.bool_)
-            elif how == "double":
-                values, errors = _parse_double_keys(array)
+            if self._dictionary is not None or (self.n >= DICTIONARY_MIN_ROWS and self.low_cardinality()):
+                dictionary, _ = self.encoded()
+                values, errors = _parse(dictionary, how)
+                hit = (self._to_rows(values), self._to_rows(errors))
             else:
-                lo, hi = (INT_MIN, INT_MAX) if how == "int" else (LONG_MIN, LONG_MAX)
-                values, errors = _parse_integral(array, lo, hi)
-            hit = (to_rows(values), to_rows(errors) & self.valid)
+                hit = _parse(self.plain(), how)
             self._cache[how] = hit
         return hit
 
 
-def _dict_indices(array: pa.Array) -> npt.NDArray[np.int64]:
-    # null rows point one past the dictionary, where every parse result array has a padding slot
-    indices = pc.fill_null(array.indices, len(array.dictionary))
-    return np.asarray(indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+def _isin(views: StringViews, array: pa.Array, texts: frozenset[str]) -> Mask:
+    if len(texts) <= VIEW_IN_MAX:
+        return views.isin(sorted(texts))
+    encodable = []
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no Arrow string can hold it
+            continue
+        encodable.append(text)
+    return _bool_numpy(pc.is_in(array, value_set=pa.array(sorted(encodable), type=pa.string())))
+
+
+def _dict_indices(array: pa.Array, dictionary: pa.Array) -> npt.NDArray[np.intp]:
+    """Row indices into ``dictionary``; null rows and rows on a null entry point one past its end."""
+    size = len(dictionary)
+    indices = array.indices
+    if indices.null_count:
+        indices = pc.fill_null(indices.cast(pa.int64()), size)
+    result = np.asarray(indices.to_numpy(zero_copy_only=False), dtype=np.intp)
+    if dictionary.null_count:
+        entry_valid = _padded(_bool_numpy(dictionary.is_valid()))
+        result = np.where(entry_valid[result], result, size)
+    return result
 
 
 def _valid_mask(array: pa.Array, n: int) -> Mask:
@@ -167,17 +251,39 @@ def _valid_mask(array: pa.Array, n: int) -> Mask:
 
 
 def _bool_numpy(array: pa.Array) -> Mask:
-    return np.asarray(pc.fill_null(array, False).to_numpy(zero_copy_only=False), dtype=np.bool_)
+    if array.null_count:
+        array = pc.fill_null(array, False)
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
 def _padded(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """Append one slot (for null rows of a dictionary column)."""
+    """Append one zero slot (for null rows of a dictionary column)."""
     return np.concatenate([values, np.zeros(1, dtype=values.dtype)])
 
 
+def _has_letter_x(array: pa.Array) -> bool:
+    """Whether any byte of the array's string data (null slots included) is ``x`` or ``X``."""
+    if array.type != pa.string():
+        return True
+    buffers = array.buffers()
+    if len(buffers) < 3 or buffers[2] is None or len(array) == 0:
+        return False
+    offsets = np.frombuffer(buffers[1], dtype=np.int32, count=len(array) + 1, offset=array.offset * 4)
+    data = np.frombuffer(buffers[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    return bool(np.any((data | np.uint8(0x20)) == np.uint8(ord("x"))))
+
+
+def _parse(array: pa.Array, how: str) -> tuple[npt.NDArray[Any], Mask]:
+    if how == "boolean":
+        return _parse_boolean(array), np.zeros(len(array), dtype=np.bool_)
+    if how == "double":
+        return _parse_double_keys(array)
+    lo, hi = (INT_MIN, INT_MAX) if how == "int" else (LONG_MIN, LONG_MAX)
+    return _parse_integral(array, lo, hi)
+
+
 def _parse_boolean(array: pa.Array) -> Mask:
-    lowered = pc.ascii_lower(array)
-    return _padded(_bool_numpy(pc.equal(lowered, "true")))
+    return _bool_numpy(pc.equal(pc.ascii_lower(array), "true"))
 
 
 def _exact_rows(
@@ -197,6 +303,22 @@ def _exact_rows(
             errors[row] = True
 
 
+def _numpy_filled(array: pa.Array, fill: Any, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    """The array as numpy, nulls replaced by ``fill`` (read-only when Arrow's buffer is shared)."""
+    if array.null_count:
+        array = pc.fill_null(array, fill)
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _out_of_range(values: npt.NDArray[np.int64], valid: Mask, lo: int, hi: int) -> Mask:
+    if lo <= LONG_MIN and hi >= LONG_MAX:
+        return np.zeros(len(values), dtype=np.bool_)
+    if len(values) == 0 or (lo <= int(values.min()) and int(values.max()) <= hi):
+        return np.zeros(len(values), dtype=np.bool_)
+    result: Mask = valid & ((values < lo) | (values > hi))
+    return result
+
+
 def _parse_integral(array: pa.Array, lo: int, hi: int) -> tuple[npt.NDArray[np.int64], Mask]:
     n = len(array)
     valid = _valid_mask(array, n)
@@ -208,12 +330,14 @@ def _parse_integral(array: pa.Array, lo: int, hi: int) -> tuple[npt.NDArray[np.i
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         cast = None
     if cast is not None:
-        values = np.array(pc.fill_null(cast, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-        errors = valid & ((values < lo) | (values > hi))
-        hex_rows = np.flatnonzero(valid & _bool_numpy(pc.match_substring(array, "x", ignore_case=True)))
-        if hex_rows.size:
-            _exact_rows(array, hex_rows, parse, values, errors)
-        return _padded(values), _padded(errors)
+        values = _numpy_filled(cast, 0, np.int64)
+        errors = _out_of_range(values, valid, lo, hi)
+        if _has_letter_x(array):
+            hex_rows = np.flatnonzero(valid & _bool_numpy(pc.match_substring(array, "x", ignore_case=True)))
+            if hex_rows.size:
+                values = values.copy()
+                _exact_rows(array, hex_rows, parse, values, errors)
+        return values, errors
     simple = _bool_numpy(pc.match_substring_regex(array, _INTEGRAL_RE))
     cleaned = pc.if_else(pa.array(simple), pc.replace_substring_regex(array, r"^\+", ""), "0")
     values = np.array(pc.cast(cleaned, pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -225,7 +349,7 @@ def _parse_integral(array: pa.Array, lo: int, hi: int) -> tuple[npt.NDArray[np.i
     undecided = np.flatnonzero(valid & (~ascii_ok | long_digits))
     if undecided.size:
         _exact_rows(array, undecided, parse, values, errors)
-    return _padded(values), _padded(errors)
+    return values, errors
 
 
 def _parse_double_keys(array: pa.Array) -> tuple[npt.NDArray[np.int64], Mask]:
@@ -239,13 +363,13 @@ def _parse_double_keys(array: pa.Array) -> tuple[npt.NDArray[np.int64], Mask]:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         cast = None
     if cast is not None:
-        doubles = np.array(pc.fill_null(cast, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
+        doubles = _numpy_filled(cast, 0.0, np.float64)
         keys = _double_keys(doubles)
         errors = np.zeros(n, dtype=np.bool_)
         special = np.flatnonzero(valid & ~np.isfinite(doubles))
         if special.size:
             _exact_rows(array, special, exact, keys, errors)
-        return _padded(keys), _padded(errors)
+        return keys, errors
     trimmed = pc.utf8_trim(array, characters=_JAVA_TRIM)
     decimal = _bool_numpy(pc.match_substring_regex(trimmed, _DECIMAL_RE))
     cleaned = pc.if_else(pa.array(decimal), pc.replace_substring_regex(trimmed, "[fFdD]$", ""), "0")
@@ -255,7 +379,7 @@ def _parse_double_keys(array: pa.Array) -> tuple[npt.NDArray[np.int64], Mask]:
     hex_rows = np.flatnonzero(valid & _bool_numpy(pc.match_substring_regex(trimmed, _HEX_RE)))
     if hex_rows.size:
         _exact_rows(array, hex_rows, exact, keys, errors)
-    return _padded(keys), _padded(errors)
+    return keys, errors
 
 
 # ------------------------------------------------------------------------------------------ values
@@ -306,15 +430,167 @@ def _bool(t: Mask, f: Mask, e: Mask) -> _Val:
     return _Val("bool", e, t=t & ~e, f=f & ~e)
 
 
+_THROWS: Final = object()  # a constant sub-tree whose evaluation throws
+_HOLDS: Final[dict[CmpOp, Callable[[npt.NDArray[Any], Any], Mask]]] = {
+    CmpOp.GT: np.greater,
+    CmpOp.GE: np.greater_equal,
+    CmpOp.LT: np.less,
+    CmpOp.LE: np.less_equal,
+}
+_MIRRORED: Final = {CmpOp.GT: CmpOp.LT, CmpOp.GE: CmpOp.LE, CmpOp.LT: CmpOp.GT, CmpOp.LE: CmpOp.GE}
+
+
+class _Plan:
+    """What a filter's tree needs for every batch, worked out once.
+
+    ``props``: the properties each sub-tree reads; ``cost``: its predicates' rough cost (see
+    ``ENCODE_MIN_COST``); ``constants``: the value (or ``_THROWS``) of every maximal sub-tree that
+    reads no property, other than a bare literal, computed by the scalar backend.
+    """
+
+    def __init__(self, tree: Node) -> None:
+        self.tree = tree
+        self.props: dict[int, frozenset[str]] = {}
+        self.cost: dict[int, int] = {}
+        stack: list[tuple[Node, bool]] = [(tree, False)]
+        while stack:
+            node, done = stack.pop()
+            key = id(node)
+            if key in self.props:
+                continue
+            kids = children(node)
+            if not done and kids:
+                stack.append((node, True))
+                stack.extend((c, False) for c in kids)
+                continue
+            props = frozenset((node.name,)) if isinstance(node, Property) else frozenset()
+            cost = _own_cost(node)
+            for c in kids:
+                props |= self.props[id(c)]
+                cost += self.cost[id(c)]
+            self.props[key] = props
+            self.cost[key] = cost
+        self.constants: dict[int, object] = {}
+        todo = [tree]
+        while todo:
+            node = todo.pop()
+            if self.props[id(node)]:
+                todo.extend(children(node))
+            elif not isinstance(node, Literal):
+                self.constants[id(node)] = _scalar_value(node)
+
+    def dictionary_subtrees(self, columns: Mapping[str, _Column]) -> list[tuple[Node, str]]:
+        """The maximal boolean sub-trees to evaluate once per distinct value of their one column."""
+        picked: list[tuple[Node, str]] = []
+        todo = [self.tree]
+        while todo:
+            node = todo.pop()
+            props = self.props[id(node)]
+            if not props:
+                continue
+            if len(props) == 1 and is_boolean(node):
+                (name,) = props
+                if columns[name].prefers_dictionary(self.cost[id(node)]):
+                    picked.append((node, name))
+                    continue
+            todo.extend(children(node))
+        return picked
+
+
+def _own_cost(node: Node) -> int:
+    """A node's evaluation cost, relative to ``=`` with a string constant (1).
+
+    CONTAINS, STARTSWITH and ENDSWITH cost more. Parsing a column as numbers costs
+    ``ENCODE_MIN_COST``: a low-cardinality column is dictionary-encoded for it anyway, so the
+    sub-tree might as well be evaluated on the dictionary.
+    """
+    if isinstance(node, StringMatch):
+        return _MATCH_COST
+    if isinstance(node, Compare):
+        return ENCODE_MIN_COST
+    if isinstance(node, Equal):
+        numeric = any(_is_number(side) for side in (node.left, node.right))
+        return ENCODE_MIN_COST if numeric else 1
+    return int(isinstance(node, In))
+
+
+def _is_number(node: Node) -> bool:
+    while isinstance(node, Negate):
+        node = node.operand
+    return isinstance(node, Literal) and node.jtype in (JType.INTEGER, JType.LONG, JType.DOUBLE)
+
+
+def _scalar_value(node: Node) -> object:
+    from siftmq.filter.scalar import ScalarCompiler
+    from siftmq.filter.visitor import visit
+
+    fn = visit(node, ScalarCompiler())
+    try:
+        return fn({})
+    except FilterEvaluationError:
+        return _THROWS
+
+
 class _Evaluator(ExprVisitor[_Val]):
-    def __init__(self, columns: Mapping[str, _Column], n: int, constants: Mapping[int, _Val]) -> None:
+    def __init__(self, plan: _Plan, columns: Mapping[str, _Column], n: int) -> None:
+        self.plan = plan
         self.columns = columns
         self.n = n
-        self.constants = constants
         self.none: Mask = np.zeros(n, dtype=np.bool_)
 
-    def _const(self, node: Node) -> _Val | None:
-        return self.constants.get(id(node))
+    def evaluate(self, root: Node, done: Mapping[int, _Val] | None = None) -> _Val:
+        """Post-order walk of ``root`` (as :func:`siftmq.filter.visitor.visit`) that does not descend
+        into constant sub-trees or into the sub-trees already evaluated in ``done``."""
+        done = done or {}
+        constants = self.plan.constants
+        results: list[_Val] = []
+        stack: list[tuple[Node, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            key = id(node)
+            if not expanded:
+                hit = done.get(key)
+                if hit is None and key in constants:
+                    hit = self._constant(constants[key])
+                if hit is not None:
+                    results.append(hit)
+                    continue
+                kids = children(node)
+                if kids:
+                    stack.append((node, True))
+                    stack.extend((child, False) for child in reversed(kids))
+                    continue
+            count = len(children(node))
+            args = results[len(results) - count :] if count else []
+            if count:
+                del results[len(results) - count :]
+            results.append(_DISPATCH[type(node)](self, node, args))
+        return results[0]
+
+    def _constant(self, value: object) -> _Val:
+        if value is _THROWS:
+            return _Val("const", np.ones(self.n, dtype=np.bool_), const=None)
+        if value is True or value is False:
+            return _Val("bool", self.none, t=np.full(self.n, value), f=np.full(self.n, not value))
+        return _Val("const", self.none, const=value)
+
+    def on_dictionary(self, node: Node, name: str) -> _Val:
+        """``node``, which reads only ``name``, evaluated once per distinct value (and once for NULL,
+        last): a result per dictionary index."""
+        dictionary, _ = self.columns[name].encoded()
+        size = len(dictionary) + 1
+        values = pa.concat_arrays([dictionary, pa.nulls(1, dictionary.type)])
+        return _Evaluator(self.plan, {name: _Column(values, size)}, size).evaluate(node)
+
+    def mapped(self, node: Node, name: str) -> _Val:
+        """:meth:`on_dictionary` mapped to the rows."""
+        result = self.on_dictionary(node, name)
+        _, indices = self.columns[name].encoded()
+        t, f = result.masks(len(result.e))
+        e = result.e[indices] if result.e.any() else self.none
+        return _Val("bool", e, t=t[indices], f=f[indices])
+
+    # ---------------------------------------------------------------------------------- visitors
 
     def visit_literal(self, node: Literal) -> _Val:
         return _Val("const", self.none, const=node.value)
@@ -323,12 +599,9 @@ class _Evaluator(ExprVisitor[_Val]):
         return _Val("str", self.none, column=self.columns[node.name])
 
     def visit_negate(self, node: Negate, operand: _Val) -> _Val:
-        return self._const(node) or _Val("null", operand.e)
+        return _Val("null", operand.e)
 
     def visit_not(self, node: Not, operand: _Val) -> _Val:
-        const = self._const(node)
-        if const is not None:
-            return const
         t, f = operand.masks(self.n)
         return _bool(f, t, operand.e)
 
@@ -337,35 +610,31 @@ class _Evaluator(ExprVisitor[_Val]):
         return _bool(self.none, operand.nonnull(self.n), operand.e)
 
     def visit_and(self, node: And, operands: list[_Val]) -> _Val:
-        const = self._const(node)
-        if const is not None:
-            return const
         acc = operands[0]
         t, f = acc.masks(self.n)
         e = acc.e
         for op in operands[1:]:
             rt, rf = op.masks(self.n)
-            e = e | (~f & op.e)
+            if op.e is not self.none:
+                e = e | (~f & op.e)
             t, f = t & rt, f | rf
         return _bool(t, f, e)
 
     def visit_or(self, node: Or, operands: list[_Val]) -> _Val:
-        const = self._const(node)
-        if const is not None:
-            return const
         acc = operands[0]
         t, f = acc.masks(self.n)
         e = acc.e
         for op in operands[1:]:
             rt, rf = op.masks(self.n)
-            e = e | (~t & op.e)
+            if op.e is not self.none:
+                e = e | (~t & op.e)
             t, f = t | rt, f & rf
         return _bool(t, f, e)
 
     def visit_equal(self, node: Equal, left: _Val, right: _Val) -> _Val:
-        const = self._const(node)
-        if const is not None:
-            return const
+        fast = self._column_constant_equal(left, right)
+        if fast is not None:
+            return fast
         n = self.n
         ln, rn = left.nonnull(n), right.nonnull(n)
         e = left.e | right.e
@@ -378,9 +647,9 @@ class _Evaluator(ExprVisitor[_Val]):
         return _bool(t, f, e)
 
     def visit_compare(self, node: Compare, left: _Val, right: _Val) -> _Val:
-        const = self._const(node)
-        if const is not None:
-            return const
+        fast = self._column_constant_compare(node.op, left, right)
+        if fast is not None:
+            return fast
         n = self.n
         ln = left.nonnull(n)
         rn = right.nonnull(n)
@@ -400,25 +669,19 @@ class _Evaluator(ExprVisitor[_Val]):
         return _bool(both & holds, both & ~holds, e)
 
     def visit_is_null(self, node: IsNull, operand: _Val) -> _Val:
-        const = self._const(node)
-        if const is not None:
-            return const
         nn = operand.nonnull(self.n)
         return _bool(~nn, nn, operand.e)
 
     def visit_in(self, node: In, operand: _Val) -> _Val:
         column = operand.column
         assert column is not None
-        hit = _bool_numpy(pc.is_in(column.plain(), value_set=pa.array(list(node.values), type=pa.string())))
-        valid = column.valid
+        hit = column.isin(node.values)
+        miss = column.valid & ~hit
         if node.negated:
-            hit = ~hit
-        return _bool(valid & hit, valid & ~hit, self.none)
+            hit, miss = miss, hit
+        return _Val("bool", self.none, t=hit, f=miss)
 
     def visit_string_match(self, node: StringMatch, operand: _Val) -> _Val:
-        const = self._const(node)
-        if const is not None:
-            return const
         if not node.pattern:
             return _bool(self.none, ~self.none, self.none)
         if operand.kind != "str":
@@ -447,6 +710,38 @@ class _Evaluator(ExprVisitor[_Val]):
         return _bool(valid & h, ~(valid & h), operand.e)
 
     # ------------------------------------------------------------------------------- comparison
+
+    def _column_constant_equal(self, left: _Val, right: _Val) -> _Val | None:
+        """``column = constant`` or ``constant = column`` for a string or number constant."""
+        pair = _column_and_constant(left, right)
+        if pair is None:
+            return None
+        column, const, flipped = pair
+        jt = javalang.java_type(const)
+        if jt is JType.STRING:
+            t = column.equals(const)
+            # NULL when the column (left) is null; FALSE when it is on the right
+            return _Val("bool", self.none, t=t, f=~t if flipped else column.valid & ~t)
+        if jt is JType.BOOLEAN:
+            return None
+        values, err, key = _numeric(column, const)
+        ok = column.valid & ~err
+        same = values == key
+        f = ok & ~same
+        return _Val("bool", err, t=ok & same, f=f | ~column.valid if flipped else f)
+
+    def _column_constant_compare(self, op: CmpOp, left: _Val, right: _Val) -> _Val | None:
+        """``column <op> number`` or ``number <op> column``: NULL on a null row, else the comparison."""
+        pair = _column_and_constant(left, right)
+        if pair is None:
+            return None
+        column, const, flipped = pair
+        if javalang.java_type(const) not in (JType.INTEGER, JType.LONG, JType.DOUBLE):
+            return None
+        values, err, key = _numeric(column, const)
+        holds = _HOLDS[_MIRRORED[op] if flipped else op](values, key)
+        ok = column.valid & ~err
+        return _Val("bool", err, t=ok & holds, f=ok & ~holds)
 
     def _compare(
         self, left: _Val, right: _Val, rows: Mask, *, equality: bool
@@ -505,22 +800,55 @@ class _Evaluator(ExprVisitor[_Val]):
         const = other.const
         jt = javalang.java_type(const)
         if jt is JType.STRING:
-            same = _bool_numpy(pc.equal(column.plain(), const))
-            return (~same).astype(np.int8), no_err
+            return (~column.equals(const)).astype(np.int8), no_err
         if jt is JType.BOOLEAN:
             if flip:
                 return np.zeros(n, dtype=np.int8), ~no_err
             values, _ = column.parsed("boolean")
             sign = values.astype(np.int8) - np.int8(const)
             return sign, no_err
-        if jt is JType.DOUBLE:
-            values, err = column.parsed("double")
-            key = _double_key(const)
-            sign = _sign(values, key)
-        else:
-            values, err = column.parsed("int" if jt is JType.INTEGER else "long")
-            sign = _sign(values, const)
+        values, err, key = _numeric(column, const)
+        sign = _sign(values, key)
         return (-sign if flip else sign), err
+
+
+# node type -> visitor method, for _Evaluator.evaluate (visitor.visit cannot skip sub-trees)
+_DISPATCH: Final[dict[type, Callable[[_Evaluator, Any, list[_Val]], _Val]]] = {
+    Literal: lambda v, n, a: v.visit_literal(n),
+    Property: lambda v, n, a: v.visit_property(n),
+    Negate: lambda v, n, a: v.visit_negate(n, a[0]),
+    Not: lambda v, n, a: v.visit_not(n, a[0]),
+    BoolCast: lambda v, n, a: v.visit_bool_cast(n, a[0]),
+    And: lambda v, n, a: v.visit_and(n, a),
+    Or: lambda v, n, a: v.visit_or(n, a),
+    Equal: lambda v, n, a: v.visit_equal(n, a[0], a[1]),
+    Compare: lambda v, n, a: v.visit_compare(n, a[0], a[1]),
+    IsNull: lambda v, n, a: v.visit_is_null(n, a[0]),
+    In: lambda v, n, a: v.visit_in(n, a[0]),
+    StringMatch: lambda v, n, a: v.visit_string_match(n, a[0]),
+}
+
+
+def _column_and_constant(left: _Val, right: _Val) -> tuple[_Column, Any, bool] | None:
+    """(column, constant, constant-is-on-the-left) for a property against a non-null constant."""
+    if left.kind == "str" and right.kind == "const" and right.const is not None:
+        assert left.column is not None
+        return left.column, right.const, False
+    if right.kind == "str" and left.kind == "const" and left.const is not None:
+        assert right.column is not None
+        return right.column, left.const, True
+    return None
+
+
+def _numeric(column: _Column, const: Any) -> tuple[npt.NDArray[Any], Mask, int]:
+    """The column parsed as the number constant's Java type (errors where that throws), and the
+    constant in the same order: the value, or its ``Double.compare`` key."""
+    jt = javalang.java_type(const)
+    if jt is JType.DOUBLE:
+        values, err = column.parsed("double")
+        return values, err, _double_key(const)
+    values, err = column.parsed("int" if jt is JType.INTEGER else "long")
+    return values, err, int(const)
 
 
 def _java_kind(val: _Val) -> JType:
@@ -546,7 +874,7 @@ class ArrowEvaluator:
         self.compiled = compiled
         self.tree = compiled.tree
         self.properties = sorted(compiled.properties)
-        self._constant_nodes: list[Node] = _constant_subtrees(self.tree) if self.tree is not None else []
+        self._plan = _Plan(self.tree) if self.tree is not None else None
 
     def matches(self, batch: Any) -> npt.NDArray[np.bool_]:
         n, columns, raw = _normalize(batch, self.properties)
@@ -554,10 +882,10 @@ class ArrowEvaluator:
             return np.zeros(0, dtype=np.bool_)
         if columns is None:
             return self._scalar(raw, n)
-        if self.tree is None:
+        if self._plan is None:
             return self._match_tags(columns["TAGS"], n)
         try:
-            return self._evaluate({name: _Column(col, n) for name, col in columns.items()}, n)
+            return self._evaluate(self._plan, {name: _Column(col, n) for name, col in columns.items()}, n)
         except UnsupportedFilterError:
             return self._scalar(_rows(columns, n), n)
 
@@ -566,59 +894,26 @@ class ArrowEvaluator:
         assert tag_filter is not None
         if tag_filter.sub_all:
             return np.ones(n, dtype=np.bool_)
-        plain = array.cast(pa.string())
-        return _bool_numpy(pc.is_in(plain, value_set=pa.array(sorted(tag_filter.tags), type=pa.string())))
+        return _Column(array, n).isin(frozenset(tag_filter.tags))
 
-    def _evaluate(self, columns: dict[str, _Column], n: int) -> npt.NDArray[np.bool_]:
-        assert self.tree is not None
-        constants: dict[int, _Val] = {}
-        for node in self._constant_nodes:
-            constants[id(node)] = _constant(node, n)
-        result = visit(self.tree, _Evaluator(columns, n, constants))
+    def _evaluate(self, plan: _Plan, columns: dict[str, _Column], n: int) -> npt.NDArray[np.bool_]:
+        evaluator = _Evaluator(plan, columns, n)
+        picked = plan.dictionary_subtrees(columns)
+        if len(picked) == 1 and picked[0][0] is plan.tree:
+            # the whole filter reads one column: only its TRUE rows are needed
+            name = picked[0][1]
+            result = evaluator.on_dictionary(plan.tree, name)
+            t, _ = result.masks(len(result.e))
+            _, indices = columns[name].encoded()
+            return np.asarray((t & ~result.e)[indices], dtype=np.bool_)
+        done = {id(node): evaluator.mapped(node, name) for node, name in picked}
+        result = evaluator.evaluate(plan.tree, done)
         t, _ = result.masks(n)
         return np.asarray(t & ~result.e, dtype=np.bool_)
 
     def _scalar(self, rows: Sequence[Mapping[str, Any]], n: int) -> npt.NDArray[np.bool_]:
         match = self.compiled.matches
         return np.fromiter((match(row) for row in rows), dtype=np.bool_, count=n)
-
-
-def _constant_subtrees(tree: Node) -> list[Node]:
-    """The maximal sub-trees that reference no property (evaluated once per batch)."""
-    has_prop: dict[int, bool] = {}
-    order: list[Node] = []
-    stack: list[tuple[Node, bool]] = [(tree, False)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            has_prop[id(node)] = isinstance(node, Property) or any(has_prop[id(c)] for c in children(node))
-            order.append(node)
-            continue
-        stack.append((node, True))
-        stack.extend((c, False) for c in children(node))
-    constant: list[Node] = []
-    stack2 = [tree]
-    while stack2:
-        node = stack2.pop()
-        if not has_prop[id(node)] and not isinstance(node, Literal):
-            constant.append(node)
-            continue
-        stack2.extend(children(node))
-    return constant
-
-
-def _constant(node: Node, n: int) -> _Val:
-    from siftmq.filter.scalar import ScalarCompiler
-
-    fn = visit(node, ScalarCompiler())
-    try:
-        value = fn({})
-    except FilterEvaluationError:
-        return _Val("const", np.ones(n, dtype=np.bool_), const=None)
-    none = np.zeros(n, dtype=np.bool_)
-    if value is True or value is False:
-        return _bool(np.full(n, value), np.full(n, not value), none)
-    return _Val("const", none, const=value)
 
 
 def _normalize(
