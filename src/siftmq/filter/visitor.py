@@ -85,7 +85,7 @@ def visit(root: Node, visitor: ExprVisitor[T]) -> T:
         args = results[len(results) - n :] if n else []
         if n:
             del results[len(results) - n :]
-        results.append(_dispatch(node, visitor, args))
+        results.append(dispatch(node, visitor, args))
     return results[0]
 
 
@@ -105,6 +105,7 @@ _DISPATCH: dict[type, Callable[[Any, Any, list[Any]], Any]] = {
 }
 
 
-def _dispatch(node: Node, v: ExprVisitor[T], args: list[T]) -> T:
+def dispatch(node: Node, v: ExprVisitor[T], args: list[T]) -> T:
+    """Call ``v``'s method for ``node`` with its children's results ``args`` (one step of a visit)."""
     result: T = _DISPATCH[type(node)](v, node, args)
     return result

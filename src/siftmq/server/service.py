@@ -57,6 +57,16 @@ class MessagingService:
         """Run a broker call in the RPC thread pool (store I/O and fsync never block the event loop)."""
         return await asyncio.to_thread(fn, *args)
 
+    def _hold_s(self, long_polling_timeout: Duration | None, context: Any) -> float:
+        """How long a receive or pull may wait: the client's long poll, capped by config and its deadline."""
+        hold = 0.0
+        if long_polling_timeout is not None:
+            hold = min(convert.duration_ms(long_polling_timeout) / 1000, self.config.max_long_polling_s)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            hold = min(hold, remaining - DEADLINE_MARGIN_S)
+        return hold
+
     # ------------------------------------------------------------------------------- route, session
 
     async def QueryRoute(self, request: pb.QueryRouteRequest, context: Any) -> pb.QueryRouteResponse:
@@ -204,14 +214,9 @@ class MessagingService:
                 if request.HasField("invisible_duration") and not request.auto_renew
                 else None
             )
-            hold = 0.0
-            if request.HasField("long_polling_timeout"):
-                hold = min(
-                    convert.duration_ms(request.long_polling_timeout) / 1000, self.config.max_long_polling_s
-                )
-            remaining = context.time_remaining()
-            if remaining is not None:
-                hold = min(hold, remaining - DEADLINE_MARGIN_S)
+            hold = self._hold_s(
+                request.long_polling_timeout if request.HasField("long_polling_timeout") else None, context
+            )
             if request.batch_size < 0:
                 raise BadRequestError(f"batch_size must be positive, got {request.batch_size}")
             deliveries = await receive_long_polling(
@@ -304,12 +309,7 @@ class MessagingService:
             group = convert.topic_name(request.group)
             topic = convert.topic_name(request.message_queue.topic)
             subscription = convert.subscription_of(topic, request.filter_expression)
-            hold = min(
-                convert.duration_ms(request.long_polling_timeout) / 1000, self.config.max_long_polling_s
-            )
-            remaining = context.time_remaining()
-            if remaining is not None:
-                hold = min(hold, remaining - DEADLINE_MARGIN_S)
+            hold = self._hold_s(request.long_polling_timeout, context)
             result = await pull_long_polling(
                 self.broker,
                 self.notifier,

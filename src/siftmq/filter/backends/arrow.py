@@ -68,7 +68,7 @@ from siftmq.filter.ast import (
 )
 from siftmq.filter.backends._string_views import StringViews
 from siftmq.filter.javalang import INT_MAX, INT_MIN, LONG_MAX, LONG_MIN, JType
-from siftmq.filter.visitor import ExprVisitor
+from siftmq.filter.visitor import ExprVisitor, dispatch
 
 if TYPE_CHECKING:
     from siftmq.filter.compiler import CompiledFilter
@@ -564,7 +564,7 @@ class _Evaluator(ExprVisitor[_Val]):
             args = results[len(results) - count :] if count else []
             if count:
                 del results[len(results) - count :]
-            results.append(_DISPATCH[type(node)](self, node, args))
+            results.append(dispatch(node, self, args))
         return results[0]
 
     def _constant(self, value: object) -> _Val:
@@ -810,23 +810,6 @@ class _Evaluator(ExprVisitor[_Val]):
         values, err, key = _numeric(column, const)
         sign = _sign(values, key)
         return (-sign if flip else sign), err
-
-
-# node type -> visitor method, for _Evaluator.evaluate (visitor.visit cannot skip sub-trees)
-_DISPATCH: Final[dict[type, Callable[[_Evaluator, Any, list[_Val]], _Val]]] = {
-    Literal: lambda v, n, a: v.visit_literal(n),
-    Property: lambda v, n, a: v.visit_property(n),
-    Negate: lambda v, n, a: v.visit_negate(n, a[0]),
-    Not: lambda v, n, a: v.visit_not(n, a[0]),
-    BoolCast: lambda v, n, a: v.visit_bool_cast(n, a[0]),
-    And: lambda v, n, a: v.visit_and(n, a),
-    Or: lambda v, n, a: v.visit_or(n, a),
-    Equal: lambda v, n, a: v.visit_equal(n, a[0], a[1]),
-    Compare: lambda v, n, a: v.visit_compare(n, a[0], a[1]),
-    IsNull: lambda v, n, a: v.visit_is_null(n, a[0]),
-    In: lambda v, n, a: v.visit_in(n, a[0]),
-    StringMatch: lambda v, n, a: v.visit_string_match(n, a[0]),
-}
 
 
 def _column_and_constant(left: _Val, right: _Val) -> tuple[_Column, Any, bool] | None:
