@@ -214,3 +214,57 @@ def test_sql92_turned_off_gives_a_clear_status(start_broker: Any, simple_consume
     with pytest.raises(Exception) as exc:
         consumer.receive(1, 5)
     assert "enable_property_filter" in str(exc.value)
+
+
+def _seed_004_send(endpoint: str) -> None:
+    producer = Producer(config(endpoint), ("SUBSCRIBE_TEST",))
+    producer.startup()
+    try:
+        for i in range(8):
+            msg = Message()
+            msg.topic = "SUBSCRIBE_TEST"
+            msg.body = f"MsgStr{i}".encode()
+            msg.tag = "tagA" if i < 4 else "tagB"
+            producer.send(msg)
+    finally:
+        producer.shutdown()
+
+
+def _bodies(consumer: SimpleConsumer, rounds: int = 4) -> list[str]:
+    got = []
+    for _ in range(rounds):
+        for m in consumer.receive(16, 5):
+            got.append(m.body.decode())
+            consumer.ack(m)
+    return got
+
+
+def test_seed_004_strict_refuses_the_second_subscription(start_broker: Any, simple_consumers: Any) -> None:
+    broker = start_broker()
+    group, topic = "SUBSCRIBE_TEST_CONSUMER_GROUP", "SUBSCRIBE_TEST"
+    a = simple_consumers(broker.endpoint, group, topic, FilterExpression("tagA"))
+    b = simple_consumers(broker.endpoint, group, topic, FilterExpression("tagB"))
+    _seed_004_send(broker.endpoint)
+    with pytest.raises(Exception) as exc:
+        b.receive(16, 5)
+    for part in ("inconsistent subscription", group, topic, "tagA", "tagB"):
+        assert part in str(exc.value)
+    assert sorted(_bodies(a)) == [f"MsgStr{i}" for i in range(4)]  # nothing lost for the holder
+
+
+def test_seed_004_compat_reproduces_rocketmq(start_broker: Any, simple_consumers: Any) -> None:
+    group, topic = "SUBSCRIBE_TEST_CONSUMER_GROUP", "SUBSCRIBE_TEST"
+    broker = start_broker(config={"compat_groups": [group]})
+    a = simple_consumers(broker.endpoint, group, topic, FilterExpression("tagA"))
+    time.sleep(2.5)  # ConsumerForTagA starts first (and re-sends its settings after about 1 s) ...
+    b = simple_consumers(broker.endpoint, group, topic, FilterExpression("tagB"))
+    time.sleep(2.5)  # ... then ConsumerForTagB, whose subscription overrides the group's
+    _seed_004_send(broker.endpoint)
+    got_b = _bodies(b)
+    got_a = _bodies(a)
+    assert got_a == []  # as in the seed: ConsumerForTagA consumes nothing
+    assert set(got_b) == {f"MsgStr{i}" for i in range(4, 8)}  # ConsumerForTagB gets the tagB messages
+    assert not any(m.startswith("MsgStr") and int(m[6:]) < 4 for m in got_a + got_b)  # tagA is lost
+    assert any(
+        "newest subscription wins" in line or "one subscription per group" in line for line in broker.output
+    )

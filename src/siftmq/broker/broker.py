@@ -23,6 +23,7 @@ from siftmq.broker.clients import ClientRegistry
 from siftmq.broker.config import BrokerConfig
 from siftmq.broker.consumer_state import ConsumerStateTable, InFlight, QueueProgress
 from siftmq.broker.filter_registry import FilterRegistry
+from siftmq.broker.groups import GroupManager, GroupSubscription, SubscriptionConflictError
 from siftmq.broker.message_filters import TagMessageFilter
 from siftmq.broker.model import (
     PROPERTY_BORN_HOST,
@@ -46,7 +47,7 @@ from siftmq.broker.validation import (
     check_user_properties,
 )
 from siftmq.errors import BadRequestError, FilterError, NotFoundError, StoreError, UnsupportedError
-from siftmq.filter import BloomFilter, compile_filter
+from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
 from siftmq.store import (
     DispatchRequest,
     GetMessageStatus,
@@ -85,6 +86,9 @@ class Broker:
             max_queue_nums=config.max_queue_nums,
         )
         self.filters = FilterRegistry(config_dir, self.bloom, expire_s=config.filter_registration_expire_s)
+        self.groups = GroupManager(
+            config_dir, compat_groups=config.compat_groups, broadcasting_groups=config.broadcasting_groups
+        )
         self.consumers = ConsumerStateTable(config_dir)
         self.offsets = OffsetTable(config_dir)
         self.clients = ClientRegistry(config.client_session_expire_s)
@@ -240,6 +244,14 @@ class Broker:
         ``group#topic``). Raises :class:`FilterError` for an invalid expression and
         :class:`UnsupportedError` for SQL92 when property filtering is turned off.
         """
+        compiled = self._compile(subscription)
+        kind = compiled.kind
+        if kind == "TAG":
+            assert compiled.tag_filter is not None
+            return None if compiled.tag_filter.sub_all else TagMessageFilter(compiled.tag_filter)
+        return self.filters.register(group, subscription.topic, compiled).message_filter()
+
+    def _compile(self, subscription: Subscription) -> CompiledFilter:
         kind = FILTER_KINDS.get(subscription.kind.upper())
         if kind is None:
             raise BadRequestError(
@@ -251,29 +263,82 @@ class Broker:
                 "SQL92 filtering is turned off on this broker (enable_property_filter = false); "
                 "subscribe with a TAG expression or turn it on"
             )
-        compiled = compile_filter(kind, subscription.expression)
-        if kind == "TAG":
-            assert compiled.tag_filter is not None
-            return None if compiled.tag_filter.sub_all else TagMessageFilter(compiled.tag_filter)
-        return self.filters.register(group, subscription.topic, compiled).message_filter()
+        return compile_filter(kind, subscription.expression)
 
     def subscribe(
         self, client_id: str, client_type: str, group: str | None, subscriptions: Sequence[Subscription]
     ) -> None:
-        """Record a client's settings; SQL92 subscriptions are registered (and validated) at once."""
-        if group is not None:
-            check_group(group)
+        """Record a client's declared settings (Telemetry).
+
+        Consumers' subscriptions are validated, checked against the group's (consistency policy) and
+        recorded; SQL92 ones are registered with the bitmap dispatcher at once.
+        """
+        if group is None:
+            self.clients.touch(client_id, client_type=client_type)
+            return
+        check_group(group)
+        compiled: list[tuple[Subscription, CompiledFilter]] = []
         errors: list[str] = []
-        if group is not None:
-            for sub in subscriptions:
-                try:
-                    check_topic(sub.topic)
-                    self.message_filter(group, sub)
-                except (FilterError, BadRequestError, UnsupportedError) as exc:
-                    errors.append(f"{sub.topic}: {exc}")
-        self.clients.touch(client_id, client_type=client_type, group=group, subscriptions=list(subscriptions))
+        for sub in subscriptions:
+            try:
+                check_topic(sub.topic)
+                compiled.append((sub, self._compile(sub)))
+            except (FilterError, BadRequestError, UnsupportedError) as exc:
+                errors.append(f"{sub.topic}: {exc}")
         if errors:
             raise BadRequestError("; ".join(errors), status="ILLEGAL_FILTER_EXPRESSION")
+        # check before recording: a refused client must not become the holder of anything
+        self.clients.touch(client_id, client_type=client_type, group=group)
+        members = {m.client_id: set(m.subscriptions) for m in self.clients.members(group)}
+        self.groups.check_topics(group, client_id, {sub.topic for sub, _ in compiled}, members)
+        live = self.clients.live_ids(group)
+        try:
+            for sub, cf in compiled:
+                entry = self.groups.claim(
+                    group,
+                    client_id,
+                    sub.topic,
+                    kind=cf.kind,
+                    expression=cf.normalized,
+                    live=live,
+                    from_settings=True,
+                )
+                self._entry_filter(group, entry)
+        except SubscriptionConflictError:
+            self.groups.release(group, client_id)
+            raise
+        self.clients.touch(client_id, subscriptions=list(subscriptions))
+
+    def _entry_filter(self, group: str, entry: GroupSubscription) -> MessageFilter | None:
+        return self.message_filter(group, Subscription(entry.topic, entry.kind, entry.expression))
+
+    def _resolve(
+        self, group: str, client_id: str, subscription: Subscription
+    ) -> tuple[MessageFilter | None, CompiledFilter | None]:
+        """The store filter serving ``client_id``'s request, and its own filter when that differs.
+
+        A strict group refuses a request whose filter differs from the group's; a compat group serves
+        it with the group's subscription and drops what the client's own filter rejects (RocketMQ's
+        client-side tag check), which is how seed 004 loses messages.
+        """
+        compiled = self._compile(subscription)
+        self.clients.touch(client_id, group=group)
+        entry = self.groups.claim(
+            group,
+            client_id,
+            subscription.topic,
+            kind=compiled.kind,
+            expression=compiled.normalized,
+            live=self.clients.live_ids(group),
+            from_settings=False,
+        )
+        if (entry.kind, entry.expression) == (compiled.kind, compiled.normalized):
+            return self._entry_filter(group, entry), None
+        return self._entry_filter(group, entry), compiled
+
+    def progress_group(self, group: str, client_id: str) -> str:
+        """Whose progress a client uses: the group's (clustering) or its own (broadcasting)."""
+        return f"{group}@{client_id}" if self.groups.mode(group) == "broadcasting" else group
 
     # ------------------------------------------------------------------------------------ receive
 
@@ -282,6 +347,7 @@ class Broker:
         group: str,
         subscription: Subscription,
         *,
+        client_id: str = "",
         queue_id: int = -1,
         batch_size: int = 32,
         invisible_ms: int | None = None,
@@ -298,36 +364,47 @@ class Broker:
             raise BadRequestError(f"topic {topic.name!r} is not readable", status="FORBIDDEN")
         invisible = self._invisible_ms(invisible_ms)
         batch_size = max(1, min(batch_size, self.config.max_batch_size))
-        message_filter = self.message_filter(group, subscription)
+        message_filter, own = self._resolve(group, client_id, subscription)
+        pgroup = self.progress_group(group, client_id)
         queues = list(range(topic.queue_nums))
         if 0 <= queue_id < topic.queue_nums:
             queues = queues[queue_id:] + queues[:queue_id]
         else:
             shift = next(self._queue_cursor) % topic.queue_nums
             queues = queues[shift:] + queues[:shift]
-        rp = _ReceivePass(group, topic.name, _now_ms(), invisible, batch_size, message_filter)
+        rp = _ReceivePass(group, pgroup, topic.name, _now_ms(), invisible, batch_size, message_filter)
         for qid in queues:  # redeliveries first, across queues
-            prog = self._progress(group, topic.name, qid)
+            prog = self._progress(pgroup, topic.name, qid)
             with prog.lock:
                 self._take_due(rp, qid, prog)
             if len(rp.out) >= batch_size:
-                return rp.out
-        for qid in queues:
-            prog = self._progress(group, topic.name, qid)
-            with prog.lock:
-                self._take_new(rp, qid, prog)
-            if len(rp.out) >= batch_size:
                 break
-        return rp.out
+        else:
+            for qid in queues:
+                prog = self._progress(pgroup, topic.name, qid)
+                with prog.lock:
+                    self._take_new(rp, qid, prog)
+                if len(rp.out) >= batch_size:
+                    break
+        if own is None:
+            return rp.out
+        kept = [d for d in rp.out if own.matches(d.message.properties)]
+        for d in rp.out:
+            if d not in kept:  # compat group: what the group's filter passed but the client's rejects is lost
+                self.ack(group, topic.name, d.receipt_handle, client_id=client_id)
+        if len(kept) < len(rp.out):
+            self.groups.note_dropped(group, len(rp.out) - len(kept))
+        return kept
 
-    def next_redelivery_ms(self, group: str, topic: str) -> int | None:
+    def next_redelivery_ms(self, group: str, topic: str, client_id: str = "") -> int | None:
         """When the earliest in-flight message of ``group`` on ``topic`` becomes visible again."""
         cfg = self.topics.get(topic)
         if cfg is None:
             return None
         due = []
+        pgroup = self.progress_group(group, client_id)
         for qid in range(cfg.queue_nums):
-            prog = self.consumers.get((group, topic, qid))
+            prog = self.consumers.get((pgroup, topic, qid))
             if prog is not None:
                 with prog.lock:
                     t = prog.next_due_ms()
@@ -441,7 +518,14 @@ class Broker:
         return topic
 
     def pull(
-        self, group: str, subscription: Subscription, queue_id: int, offset: int, batch_size: int
+        self,
+        group: str,
+        subscription: Subscription,
+        queue_id: int,
+        offset: int,
+        batch_size: int,
+        *,
+        client_id: str = "",
     ) -> PullResult:
         """Messages of one queue from ``offset`` that match the subscription (no invisible time, no acks).
 
@@ -455,7 +539,8 @@ class Broker:
         if offset < 0:
             raise BadRequestError(f"offset must not be negative, got {offset}", status="ILLEGAL_OFFSET")
         batch_size = max(1, min(batch_size, self.config.max_batch_size))
-        message_filter = self.message_filter(group, subscription)
+        message_filter, own = self._resolve(group, client_id, subscription)
+        self._check_owner(group, topic, queue_id, client_id)
         S = GetMessageStatus
         messages: list[StoredMessage] = []
         scanned = 0
@@ -478,12 +563,19 @@ class Broker:
                 break
         hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
         lo = self.store.get_min_offset_in_queue(topic.name, queue_id)
+        if own is not None:  # compat group: the client's own filter drops the rest (lost to it)
+            kept = [m for m in messages if own.matches(m.properties)]
+            if len(kept) < len(messages):
+                self.groups.note_dropped(group, len(messages) - len(kept))
+            messages = kept
         if messages:
             return PullResult("FOUND", messages, next_offset, lo, hi)
         status = "NO_NEW_MESSAGE" if next_offset >= hi else "NO_MATCHED_MESSAGE"
         return PullResult(status, messages, next_offset, lo, hi)
 
-    def update_offset(self, group: str, topic_name: str, queue_id: int, offset: int) -> None:
+    def update_offset(
+        self, group: str, topic_name: str, queue_id: int, offset: int, *, client_id: str = ""
+    ) -> None:
         """Commit a pull consumer's offset (the next offset it will read)."""
         check_group(group)
         topic = self._queue(topic_name, queue_id)
@@ -492,16 +584,17 @@ class Broker:
             raise BadRequestError(
                 f"offset {offset} is outside 0..{hi} of {topic.name}:{queue_id}", status="ILLEGAL_OFFSET"
             )
-        self.offsets.set((group, topic.name, queue_id), offset)
+        self.offsets.set((self.progress_group(group, client_id), topic.name, queue_id), offset)
 
-    def get_offset(self, group: str, topic_name: str, queue_id: int) -> int:
+    def get_offset(self, group: str, topic_name: str, queue_id: int, *, client_id: str = "") -> int:
         """The group's committed offset on a queue (pull commits, else its receive progress)."""
         check_group(group)
         topic = self._queue(topic_name, queue_id)
-        found = self.offsets.get((group, topic.name, queue_id))
+        pgroup = self.progress_group(group, client_id)
+        found = self.offsets.get((pgroup, topic.name, queue_id))
         if found is not None:
             return found
-        prog = self.consumers.get((group, topic.name, queue_id))
+        prog = self.consumers.get((pgroup, topic.name, queue_id))
         if prog is not None:
             with prog.lock:
                 return prog.committed_offset
@@ -534,9 +627,59 @@ class Broker:
                 lo = mid + 1
         return lo
 
+    # --------------------------------------------------------------------------------- assignment
+
+    def _pull_members(self, group: str, topic: str) -> list[str]:
+        return [
+            m.client_id
+            for m in self.clients.members(group)
+            if m.client_type == "PULL_CONSUMER" and (not m.subscriptions or topic in m.subscriptions)
+        ]
+
+    def assignment(self, group: str, topic_name: str, client_id: str) -> list[int] | None:
+        """The queues ``client_id`` consumes: None means every queue, shared by receive (pop) calls.
+
+        Pull consumers of a clustering group get disjoint queue sets, averagely allocated over the
+        group's live pull members in client-id order (RocketMQ's AllocateMessageQueueAveragely);
+        in a broadcasting group each gets every queue.
+        """
+        check_group(group)
+        topic = self.route(topic_name)
+        session = self.clients.touch(client_id, group=group)
+        if session.client_type != "PULL_CONSUMER":
+            return None
+        queues = list(range(topic.queue_nums))
+        if self.groups.mode(group) == "broadcasting":
+            return queues
+        members = self._pull_members(group, topic.name)
+        if client_id not in members:
+            return []
+        return allocate_averagely(queues, members, client_id)
+
+    def _check_owner(self, group: str, topic: TopicConfig, queue_id: int, client_id: str) -> None:
+        """In a clustering group, a registered pull member may pull only the queues assigned to it."""
+        session = self.clients.get(client_id)
+        if (
+            session is None
+            or session.client_type != "PULL_CONSUMER"
+            or self.groups.mode(group) != "clustering"
+        ):
+            return
+        members = self._pull_members(group, topic.name)
+        if client_id in members and queue_id not in allocate_averagely(
+            list(range(topic.queue_nums)), members, client_id
+        ):
+            raise BadRequestError(
+                f"queue {queue_id} of topic {topic.name!r} is assigned to another member of group {group!r}; "
+                "query the assignment again",
+                status="PRECONDITION_FAILED",
+            )
+
     # -------------------------------------------------------------------------------- ack / nack
 
-    def _in_flight(self, group: str, topic: str, handle_text: str) -> tuple[QueueProgress, InFlight]:
+    def _in_flight(
+        self, group: str, topic: str, handle_text: str, client_id: str
+    ) -> tuple[QueueProgress, InFlight]:
         """The in-flight entry a receipt handle names; the caller then holds ``prog.lock``."""
         check_group(group)
         handle = ReceiptHandle.decode(handle_text)
@@ -545,7 +688,7 @@ class Broker:
                 f"receipt handle belongs to topic {handle.topic!r}, not {topic!r}",
                 status="INVALID_RECEIPT_HANDLE",
             )
-        prog = self.consumers.get((group, topic, handle.queue_id))
+        prog = self.consumers.get((self.progress_group(group, client_id), topic, handle.queue_id))
         if prog is None:
             raise BadRequestError(
                 f"receipt handle is unknown to group {group!r}", status="INVALID_RECEIPT_HANDLE"
@@ -565,16 +708,18 @@ class Broker:
         assert item is not None
         return prog, item
 
-    def ack(self, group: str, topic: str, handle_text: str) -> None:
+    def ack(self, group: str, topic: str, handle_text: str, *, client_id: str = "") -> None:
         """Acknowledge one delivery (the message is done for the group)."""
-        prog, item = self._in_flight(group, topic, handle_text)
+        prog, item = self._in_flight(group, topic, handle_text, client_id)
         try:
             del prog.inflight[item.queue_offset]
             self.consumers.mark_dirty()
         finally:
             prog.lock.release()
 
-    def change_invisible_duration(self, group: str, topic: str, handle_text: str, invisible_ms: int) -> str:
+    def change_invisible_duration(
+        self, group: str, topic: str, handle_text: str, invisible_ms: int, *, client_id: str = ""
+    ) -> str:
         """Make the message visible again ``invisible_ms`` from now; returns the new receipt handle.
 
         A consumer's negative acknowledgement: the message is redelivered then, with
@@ -586,7 +731,7 @@ class Broker:
                 status="ILLEGAL_INVISIBLE_TIME",
             )
         handle = ReceiptHandle.decode(handle_text)
-        prog, item = self._in_flight(group, topic, handle_text)
+        prog, item = self._in_flight(group, topic, handle_text, client_id)
         try:
             nonce = secrets.randbits(48)
             prog.put(
@@ -604,9 +749,9 @@ class Broker:
             prog.lock.release()
         return ReceiptHandle(topic, handle.queue_id, handle.queue_offset, nonce).encode()
 
-    def forward_to_dlq(self, group: str, topic: str, handle_text: str) -> None:
+    def forward_to_dlq(self, group: str, topic: str, handle_text: str, *, client_id: str = "") -> None:
         """Move the delivered message to the group's dead-letter topic now."""
-        prog, item = self._in_flight(group, topic, handle_text)
+        prog, item = self._in_flight(group, topic, handle_text, client_id)
         try:
             msg = self._load(item)
             if msg is not None:
@@ -651,6 +796,7 @@ class _ReceivePass:
     """The state of one receive call across the queues it reads."""
 
     group: str
+    pgroup: str  # whose progress: the group, or group@client in broadcasting
     topic: str
     now: int
     invisible_ms: int
@@ -669,6 +815,16 @@ class _ArrivalDispatcher:
         topics = {r.topic for r in requests}
         for listener in list(self._broker._arrival_listeners):
             listener(topics)
+
+
+def allocate_averagely(queues: list[int], members: list[str], member: str) -> list[int]:
+    """RocketMQ's AllocateMessageQueueAveragely: contiguous, nearly equal shares in member order."""
+    n, m = len(queues), len(members)
+    index = members.index(member)
+    mod = n % m
+    size = 1 if n <= m else (n // m + 1 if mod > 0 and index < mod else n // m)
+    start = index * size if mod > 0 and index < mod else index * size + mod
+    return queues[start : start + min(size, n - start)] if start < n else []
 
 
 def _host_bytes(host: str) -> bytes | None:

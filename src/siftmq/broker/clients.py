@@ -64,6 +64,18 @@ class ClientRegistry:
                 del self._sessions[s.client_id]
         return gone
 
+    def get(self, client_id: str) -> ClientSession | None:
+        return self._sessions.get(client_id)
+
+    def members(self, group: str) -> list[ClientSession]:
+        """The group's live sessions, by client id."""
+        with self._lock:
+            return sorted((s for s in self._sessions.values() if s.group == group), key=lambda s: s.client_id)
+
+    def live_ids(self, group: str) -> set[str]:
+        with self._lock:
+            return {s.client_id for s in self._sessions.values() if s.group == group}
+
     def live_groups(self) -> set[str]:
         with self._lock:
             return {s.group for s in self._sessions.values() if s.group}

@@ -77,11 +77,16 @@ class BrokerConfig:
     max_delivery_attempts: int = 16
     retry_backoff_s: tuple[float, ...] = field(default=DEFAULT_RETRY_BACKOFF_S)
     consumer_state_flush_ms: int = 1000
-    client_session_expire_s: float = 120.0
+    client_session_expire_s: float = 30.0
+    # consumer groups
+    compat_groups: tuple[str, ...] = ()
+    broadcasting_groups: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         object.__setattr__(self, "retry_backoff_s", tuple(float(x) for x in self.retry_backoff_s))
+        object.__setattr__(self, "compat_groups", tuple(self.compat_groups))
+        object.__setattr__(self, "broadcasting_groups", tuple(self.broadcasting_groups))
         if self.flush not in ("sync", "async"):
             raise ConfigError(f"flush must be 'sync' or 'async', not {self.flush!r}")
         parse_listen(self.listen)

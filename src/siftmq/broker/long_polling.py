@@ -8,6 +8,7 @@ closes the race between "read found nothing" and "start waiting".
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from siftmq.broker.broker import Broker
@@ -62,6 +63,7 @@ async def receive_long_polling(
     batch_size: int,
     invisible_ms: int | None,
     hold_s: float,
+    client_id: str = "",
 ) -> list[Delivery]:
     """:meth:`Broker.receive`, waiting up to ``hold_s`` seconds for something to deliver."""
     deadline = time.monotonic() + max(hold_s, 0.0)
@@ -72,6 +74,7 @@ async def receive_long_polling(
             broker.receive,
             group,
             subscription,
+            client_id=client_id,
             queue_id=queue_id,
             batch_size=batch_size,
             invisible_ms=invisible_ms,
@@ -79,7 +82,7 @@ async def receive_long_polling(
         remaining = deadline - time.monotonic()
         if deliveries or remaining <= 0:
             return deliveries
-        due = broker.next_redelivery_ms(group, topic)
+        due = broker.next_redelivery_ms(group, topic, client_id)
         if due is not None:
             remaining = min(remaining, max(due - time.time() * 1000, 0) / 1000 + 0.005)
         await notifier.wait(topic, seen, max(remaining, 0.001))
@@ -95,13 +98,21 @@ async def pull_long_polling(
     offset: int,
     batch_size: int,
     hold_s: float,
+    client_id: str = "",
 ) -> PullResult:
     """:meth:`Broker.pull`, waiting up to ``hold_s`` seconds while the queue has nothing new."""
     deadline = time.monotonic() + max(hold_s, 0.0)
     topic = subscription.topic
     while True:
         seen = notifier.version(topic)
-        result = await asyncio.to_thread(broker.pull, group, subscription, queue_id, offset, batch_size)
+        result = await asyncio.to_thread(
+            functools.partial(broker.pull, client_id=client_id),
+            group,
+            subscription,
+            queue_id,
+            offset,
+            batch_size,
+        )
         remaining = deadline - time.monotonic()
         if result.status != "NO_NEW_MESSAGE" or remaining <= 0:
             return result

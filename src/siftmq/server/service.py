@@ -7,6 +7,7 @@ a response they understand; the mapping of errors to codes is :mod:`siftmq.serve
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -53,9 +54,9 @@ class MessagingService:
         self.config = broker.config
 
     @staticmethod
-    async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run a broker call in the RPC thread pool (store I/O and fsync never block the event loop)."""
-        return await asyncio.to_thread(fn, *args)
+        return await asyncio.to_thread(functools.partial(fn, **kwargs), *args)
 
     def _hold_s(self, long_polling_timeout: Duration | None, context: Any) -> float:
         """How long a receive or pull may wait: the client's long poll, capped by config and its deadline."""
@@ -186,20 +187,30 @@ class MessagingService:
         self, request: pb.QueryAssignmentRequest, context: Any
     ) -> pb.QueryAssignmentResponse:
         try:
-            topic = await self._call(self.broker.route, convert.topic_name(request.topic))
+            topic_name = convert.topic_name(request.topic)
+            topic = await self._call(self.broker.route, topic_name)
+            queue_ids = await self._call(
+                self.broker.assignment, convert.topic_name(request.group), topic_name, _client_id(context)
+            )
         except Exception as exc:
             return pb.QueryAssignmentResponse(status=status_of(exc, call="QueryAssignment"))
         broker = pb.Broker(name=self.config.broker_name, id=0, endpoints=request.endpoints)
         perm = pb.Permission.READ_WRITE if topic.perm == 6 else pb.Permission.READ
-        # As RocketMQ's proxy: one assignment per broker (queue id -1 = every queue of the broker).
-        queue = pb.MessageQueue(
-            topic=request.topic,
-            id=-1,
-            permission=perm,
-            broker=broker,
-            accept_message_types=[pb.MessageType.NORMAL],
-        )
-        return pb.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
+        # As RocketMQ's proxy: receive (pop) consumers get one assignment per broker (queue id -1 = every
+        # queue of the broker); pull consumers get their own queues.
+        assignments = [
+            pb.Assignment(
+                message_queue=pb.MessageQueue(
+                    topic=request.topic,
+                    id=qid,
+                    permission=perm,
+                    broker=broker,
+                    accept_message_types=[pb.MessageType.NORMAL],
+                )
+            )
+            for qid in (queue_ids if queue_ids is not None else [-1])
+        ]
+        return pb.QueryAssignmentResponse(status=ok(), assignments=assignments)
 
     async def ReceiveMessage(
         self, request: pb.ReceiveMessageRequest, context: Any
@@ -228,6 +239,7 @@ class MessagingService:
                 batch_size=request.batch_size or 1,
                 invisible_ms=invisible,
                 hold_s=hold,
+                client_id=_client_id(context),
             )
             st = ok() if deliveries else status("MESSAGE_NOT_FOUND", "no matching message")
         except Exception as exc:
@@ -247,7 +259,9 @@ class MessagingService:
         first_error: pb.Status | None = None
         for entry in request.entries:
             try:
-                await self._call(self.broker.ack, group, topic, entry.receipt_handle)
+                await self._call(
+                    self.broker.ack, group, topic, entry.receipt_handle, client_id=_client_id(context)
+                )
                 st = ok()
             except Exception as exc:
                 st = status_of(exc, call="AckMessage")
@@ -275,6 +289,7 @@ class MessagingService:
                 convert.topic_name(request.topic),
                 request.receipt_handle,
                 convert.duration_ms(request.invisible_duration),
+                client_id=_client_id(context),
             )
         except Exception as exc:
             return pb.ChangeInvisibleDurationResponse(
@@ -291,6 +306,7 @@ class MessagingService:
                 convert.topic_name(request.group),
                 convert.topic_name(request.topic),
                 request.receipt_handle,
+                client_id=_client_id(context),
             )
         except Exception as exc:
             return pb.ForwardMessageToDeadLetterQueueResponse(
@@ -319,6 +335,7 @@ class MessagingService:
                 offset=request.offset,
                 batch_size=request.batch_size or 32,
                 hold_s=hold,
+                client_id=_client_id(context),
             )
             messages, next_offset = result.messages, result.next_offset
             if result.status == "FOUND":
@@ -349,6 +366,7 @@ class MessagingService:
                 convert.topic_name(request.message_queue.topic),
                 request.message_queue.id,
                 request.offset,
+                client_id=_client_id(context),
             )
         except Exception as exc:
             return pb.UpdateOffsetResponse(status=status_of(exc, call="UpdateOffset"))
@@ -361,6 +379,7 @@ class MessagingService:
                 convert.topic_name(request.group),
                 convert.topic_name(request.message_queue.topic),
                 request.message_queue.id,
+                client_id=_client_id(context),
             )
         except Exception as exc:
             return pb.GetOffsetResponse(status=status_of(exc, call="GetOffset"))

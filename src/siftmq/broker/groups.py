@@ -1,0 +1,254 @@
+"""Consumer groups: message model, subscription-consistency policy and the group's subscription table.
+
+RocketMQ keeps one subscription per group and topic; the newest heartbeat wins, and the messages
+only the other members' expressions would match are lost (seed 004). siftmq keeps the table too,
+with the clients holding each entry, and a policy per group:
+
+* ``strict`` (default): a client whose subscription of a topic differs from what the group's live
+  members hold (another expression, another type, or another set of topics) is refused with
+  ``PRECONDITION_FAILED`` naming the group, the topic, both expressions and the holders. Once the
+  holders are gone, the new subscription is accepted.
+* ``compat``: RocketMQ's newest-wins. The group's entry is replaced, every member is then served by
+  it, and each such override is logged and counted (``inconsistencies``).
+
+A group's message model is ``clustering`` (members share the queues and the progress) or
+``broadcasting`` (every member gets every message; progress is per client). Both, and the policy,
+are kept in ``config/groups.json`` with the table's versioned entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from siftmq.broker.persist import read_json, write_json
+from siftmq.errors import BadRequestError, BrokerError
+
+_log = logging.getLogger(__name__)
+
+MODES: Final = ("clustering", "broadcasting")
+POLICIES: Final = ("strict", "compat")
+
+
+class SubscriptionConflictError(BrokerError):
+    """A client's subscription differs from the one its group's live members hold (strict groups)."""
+
+    code = "PRECONDITION_FAILED"
+
+
+@dataclass(slots=True)
+class GroupSubscription:
+    """The group's entry for one topic: filter kind, normalized expression, version, live holders."""
+
+    topic: str
+    kind: str
+    expression: str
+    version: int
+    holders: set[str] = field(default_factory=set)
+    pinned: bool = False  # set through the admin API: members cannot replace it
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.expression!r}"
+
+
+@dataclass(slots=True)
+class GroupInfo:
+    name: str
+    mode: str = "clustering"
+    consistency: str = "strict"
+    subscriptions: dict[str, GroupSubscription] = field(default_factory=dict)
+    inconsistencies: int = 0
+    last_inconsistency: str | None = None
+    dropped: int = 0  # messages a compat group's members lost to the group's subscription
+
+
+class GroupManager:
+    """All groups. Thread-safe; persisted on change."""
+
+    def __init__(
+        self, config_dir: Path, *, compat_groups: Iterable[str] = (), broadcasting_groups: Iterable[str] = ()
+    ) -> None:
+        self._path = config_dir / "groups.json"
+        self._lock = threading.Lock()
+        self._groups: dict[str, GroupInfo] = {}
+        for name, item in read_json(self._path, {}).items():
+            info = GroupInfo(name, item.get("mode", "clustering"), item.get("consistency", "strict"))
+            for topic, sub in item.get("subscriptions", {}).items():
+                info.subscriptions[topic] = GroupSubscription(
+                    topic, sub["kind"], sub["expression"], int(sub["version"]), pinned=bool(sub.get("pinned"))
+                )
+            self._groups[name] = info
+        for name in compat_groups:
+            self._ensure(name).consistency = "compat"
+        for name in broadcasting_groups:
+            self._ensure(name).mode = "broadcasting"
+
+    def _ensure(self, group: str) -> GroupInfo:
+        info = self._groups.get(group)
+        if info is None:
+            info = self._groups[group] = GroupInfo(group)
+        return info
+
+    def get(self, group: str) -> GroupInfo | None:
+        return self._groups.get(group)
+
+    def all(self) -> list[GroupInfo]:
+        with self._lock:
+            return sorted(self._groups.values(), key=lambda g: g.name)
+
+    def mode(self, group: str) -> str:
+        info = self._groups.get(group)
+        return info.mode if info is not None else "clustering"
+
+    # ------------------------------------------------------------------------------- subscriptions
+
+    def claim(
+        self,
+        group: str,
+        client_id: str,
+        topic: str,
+        *,
+        kind: str,
+        expression: str,
+        live: set[str],
+        from_settings: bool,
+    ) -> GroupSubscription:
+        """``client_id`` subscribes ``topic`` with ``kind``/``expression`` (normalized): check and record.
+
+        ``live`` is the set of the group's live client ids; ``from_settings`` tells a client's
+        declared subscription (Telemetry settings) from the filter of one request. Raises
+        :class:`SubscriptionConflictError` in a strict group whose live members hold another
+        expression. Returns the entry that filters the group's messages: in compat groups the newest
+        declared one (a request with another filter does not replace it, as RocketMQ's table is only
+        written by heartbeats).
+        """
+        with self._lock:
+            info = self._ensure(group)
+            current = info.subscriptions.get(topic)
+            if current is not None:
+                current.holders &= live | {client_id}
+            same = current is not None and (current.kind, current.expression) == (kind, expression)
+            if current is None or same or (not current.pinned and not (current.holders - {client_id})):
+                if not same:
+                    version = current.version + 1 if current is not None else 1
+                    current = info.subscriptions[topic] = GroupSubscription(topic, kind, expression, version)
+                    self._save_locked()
+                assert current is not None
+                current.holders.add(client_id)
+                return current
+            others = sorted(current.holders - {client_id})
+            holder_text = "set through the admin API" if current.pinned else f"held by {', '.join(others)}"
+            what = (
+                f"group {group!r} subscribes topic {topic!r} with {current.describe()} ({holder_text}), "
+                f"but client {client_id or '<anonymous>'} asks for {kind} {expression!r}"
+            )
+            if info.consistency == "strict":
+                raise SubscriptionConflictError(
+                    f"inconsistent subscription: {what}. Members of one group must subscribe alike; "
+                    "use another group, stop the other members, or set the group to compat"
+                )
+            if info.last_inconsistency != what:
+                info.inconsistencies += 1
+                info.last_inconsistency = what
+                _log.warning(
+                    "compat group %s: one subscription per group, messages may be lost: %s", group, what
+                )
+            if from_settings and not current.pinned:  # RocketMQ: the newest heartbeat wins
+                holders = current.holders | {client_id}
+                current = info.subscriptions[topic] = GroupSubscription(
+                    topic, kind, expression, current.version + 1, holders
+                )
+                self._save_locked()
+            return current
+
+    def check_topics(
+        self, group: str, client_id: str, topics: set[str], members: dict[str, set[str]]
+    ) -> None:
+        """Strict groups: the client's set of topics must equal every other live member's."""
+        info = self._groups.get(group)
+        if info is None or info.consistency != "strict":
+            return
+        for other, their_topics in sorted(members.items()):
+            if other != client_id and their_topics and their_topics != topics:
+                raise SubscriptionConflictError(
+                    f"inconsistent subscription: group {group!r} member {other} subscribes topics "
+                    f"{sorted(their_topics)}, but client {client_id or '<anonymous>'} subscribes "
+                    f"{sorted(topics)}. Members of one group must subscribe the same topics"
+                )
+
+    def release(self, group: str, client_id: str) -> None:
+        """Forget ``client_id`` as a holder of the group's entries (after a refused subscription)."""
+        with self._lock:
+            info = self._groups.get(group)
+            for entry in info.subscriptions.values() if info is not None else ():
+                entry.holders.discard(client_id)
+
+    def note_dropped(self, group: str, count: int) -> None:
+        with self._lock:
+            self._ensure(group).dropped += count
+
+    def subscription(self, group: str, topic: str) -> GroupSubscription | None:
+        info = self._groups.get(group)
+        return None if info is None else info.subscriptions.get(topic)
+
+    # --------------------------------------------------------------------------------------- admin
+
+    def configure(
+        self, group: str, *, mode: str | None = None, consistency: str | None = None, live_clients: int = 0
+    ) -> GroupInfo:
+        """Change a group's message model or consistency policy."""
+        if mode is not None and mode not in MODES:
+            raise BadRequestError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        if consistency is not None and consistency not in POLICIES:
+            raise BadRequestError(f"consistency must be one of {', '.join(POLICIES)}, not {consistency!r}")
+        with self._lock:
+            info = self._ensure(group)
+            if mode is not None and mode != info.mode and live_clients:
+                raise BadRequestError(
+                    f"group {group!r} has {live_clients} live client(s); stop them before switching it "
+                    f"from {info.mode} to {mode}",
+                    status="PRECONDITION_FAILED",
+                )
+            if mode is not None:
+                info.mode = mode
+            if consistency is not None:
+                info.consistency = consistency
+            self._save_locked()
+            return info
+
+    def set_subscription(self, group: str, topic: str, kind: str, expression: str) -> GroupSubscription:
+        """Set the group's subscription of ``topic`` deliberately (a new version, for every member)."""
+        with self._lock:
+            info = self._ensure(group)
+            current = info.subscriptions.get(topic)
+            version = current.version + 1 if current is not None else 1
+            entry = info.subscriptions[topic] = GroupSubscription(
+                topic, kind, expression, version, pinned=True
+            )
+            self._save_locked()
+            return entry
+
+    def _save_locked(self) -> None:
+        write_json(
+            self._path,
+            {
+                g.name: {
+                    "mode": g.mode,
+                    "consistency": g.consistency,
+                    "subscriptions": {
+                        t: {
+                            "kind": s.kind,
+                            "expression": s.expression,
+                            "version": s.version,
+                            "pinned": s.pinned,
+                        }
+                        for t, s in g.subscriptions.items()
+                    },
+                }
+                for g in self._groups.values()
+            },
+        )

@@ -1,0 +1,206 @@
+"""Consumer groups in-process: consistency (strict, compat = seed 004), broadcasting, pull assignment."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from siftmq.broker import Broker, BrokerConfig, OutgoingMessage, Subscription
+from siftmq.broker.broker import allocate_averagely
+from siftmq.broker.groups import SubscriptionConflictError
+from siftmq.errors import BadRequestError
+
+TOPIC = "SUBSCRIBE_TEST"
+GROUP = "SUBSCRIBE_TEST_CONSUMER_GROUP"
+
+
+def make_broker(data_dir: Path, **overrides: object) -> Broker:
+    settings: dict[str, object] = {"min_invisible_time_s": 0.05, "default_queue_nums": 4, **overrides}
+    broker = Broker(BrokerConfig(data_dir=data_dir, **settings))  # type: ignore[arg-type]
+    broker.start()
+    return broker
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = make_broker(tmp_path / "data")
+    yield b
+    b.close()
+
+
+def tag(expr: str, topic: str = TOPIC) -> Subscription:
+    return Subscription(topic, "TAG", expr)
+
+
+def send_seed_004(broker: Broker) -> None:
+    """Seed 004's producer: 8 messages, the first 4 tagged tagA, the last 4 tagB."""
+    for i in range(8):
+        broker.send(
+            OutgoingMessage(topic=TOPIC, body=f"MsgStr{i}".encode(), message_id=f"01SEED{i}",
+                            tag="tagA" if i < 4 else "tagB")
+        )  # fmt: skip
+
+
+def receive_all(broker: Broker, client: str, sub: Subscription, group: str = GROUP) -> list[str]:
+    got = []
+    for _ in range(20):
+        batch = broker.receive(group, sub, client_id=client, batch_size=16, invisible_ms=60_000)
+        for d in batch:
+            got.append(d.message.body.decode())
+            broker.ack(group, sub.topic, d.receipt_handle, client_id=client)
+        if not batch:
+            break
+    return got
+
+
+def test_strict_group_refuses_a_second_subscription_and_loses_nothing(broker: Broker) -> None:
+    broker.subscribe("ConsumerForTagA", "SIMPLE_CONSUMER", GROUP, [tag("tagA")])
+    with pytest.raises(SubscriptionConflictError) as exc:
+        broker.subscribe("ConsumerForTagB", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])
+    text = exc.value.message
+    assert exc.value.status == "PRECONDITION_FAILED"
+    for part in (GROUP, TOPIC, "'tagA'", "'tagB'", "ConsumerForTagA"):
+        assert part in text
+    with pytest.raises(SubscriptionConflictError):
+        broker.receive(GROUP, tag("tagB"), client_id="ConsumerForTagB")
+    send_seed_004(broker)
+    assert sorted(receive_all(broker, "ConsumerForTagA", tag("tagA"))) == [f"MsgStr{i}" for i in range(4)]
+    # once the holder is gone, the new subscription is accepted; the group had passed over the tagB
+    # messages under its tagA subscription, so B gets what is sent from now on
+    broker.client_terminated("ConsumerForTagA")
+    broker.subscribe("ConsumerForTagB", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])
+    entry = broker.groups.subscription(GROUP, TOPIC)
+    assert entry is not None and entry.expression == "tagB" and entry.version == 2
+    for i in range(8, 12):
+        broker.send(
+            OutgoingMessage(topic=TOPIC, body=f"MsgStr{i}".encode(), message_id=f"01L{i}", tag="tagB")
+        )
+    assert set(receive_all(broker, "ConsumerForTagB", tag("tagB"))) == {f"MsgStr{i}" for i in range(8, 12)}
+
+
+def test_strict_group_refuses_different_topic_sets(broker: Broker) -> None:
+    broker.subscribe("c1", "PUSH_CONSUMER", "g", [tag("*", "TopicA"), tag("*", "TopicB")])
+    with pytest.raises(SubscriptionConflictError) as exc:
+        broker.subscribe("c2", "PUSH_CONSUMER", "g", [tag("*", "TopicA")])
+    assert "TopicB" in exc.value.message and "c1" in exc.value.message
+    broker.subscribe("c3", "PUSH_CONSUMER", "g", [tag("*", "TopicB"), tag("*", "TopicA")])  # same set
+
+
+def test_compat_group_reproduces_seed_004(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path / "d", compat_groups=[GROUP])
+    try:
+        broker.subscribe("ConsumerForTagA", "PUSH_CONSUMER", GROUP, [tag("tagA")])
+        broker.subscribe("ConsumerForTagB", "PUSH_CONSUMER", GROUP, [tag("tagB")])  # the newest wins
+        entry = broker.groups.subscription(GROUP, TOPIC)
+        assert entry is not None and entry.expression == "tagB" and entry.version == 2
+        send_seed_004(broker)
+        assert receive_all(broker, "ConsumerForTagA", tag("tagA")) == []  # sees only tagB and drops it
+        got_b = receive_all(broker, "ConsumerForTagB", tag("tagB"))
+        assert set(got_b) <= {f"MsgStr{i}" for i in range(4, 8)}
+        # the tagA messages are gone for the group: nobody ever receives them
+        assert receive_all(broker, "ConsumerForTagA", tag("tagA")) == []
+        info = broker.groups.get(GROUP)
+        assert info is not None and info.inconsistencies >= 1 and "tagA" in (info.last_inconsistency or "")
+        total_b = len(got_b) + info.dropped
+        assert total_b >= 4  # every tagB message went to B or was dropped by A
+    finally:
+        broker.close()
+
+
+def test_broadcasting_gives_every_member_every_message(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path / "d", broadcasting_groups=["bc"])
+    try:
+        for c in ("c1", "c2", "c3"):
+            broker.subscribe(c, "SIMPLE_CONSUMER", "bc", [tag("*")])
+        send_seed_004(broker)
+        for c in ("c1", "c2", "c3"):
+            assert sorted(receive_all(broker, c, tag("*"), group="bc")) == [f"MsgStr{i}" for i in range(8)]
+        with pytest.raises(BadRequestError) as exc:  # switching modes under live clients is refused
+            broker.groups.configure("bc", mode="clustering", live_clients=len(broker.clients.live_ids("bc")))
+        assert exc.value.status == "PRECONDITION_FAILED"
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize(("queues", "members"), [(8, 3), (4, 4), (3, 5), (16, 3), (1, 2)])
+def test_average_allocation_is_disjoint_and_complete(queues: int, members: int) -> None:
+    ids = [f"m{i}" for i in range(members)]
+    shares = [allocate_averagely(list(range(queues)), ids, m) for m in ids]
+    flat = [q for share in shares for q in share]
+    assert sorted(flat) == list(range(queues))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_pull_members_share_queues_and_rebalance(broker: Broker) -> None:
+    for i in range(40):
+        broker.send(OutgoingMessage(topic=TOPIC, body=str(i).encode(), message_id=f"01PULL{i}", tag="t"))
+    members = ["p1", "p2", "p3"]
+    for m in members:
+        broker.subscribe(m, "PULL_CONSUMER", "pullers", [tag("*")])
+    shares = {m: broker.assignment("pullers", TOPIC, m) for m in members}
+    assert sorted(q for s in shares.values() for q in s or []) == [0, 1, 2, 3]
+    owner_of = {q: m for m, s in shares.items() for q in s or []}
+    not_mine = next(q for q, m in owner_of.items() if m != "p1")
+    with pytest.raises(BadRequestError) as exc:
+        broker.pull("pullers", tag("*"), not_mine, 0, 32, client_id="p1")
+    assert "assigned to another member" in exc.value.message
+
+    consumed: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def consume(member: str, stop: threading.Event) -> None:
+        while not stop.is_set():
+            for q in broker.assignment("pullers", TOPIC, member) or []:
+                try:
+                    offset = broker.get_offset("pullers", TOPIC, q, client_id=member)
+                except Exception:
+                    offset = 0
+                try:
+                    r = broker.pull("pullers", tag("*"), q, offset, 8, client_id=member)
+                except BadRequestError:
+                    continue  # the queue moved to another member meanwhile
+                with lock:
+                    for msg in r.messages:
+                        consumed.setdefault(msg.body.decode(), []).append(member)
+                broker.update_offset("pullers", TOPIC, q, r.next_offset, client_id=member)
+            time.sleep(0.005)
+
+    stops = {m: threading.Event() for m in members}
+    threads = [threading.Thread(target=consume, args=(m, stops[m])) for m in members]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    stops["p3"].set()
+    broker.client_terminated("p3")  # p3 leaves mid-stream: its queues go to p1 and p2
+    for i in range(40, 80):
+        broker.send(OutgoingMessage(topic=TOPIC, body=str(i).encode(), message_id=f"01PULL{i}", tag="t"))
+    deadline = time.monotonic() + 10
+    while len(consumed) < 80 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for e in stops.values():
+        e.set()
+    for t in threads:
+        t.join()
+    assert sorted(consumed, key=int) == [str(i) for i in range(80)]  # every message at least once
+    late = {m for body, who in consumed.items() if int(body) >= 40 for m in who}
+    assert "p3" not in late
+    assert broker.assignment("pullers", TOPIC, "p1") and broker.assignment("pullers", TOPIC, "p2")
+
+
+def test_expired_members_free_the_subscription(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path / "d", client_session_expire_s=0.2)
+    try:
+        broker.subscribe("old", "SIMPLE_CONSUMER", GROUP, [tag("tagA")])
+        with pytest.raises(SubscriptionConflictError):
+            broker.subscribe("new", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])
+        time.sleep(0.3)
+        assert [s.client_id for s in broker.clients.expire()] == ["old", "new"] or broker.clients.get(
+            "old"
+        ) is None
+        broker.subscribe("new", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])
+    finally:
+        broker.close()
