@@ -54,6 +54,8 @@ def start_broker(data_dir: Path, flush: str) -> tuple[subprocess.Popen[str], str
             "127.0.0.1:0",
             "--flush",
             flush,
+            "--admin-listen",
+            "127.0.0.1:0",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

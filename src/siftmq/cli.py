@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from siftmq.admin_cli import admin_app
 from siftmq.errors import FilterError, FilterEvaluationError
 
 app = typer.Typer(
@@ -16,6 +17,7 @@ app = typer.Typer(
 )
 filter_app = typer.Typer(no_args_is_help=True, help="Check and evaluate TAG and SQL92 filter expressions.")
 app.add_typer(filter_app, name="filter")
+app.add_typer(admin_app, name="admin")
 
 _out = Console(highlight=False, soft_wrap=True)
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -95,13 +97,19 @@ def broker(
         str | None, typer.Option("--flush", help="sync: a send returns once on disk; async: every 500 ms.")
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="A TOML file of broker settings.")] = None,
+    admin_listen: Annotated[
+        str | None,
+        typer.Option("--admin-listen", help="host:port of the admin HTTP API [127.0.0.1:8082]; '' = off."),
+    ] = None,
 ) -> None:
     """Run the broker (RocketMQ 5 gRPC) on embedded storage; prints a line with 'ready' once it serves."""
     from siftmq.broker.config import BrokerConfig
     from siftmq.errors import ConfigError
 
     try:
-        cfg = BrokerConfig.load(config, data_dir=data_dir, listen=listen, flush=flush)
+        cfg = BrokerConfig.load(
+            config, data_dir=data_dir, listen=listen, flush=flush, admin_listen=admin_listen
+        )
     except ConfigError as exc:
         _err.print(f"[bold red]error:[/] {exc}", markup=True)
         raise typer.Exit(2) from None

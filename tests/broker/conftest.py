@@ -37,6 +37,7 @@ class BrokerProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.endpoint = ""
         self.port = 0
+        self.admin_url = ""
         self.output: list[str] = []
 
     def start(self) -> BrokerProcess:
@@ -51,6 +52,8 @@ class BrokerProcess:
             self.listen,
             "--flush",
             self.flush,
+            "--admin-listen",
+            "127.0.0.1:0",
         ]
         if self.config_path is not None:
             cmd += ["--config", str(self.config_path)]
@@ -70,6 +73,8 @@ class BrokerProcess:
                 if "ready on" in line and not ready.is_set():
                     self.endpoint = line.split("ready on ", 1)[1].split()[0]
                     self.port = int(self.endpoint.rsplit(":", 1)[1])
+                    if "admin http://" in line:
+                        self.admin_url = "http://" + line.split("admin http://", 1)[1].split(",")[0]
                     ready.set()
 
         self._pump = threading.Thread(target=pump, daemon=True)

@@ -206,6 +206,8 @@ def test_second_broker_on_the_same_port_fails_loudly(start_broker: Any, tmp_path
             str(tmp_path / "two"),
             "--listen",
             first.endpoint,
+            "--admin-listen",
+            "127.0.0.1:0",
         ],
         check=False,
         capture_output=True,

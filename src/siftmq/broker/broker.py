@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from siftmq.broker.clients import ClientRegistry
 from siftmq.broker.config import BrokerConfig
 from siftmq.broker.consumer_state import ConsumerStateTable, InFlight, QueueProgress
@@ -37,6 +39,7 @@ from siftmq.broker.model import (
 )
 from siftmq.broker.offsets import OffsetTable
 from siftmq.broker.receipts import ReceiptHandle
+from siftmq.broker.stats import BrokerStats, FilterStats
 from siftmq.broker.topics import TopicConfig, TopicManager
 from siftmq.broker.validation import (
     check_group,
@@ -92,6 +95,7 @@ class Broker:
         self.consumers = ConsumerStateTable(config_dir)
         self.offsets = OffsetTable(config_dir)
         self.clients = ClientRegistry(config.client_session_expire_s)
+        self.stats = BrokerStats()
         self.store = MessageStore(
             StoreConfig(
                 data_dir=config.data_dir / "store",
@@ -221,6 +225,7 @@ class Broker:
         with self._send_locks[hash(msg.message_id) % len(self._send_locks)]:
             existing = self.store.query_message_by_uniq_key(msg.message_id)
             if existing is not None and existing.topic == topic.name:
+                self.stats.count(self.stats.duplicates, topic.name)
                 return SendResult(msg.message_id, existing.queue_id, existing.queue_offset, duplicate=True)
             queue_id = next(self._queue_cursor) % topic.queue_nums
             record = self.store.put_message(
@@ -233,6 +238,8 @@ class Broker:
                     born_host=born_host or encode_host("0.0.0.0", 0),
                 )
             )
+        self.stats.count(self.stats.sends, topic.name)
+        self.stats.count(self.stats.send_bytes, topic.name, len(msg.body))
         return SendResult(msg.message_id, record.queue_id, record.queue_offset)
 
     # ------------------------------------------------------------------------------------ filters
@@ -248,8 +255,11 @@ class Broker:
         kind = compiled.kind
         if kind == "TAG":
             assert compiled.tag_filter is not None
-            return None if compiled.tag_filter.sub_all else TagMessageFilter(compiled.tag_filter)
-        return self.filters.register(group, subscription.topic, compiled).message_filter()
+            if compiled.tag_filter.sub_all:
+                return None
+            return TagMessageFilter(compiled.tag_filter, self.stats.filter(group, subscription.topic))
+        registration = self.filters.register(group, subscription.topic, compiled)
+        return registration.message_filter(self.stats.filter(group, subscription.topic))
 
     def _compile(self, subscription: Subscription) -> CompiledFilter:
         kind = FILTER_KINDS.get(subscription.kind.upper())
@@ -266,7 +276,13 @@ class Broker:
         return compile_filter(kind, subscription.expression)
 
     def subscribe(
-        self, client_id: str, client_type: str, group: str | None, subscriptions: Sequence[Subscription]
+        self,
+        client_id: str,
+        client_type: str,
+        group: str | None,
+        subscriptions: Sequence[Subscription],
+        *,
+        address: str = "",
     ) -> None:
         """Record a client's declared settings (Telemetry).
 
@@ -274,7 +290,7 @@ class Broker:
         recorded; SQL92 ones are registered with the bitmap dispatcher at once.
         """
         if group is None:
-            self.clients.touch(client_id, client_type=client_type)
+            self.clients.touch(client_id, client_type=client_type, address=address)
             return
         check_group(group)
         compiled: list[tuple[Subscription, CompiledFilter]] = []
@@ -288,7 +304,7 @@ class Broker:
         if errors:
             raise BadRequestError("; ".join(errors), status="ILLEGAL_FILTER_EXPRESSION")
         # check before recording: a refused client must not become the holder of anything
-        self.clients.touch(client_id, client_type=client_type, group=group)
+        self.clients.touch(client_id, client_type=client_type, group=group, address=address)
         members = {m.client_id: set(m.subscriptions) for m in self.clients.members(group)}
         self.groups.check_topics(group, client_id, {sub.topic for sub, _ in compiled}, members)
         live = self.clients.live_ids(group)
@@ -386,6 +402,8 @@ class Broker:
                     self._take_new(rp, qid, prog)
                 if len(rp.out) >= batch_size:
                     break
+        if rp.out:
+            self.stats.count(self.stats.deliveries, (group, topic.name), len(rp.out))
         if own is None:
             return rp.out
         kept = [d for d in rp.out if own.matches(d.message.properties)]
@@ -716,6 +734,7 @@ class Broker:
             self.consumers.mark_dirty()
         finally:
             prog.lock.release()
+        self.stats.count(self.stats.acks, (group, topic))
 
     def change_invisible_duration(
         self, group: str, topic: str, handle_text: str, invisible_ms: int, *, client_id: str = ""
@@ -778,14 +797,148 @@ class Broker:
                 reconsume_times=attempts,
             )
         )
+        self.stats.count(self.stats.dead_letters, group)
         _log.info("message %s of %s moved to %s after %d attempts", msg.uniq_key, msg.topic, topic, attempts)
+
+    # ------------------------------------------------------------------------------------- report
+
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The group's committed offset on a queue: its pull commit, else its receive progress."""
+        found = self.offsets.get((group, topic, queue_id))
+        if found is not None:
+            return found
+        prog = self.consumers.get((group, topic, queue_id))
+        if prog is None:
+            return None
+        with prog.lock:
+            return prog.committed_offset
+
+    def lag(self, group: str, topic: str, *, max_scan: int = 2_000_000) -> list[dict[str, object]]:
+        """Per queue: committed offset, max offset, entries behind, and matching entries behind.
+
+        ``matching`` counts the entries the group's filter may match, from the index alone (tag
+        hashes, bloom bitmaps; never the CommitLog): exact for ``*``, an upper bound when hash or
+        bloom collisions occur. ``estimated`` is True when more than ``max_scan`` entries were behind.
+        """
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise NotFoundError(f"topic {topic!r} does not exist", status="TOPIC_NOT_FOUND")
+        index_filter = self._index_filter(group, topic)
+        rows: list[dict[str, object]] = []
+        for qid in range(cfg.queue_nums):
+            hi = self.store.get_max_offset_in_queue(topic, qid)
+            lo = self.store.get_min_offset_in_queue(topic, qid)
+            committed = self.committed_offset(group, topic, qid)
+            start = max(lo, committed if committed is not None else lo)
+            behind = max(hi - start, 0)
+            matching, estimated = self._count_matching(topic, qid, (start, hi), index_filter, max_scan)
+            rows.append(
+                {
+                    "queue_id": qid,
+                    "committed_offset": committed,
+                    "min_offset": lo,
+                    "max_offset": hi,
+                    "lag": behind,
+                    "matching_lag": matching,
+                    "estimated": estimated,
+                }
+            )
+        return rows
+
+    def _index_filter(self, group: str, topic: str) -> MessageFilter | None:
+        entry = self.groups.subscription(group, topic)
+        if entry is None:
+            return None
+        if entry.kind == "TAG":
+            compiled = compile_filter("TAG", entry.expression)
+            tf = compiled.tag_filter
+            return None if tf is None or tf.sub_all else TagMessageFilter(tf, FilterStats())
+        registration = self.filters.get(group, topic)
+        return None if registration is None else registration.message_filter(FilterStats())
+
+    def _count_matching(
+        self, topic: str, qid: int, span: tuple[int, int], index_filter: MessageFilter | None, max_scan: int
+    ) -> tuple[int, bool]:
+        start, end = span
+        if index_filter is None or end <= start:
+            return max(end - start, 0), False
+        cq = self.store.find_consume_queue(topic, qid)
+        block_fn = getattr(index_filter, "match_consume_queue_block", None)
+        if cq is None or block_fn is None:
+            return end - start, True
+        count, offset = 0, start
+        while offset < end and offset - start < max_scan:
+            entries = cq.read_block(offset, min(65_536, end - offset))
+            if entries is None or len(entries) == 0:
+                break
+            ext = cq.ext.read_block(offset, len(entries)) if cq.ext is not None else None
+            count += int(np.count_nonzero(block_fn(entries["tags_code"].astype(np.int64), ext)))
+            offset += len(entries)
+        if offset < end:
+            return count + (end - offset), True
+        return count, False
+
+    def group_report(self, group: str) -> dict[str, object]:
+        """Everything the admin API shows of a group."""
+        info = self.groups.get(group)
+        members = self.clients.members(group)
+        if info is None and not members:
+            raise NotFoundError(f"consumer group {group!r} is unknown", status="CONSUMER_GROUP_NOT_FOUND")
+        now = time.monotonic()
+        subs = info.subscriptions if info is not None else {}
+        return {
+            "group": group,
+            "mode": info.mode if info is not None else "clustering",
+            "consistency": info.consistency if info is not None else "strict",
+            "inconsistencies": info.inconsistencies if info is not None else 0,
+            "last_inconsistency": info.last_inconsistency if info is not None else None,
+            "dropped_by_inconsistency": info.dropped if info is not None else 0,
+            "clients": [
+                {
+                    "client_id": m.client_id,
+                    "client_type": m.client_type,
+                    "address": m.address,
+                    "last_seen_s": round(now - m.last_seen, 3),
+                    "subscriptions": {t: f"{s.kind} {s.expression}" for t, s in m.subscriptions.items()},
+                }
+                for m in members
+            ],
+            "subscriptions": [
+                {
+                    "topic": t,
+                    "type": s.kind,
+                    "expression": s.expression,
+                    "version": s.version,
+                    "holders": sorted(s.holders),
+                    "pinned": s.pinned,
+                    "filter_stats": self.stats.filter(group, t).as_dict(),
+                    "lag": self.lag(group, t) if self.topics.get(t) is not None else [],
+                }
+                for t, s in sorted(subs.items())
+            ],
+        }
+
+    def configure_group(self, group: str, *, mode: str | None = None, consistency: str | None = None) -> None:
+        """Set a group's message model or consistency policy (a mode switch needs the group idle)."""
+        check_group(group)
+        self.groups.configure(group, mode=mode, consistency=consistency,
+                              live_clients=len(self.clients.live_ids(group)))  # fmt: skip
+
+    def set_group_subscription(self, group: str, subscription: Subscription) -> GroupSubscription:
+        """Set the group's subscription of a topic deliberately: a new version filtering for every member."""
+        check_group(group)
+        check_topic(subscription.topic)
+        compiled = self._compile(subscription)
+        entry = self.groups.set_subscription(group, subscription.topic, compiled.kind, compiled.normalized)
+        self._entry_filter(group, entry)
+        return entry
 
     # ---------------------------------------------------------------------------------- sessions
 
-    def heartbeat(self, client_id: str, client_type: str, group: str | None) -> None:
+    def heartbeat(self, client_id: str, client_type: str, group: str | None, *, address: str = "") -> None:
         if group:
             check_group(group)
-        self.clients.touch(client_id, client_type=client_type, group=group)
+        self.clients.touch(client_id, client_type=client_type, group=group, address=address)
 
     def client_terminated(self, client_id: str) -> None:
         self.clients.remove(client_id)

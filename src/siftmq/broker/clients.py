@@ -19,6 +19,7 @@ class ClientSession:
     client_id: str
     client_type: str = "UNSPECIFIED"
     group: str | None = None
+    address: str = ""
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
     last_seen: float = field(default_factory=time.monotonic)
 
@@ -38,6 +39,7 @@ class ClientRegistry:
         client_type: str | None = None,
         group: str | None = None,
         subscriptions: list[Subscription] | None = None,
+        address: str | None = None,
     ) -> ClientSession:
         with self._lock:
             session = self._sessions.get(client_id)
@@ -50,6 +52,8 @@ class ClientRegistry:
                 session.group = group
             if subscriptions is not None:
                 session.subscriptions = {s.topic: s for s in subscriptions}
+            if address:
+                session.address = address
             return session
 
     def remove(self, client_id: str) -> None:

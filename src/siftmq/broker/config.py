@@ -52,6 +52,7 @@ class BrokerConfig:
 
     data_dir: Path = Path("./data")
     listen: str = "127.0.0.1:8081"
+    admin_listen: str = "127.0.0.1:8082"  # the admin HTTP API and /metrics; "" turns it off
     flush: Literal["sync", "async"] = "async"
     flush_interval_ms: int = 500
     commit_log_segment_size: int = 1024 * MIB
@@ -90,6 +91,8 @@ class BrokerConfig:
         if self.flush not in ("sync", "async"):
             raise ConfigError(f"flush must be 'sync' or 'async', not {self.flush!r}")
         parse_listen(self.listen)
+        if self.admin_listen:
+            parse_listen(self.admin_listen)
         _positive(
             self,
             "default_queue_nums",

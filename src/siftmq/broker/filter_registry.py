@@ -24,6 +24,7 @@ import numpy as np
 
 from siftmq.broker.message_filters import SqlMessageFilter
 from siftmq.broker.persist import read_json, write_json
+from siftmq.broker.stats import FilterStats
 from siftmq.errors import FilterError
 from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
 from siftmq.store import DispatchRequest
@@ -49,8 +50,8 @@ class FilterRegistration:
     def bloom_key(self) -> str:
         return f"{self.group}#{self.topic}"
 
-    def message_filter(self) -> SqlMessageFilter:
-        return SqlMessageFilter(self.compiled, self.positions, self.born_time_ms)
+    def message_filter(self, stats: FilterStats | None = None) -> SqlMessageFilter:
+        return SqlMessageFilter(self.compiled, self.positions, self.born_time_ms, stats)
 
 
 class FilterRegistry:

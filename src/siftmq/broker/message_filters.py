@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from siftmq.broker.stats import FilterStats
 from siftmq.filter import CompiledFilter
 from siftmq.filter.tags import TagFilter
 from siftmq.store import CqExtBlock, CqExtUnit
@@ -28,31 +29,46 @@ REGISTRATION_MARGIN_MS = 1000
 class TagMessageFilter:
     """TAG subscription ``A||B`` (``*`` is represented by no filter at all)."""
 
-    __slots__ = ("_codes", "tag_filter")
+    __slots__ = ("_codes", "stats", "tag_filter")
 
-    def __init__(self, tag_filter: TagFilter) -> None:
+    def __init__(self, tag_filter: TagFilter, stats: FilterStats | None = None) -> None:
         self.tag_filter = tag_filter
+        self.stats = stats or FilterStats()
         self._codes = np.fromiter(sorted(tag_filter.codes), dtype=np.int64, count=len(tag_filter.codes))
 
     def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
-        return self.tag_filter.matches_code(tags_code)
+        hit = self.tag_filter.matches_code(tags_code)
+        if not hit:
+            self.stats.add(tags=1)
+        return hit
 
     def match_consume_queue_block(
         self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None
     ) -> npt.NDArray[np.bool_]:
-        return np.isin(tags_codes, self._codes)
+        mask = np.isin(tags_codes, self._codes)
+        self.stats.add(tags=int(len(mask) - np.count_nonzero(mask)))
+        return mask
 
     def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
-        return self.tag_filter.matches_tag(properties.get("TAGS"))
+        hit = self.tag_filter.matches_tag(properties.get("TAGS"))
+        self.stats.add(evaluated=1, matched=int(hit))
+        return hit
 
 
 class SqlMessageFilter:
     """SQL92 subscription with an optional bloom registration (positions + born time)."""
 
-    __slots__ = ("_bytes", "_masks", "born_time_ms", "compiled", "positions")
+    __slots__ = ("_bytes", "_masks", "born_time_ms", "compiled", "positions", "stats")
 
-    def __init__(self, compiled: CompiledFilter, positions: Sequence[int] | None, born_time_ms: int) -> None:
+    def __init__(
+        self,
+        compiled: CompiledFilter,
+        positions: Sequence[int] | None,
+        born_time_ms: int,
+        stats: FilterStats | None = None,
+    ) -> None:
         self.compiled = compiled
+        self.stats = stats or FilterStats()
         self.positions = tuple(positions) if positions else ()
         self.born_time_ms = born_time_ms
         self._bytes = np.array([p >> 3 for p in self.positions], dtype=np.intp)
@@ -65,7 +81,10 @@ class SqlMessageFilter:
         if ext is None or ext.filter_bitmap is None or not self._bitmap_trusted(ext.store_timestamp):
             return True
         bitmap = ext.filter_bitmap
-        return all(p >> 3 < len(bitmap) and bitmap[p >> 3] & (1 << (p & 7)) for p in self.positions)
+        hit = all(p >> 3 < len(bitmap) and bitmap[p >> 3] & (1 << (p & 7)) for p in self.positions)
+        if not hit:
+            self.stats.add(bitmap=1)
+        return hit
 
     def match_consume_queue_block(
         self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None
@@ -84,7 +103,10 @@ class SqlMessageFilter:
         hit = np.all((ext.bitmaps[:m, self._bytes] & self._masks) != 0, axis=1)
         out = np.ones(n, dtype=np.bool_)
         out[:m] = ~decided | hit
+        self.stats.add(bitmap=int(n - np.count_nonzero(out)))
         return out
 
     def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
-        return self.compiled.matches(properties)
+        hit = self.compiled.matches(properties)
+        self.stats.add(evaluated=1, matched=int(hit))
+        return hit

@@ -87,6 +87,31 @@ class TopicManager:
             self._save_locked()
             return topic
 
+    def update(self, name: str, *, queue_nums: int | None = None, perm: int | None = None) -> TopicConfig:
+        """Grow a topic's queue count or change its permission (queues are never taken away)."""
+        with self._lock:
+            found = self._topics.get(name)
+            if found is None:
+                raise NotFoundError(f"topic {name!r} does not exist", status="TOPIC_NOT_FOUND")
+            if queue_nums is not None and not found.queue_nums <= queue_nums <= self._max_queue_nums:
+                raise BadRequestError(
+                    f"queue_nums can grow from {found.queue_nums} up to {self._max_queue_nums}, not to "
+                    f"{queue_nums} (removing queues would strand their messages)"
+                )
+            if perm is not None and not 0 <= perm <= 7:
+                raise BadRequestError(f"perm must be RocketMQ permission bits 0..7, not {perm}")
+            topic = TopicConfig(name, queue_nums or found.queue_nums, found.perm if perm is None else perm)
+            self._topics[name] = topic
+            self._save_locked()
+            return topic
+
+    def delete(self, name: str) -> None:
+        """Forget a topic (its stored messages go with CommitLog retention)."""
+        with self._lock:
+            if self._topics.pop(name, None) is None:
+                raise NotFoundError(f"topic {name!r} does not exist", status="TOPIC_NOT_FOUND")
+            self._save_locked()
+
     def _save_locked(self) -> None:
         write_json(
             self._path, {t.name: {"queue_nums": t.queue_nums, "perm": t.perm} for t in self._topics.values()}

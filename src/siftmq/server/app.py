@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import socket
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -76,20 +79,66 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             ) from exc
         if port == 0:
             raise BindError(f"cannot listen on {config.listen} (is another broker running there?)")
+        admin = _AdminServer(broker, config.admin_listen) if config.admin_listen else None
         await server.start()
+        admin_text = ""
+        if admin is not None:
+            await admin.start()
+            admin_text = f"admin http://{admin.address}, "
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        line = f"siftmq broker ready on {host}:{port} (data in {config.data_dir}, flush {config.flush})"
+        details = f"{admin_text}data in {config.data_dir}, flush {config.flush}"
+        line = f"siftmq broker ready on {host}:{port} ({details})"
         print(line, flush=True)
         if ready is not None:
             ready(host, port)
         await stop.wait()
         _log.info("stopping: finishing calls in flight (up to %.0f s)", SHUTDOWN_GRACE_S)
+        if admin is not None:
+            await admin.stop()
         await server.stop(SHUTDOWN_GRACE_S)
     finally:
         broker.close()
     print("siftmq broker stopped", flush=True)
+
+
+class _AdminServer:
+    """uvicorn serving the admin API on the broker's event loop (signals stay the broker's)."""
+
+    def __init__(self, broker: Broker, listen: str) -> None:
+        import uvicorn
+
+        from siftmq.server.admin_http import create_app
+
+        class _Quiet(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:  # the broker handles SIGTERM/SIGINT
+                yield
+
+        host, port = parse_listen(listen)
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self._sock.bind((host, port))
+        except OSError as exc:
+            self._sock.close()
+            raise BindError(f"cannot listen on {listen} for the admin API: {exc}") from exc
+        self.address = f"{host}:{self._sock.getsockname()[1]}"
+        self._server = _Quiet(uvicorn.Config(create_app(broker), log_level="warning", lifespan="off"))
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            self._task.result()
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+        self._sock.close()
 
 
 def run(config: BrokerConfig) -> int:

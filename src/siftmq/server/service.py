@@ -39,6 +39,12 @@ def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return ""
 
 
+def _peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The client's address as gRPC reports it (``ipv4:127.0.0.1:53211``), without the scheme."""
+    peer = str(context.peer() or "")
+    return peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+
+
 def _seconds(seconds: float) -> Duration:
     d = Duration()
     d.FromMilliseconds(int(seconds * 1000))
@@ -98,7 +104,9 @@ class MessagingService:
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         group = convert.topic_name(request.group) if request.HasField("group") else None
         try:
-            self.broker.heartbeat(_client_id(context), pb.ClientType.Name(request.client_type), group)
+            self.broker.heartbeat(
+                _client_id(context), pb.ClientType.Name(request.client_type), group, address=_peer(context)
+            )
         except Exception as exc:
             return pb.HeartbeatResponse(status=status_of(exc, call="Heartbeat"))
         return pb.HeartbeatResponse(status=ok())
@@ -118,23 +126,23 @@ class MessagingService:
                 continue  # results of commands siftmq never sends
             settings = command.settings
             try:
-                await self._call(self._apply_settings, client_id, settings)
+                await self._call(self._apply_settings, client_id, settings, _peer(context))
                 reply_status = ok()
             except Exception as exc:
                 reply_status = status_of(exc, call="Telemetry")
             yield pb.TelemetryCommand(status=reply_status, settings=self._reply_settings(settings))
 
-    def _apply_settings(self, client_id: str, settings: pb.Settings) -> None:
+    def _apply_settings(self, client_id: str, settings: pb.Settings, address: str) -> None:
         client_type = pb.ClientType.Name(settings.client_type)
         if settings.WhichOneof("pub_sub") != "subscription":
-            self.broker.heartbeat(client_id, client_type, None)
+            self.broker.heartbeat(client_id, client_type, None, address=address)
             return
         sub = settings.subscription
         group = convert.topic_name(sub.group) if sub.HasField("group") else None
         subscriptions = [
             convert.subscription_of(convert.topic_name(e.topic), e.expression) for e in sub.subscriptions
         ]
-        self.broker.subscribe(client_id, client_type, group, subscriptions)
+        self.broker.subscribe(client_id, client_type, group, subscriptions, address=address)
 
     def _reply_settings(self, settings: pb.Settings) -> pb.Settings:
         reply = pb.Settings()

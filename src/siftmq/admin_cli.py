@@ -1,0 +1,134 @@
+"""``siftmq admin ...``: the admin HTTP API from the command line, printed as tables."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+admin_app = typer.Typer(
+    no_args_is_help=True, help="Inspect and change a running broker (its admin HTTP API)."
+)
+_out = Console(highlight=False, soft_wrap=True)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+UrlOption = Annotated[str, typer.Option("--url", envvar="SIFTMQ_ADMIN_URL", help="The broker's admin API.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the JSON answer.")]
+DEFAULT_URL = "http://127.0.0.1:8082"
+
+
+def _request(method: str, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    import httpx
+
+    try:
+        response = httpx.request(method, url.rstrip("/") + path, json=body, timeout=30)
+    except httpx.HTTPError as exc:
+        _err.print(f"[bold red]error:[/] cannot reach the admin API at {url}: {exc}", markup=True)
+        raise typer.Exit(1) from None
+    if response.status_code >= 400:
+        try:
+            detail = response.json()
+            message = detail.get("message") or json.dumps(detail.get("detail", detail))
+        except ValueError:
+            message = response.text
+        _err.print(f"[bold red]error {response.status_code}:[/] {message}", markup=True)
+        raise typer.Exit(1)
+    return None if response.status_code == 204 else response.json()
+
+
+def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+    _out.print(table)
+
+
+def _emit(data: Any, as_json: bool) -> bool:
+    if as_json:
+        _out.print(json.dumps(data, ensure_ascii=False, indent=2), markup=False)
+    return as_json
+
+
+@admin_app.command("topics")
+def topics(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
+    """List topics."""
+    data = _request("GET", url, "/topics")
+    if not _emit(data, as_json):
+        _table("topics", data, ["name", "queue_nums", "perm"])
+
+
+@admin_app.command("topic")
+def topic(name: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
+    """Describe a topic: its queues and their offsets."""
+    data = _request("GET", url, f"/topics/{name}")
+    if not _emit(data, as_json):
+        _table(f"{data['name']}: {data['messages']} messages, perm {data['perm']}", data["queues"],
+               ["queue_id", "min_offset", "max_offset"])  # fmt: skip
+
+
+@admin_app.command("create-topic")
+def create_topic(
+    name: str,
+    queues: Annotated[int, typer.Option("--queues", min=1, max=1024)] = 8,
+    perm: Annotated[int, typer.Option("--perm", min=0, max=7, help="4 read, 2 write, 6 both")] = 6,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Create a topic."""
+    data = _request("POST", url, "/topics", {"name": name, "queue_nums": queues, "perm": perm})
+    _out.print(f"created {data['name']} with {data['queue_nums']} queues", markup=False)
+
+
+@admin_app.command("groups")
+def groups(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
+    """List consumer groups."""
+    data = _request("GET", url, "/groups")
+    if not _emit(data, as_json):
+        _table("groups", data, ["group", "mode", "consistency", "clients", "topics", "inconsistencies"])
+
+
+@admin_app.command("group")
+def group(name: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
+    """Describe a group: clients, subscriptions, filter work and lag (matching messages only)."""
+    data = _request("GET", url, f"/groups/{name}")
+    if _emit(data, as_json):
+        return
+    _out.print(f"group {data['group']}: {data['mode']}, {data['consistency']}, "
+               f"{data['inconsistencies']} inconsistencies", markup=False)  # fmt: skip
+    if data["last_inconsistency"]:
+        _out.print(f"last inconsistency: {data['last_inconsistency']}", markup=False)
+    _table("clients", data["clients"], ["client_id", "client_type", "address", "last_seen_s"])
+    for sub in data["subscriptions"]:
+        stats = sub["filter_stats"]
+        _out.print(
+            f"{sub['topic']}: {sub['type']} {sub['expression']} (v{sub['version']}); "
+            f"evaluated {stats['evaluated']}, matched {stats['matched']}, "
+            f"skipped by tags code {stats['skipped_by_tags_code']}, "
+            f"skipped by bitmap {stats['skipped_by_bitmap']}",
+            markup=False,
+        )
+        columns = ["queue_id", "committed_offset", "max_offset", "lag", "matching_lag", "estimated"]
+        _table(f"lag of {name} on {sub['topic']}", sub["lag"], columns)
+
+
+@admin_app.command("set-group")
+def set_group(
+    name: str,
+    mode: Annotated[str | None, typer.Option("--mode", help="clustering or broadcasting")] = None,
+    consistency: Annotated[str | None, typer.Option("--consistency", help="strict or compat")] = None,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Change a group's message model or subscription-consistency policy."""
+    data = _request("PATCH", url, f"/groups/{name}", {"mode": mode, "consistency": consistency})
+    _out.print(f"group {name}: {data['mode']}, {data['consistency']}", markup=False)
+
+
+@admin_app.command("message")
+def message(message_id: str, url: UrlOption = DEFAULT_URL) -> None:
+    """Look a message up by its id."""
+    _out.print(json.dumps(_request("GET", url, f"/messages/{message_id}"), ensure_ascii=False, indent=2),
+               markup=False)  # fmt: skip

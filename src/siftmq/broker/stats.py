@@ -1,0 +1,63 @@
+"""Counters the broker keeps for the admin API and the metrics endpoint (plain numbers, no exporter here)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class FilterStats:
+    """Filter work for one ``group#topic``: entries skipped at the index stage, messages evaluated exactly."""
+
+    evaluated: int = 0
+    matched: int = 0
+    skipped_by_tags_code: int = 0
+    skipped_by_bitmap: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, *, evaluated: int = 0, matched: int = 0, tags: int = 0, bitmap: int = 0) -> None:
+        with self._lock:
+            self.evaluated += evaluated
+            self.matched += matched
+            self.skipped_by_tags_code += tags
+            self.skipped_by_bitmap += bitmap
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "evaluated": self.evaluated,
+            "matched": self.matched,
+            "skipped_by_tags_code": self.skipped_by_tags_code,
+            "skipped_by_bitmap": self.skipped_by_bitmap,
+        }
+
+
+class BrokerStats:
+    """Sends, deliveries, dead letters and filter work, by topic and group. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sends: Counter[str] = Counter()
+        self.send_bytes: Counter[str] = Counter()
+        self.duplicates: Counter[str] = Counter()
+        self.deliveries: Counter[tuple[str, str]] = Counter()
+        self.acks: Counter[tuple[str, str]] = Counter()
+        self.dead_letters: Counter[str] = Counter()
+        self._filters: dict[tuple[str, str], FilterStats] = {}
+
+    def filter(self, group: str, topic: str) -> FilterStats:
+        key = (group, topic)
+        found = self._filters.get(key)
+        if found is None:
+            with self._lock:
+                found = self._filters.setdefault(key, FilterStats())
+        return found
+
+    def filters(self) -> dict[tuple[str, str], FilterStats]:
+        with self._lock:
+            return dict(self._filters)
+
+    def count(self, counter: Counter[str] | Counter[tuple[str, str]], key: object, n: int = 1) -> None:
+        with self._lock:
+            counter[key] += n  # type: ignore[index]

@@ -1,0 +1,254 @@
+"""The admin HTTP API (FastAPI) and the Prometheus metrics endpoint, served beside the gRPC port.
+
+Topics, consumer groups (mode, consistency policy, clients, subscriptions, filter statistics,
+lag counting only matching messages), message lookup, and ``/metrics``. Like the gRPC edge it only
+translates: JSON <-> broker calls, errors -> HTTP statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, Field
+
+from siftmq.broker.broker import Broker
+from siftmq.broker.model import Subscription
+from siftmq.broker.topics import PERM_READ_WRITE
+from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError
+from siftmq.store import StoredMessage
+
+_HTTP_STATUS = {"PRECONDITION_FAILED": 409, "UNSUPPORTED": 501, "TOO_MANY_REQUESTS": 429}
+
+
+class TopicCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=127)
+    queue_nums: int = Field(default=8, ge=1, le=1024)
+    perm: int = Field(default=PERM_READ_WRITE, ge=0, le=7)
+
+
+class TopicUpdate(BaseModel):
+    queue_nums: int | None = Field(default=None, ge=1, le=1024)
+    perm: int | None = Field(default=None, ge=0, le=7)
+
+
+class GroupUpdate(BaseModel):
+    mode: Literal["clustering", "broadcasting"] | None = None
+    consistency: Literal["strict", "compat"] | None = None
+
+
+class SubscriptionSet(BaseModel):
+    type: Literal["TAG", "SQL92"] = "TAG"
+    expression: str = Field(default="*", max_length=65_536)
+
+
+def message_json(m: StoredMessage) -> dict[str, Any]:
+    return {
+        "topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
+        "commit_log_offset": m.commit_log_offset, "message_id": m.uniq_key or m.offset_msg_id,
+        "tag": m.tags, "keys": m.keys, "properties": m.properties, "store_timestamp": m.store_timestamp,
+        "born_timestamp": m.born_timestamp, "body_size": len(m.body), "reconsume_times": m.reconsume_times,
+    }  # fmt: skip
+
+
+def create_app(broker: Broker) -> FastAPI:
+    """The admin application for ``broker``."""
+    app = FastAPI(title="siftmq admin", version="1", docs_url="/docs", redoc_url=None)
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(broker))
+
+    async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(functools.partial(fn, **kwargs), *args)
+
+    @app.exception_handler(SiftError)
+    async def sift_error(request: Request, exc: SiftError) -> JSONResponse:
+        if isinstance(exc, BrokerError):
+            code = exc.status
+            http = _HTTP_STATUS.get(code, 404 if isinstance(exc, NotFoundError) else 400)
+        elif isinstance(exc, FilterError):
+            code, http = "ILLEGAL_FILTER_EXPRESSION", 400
+        else:
+            code, http = exc.code, 500
+        return JSONResponse({"error": code, "message": exc.message}, status_code=http)
+
+    # ----------------------------------------------------------------------------------- topics
+
+    def describe_topic(name: str) -> dict[str, Any]:
+        cfg = broker.topics.get(name)
+        if cfg is None:
+            raise NotFoundError(f"topic {name!r} does not exist", status="TOPIC_NOT_FOUND")
+        queues = [
+            {"queue_id": q, "min_offset": broker.store.get_min_offset_in_queue(name, q),
+             "max_offset": broker.store.get_max_offset_in_queue(name, q)}
+            for q in range(cfg.queue_nums)
+        ]  # fmt: skip
+        return {"name": cfg.name, "queue_nums": cfg.queue_nums, "perm": cfg.perm, "queues": queues,
+                "messages": sum(int(q["max_offset"]) - int(q["min_offset"]) for q in queues)}  # fmt: skip
+
+    @app.get("/topics")
+    async def list_topics() -> list[dict[str, Any]]:
+        return [{"name": t.name, "queue_nums": t.queue_nums, "perm": t.perm} for t in broker.topics.all()]
+
+    @app.post("/topics", status_code=201)
+    async def create_topic(body: TopicCreate) -> dict[str, Any]:
+        await call(broker.topics.create, body.name, body.queue_nums, perm=body.perm)
+        topic: dict[str, Any] = await call(describe_topic, body.name)
+        return topic
+
+    @app.get("/topics/{name}")
+    async def get_topic(name: str) -> dict[str, Any]:
+        topic: dict[str, Any] = await call(describe_topic, name)
+        return topic
+
+    @app.patch("/topics/{name}")
+    async def update_topic(name: str, body: TopicUpdate) -> dict[str, Any]:
+        await call(broker.topics.update, name, queue_nums=body.queue_nums, perm=body.perm)
+        topic: dict[str, Any] = await call(describe_topic, name)
+        return topic
+
+    @app.delete("/topics/{name}", status_code=204)
+    async def delete_topic(name: str) -> Response:
+        await call(broker.topics.delete, name)
+        return Response(status_code=204)
+
+    # ----------------------------------------------------------------------------------- groups
+
+    @app.get("/groups")
+    async def list_groups() -> list[dict[str, Any]]:
+        live = {s.group for s in broker.clients.sessions() if s.group}
+        names = sorted({g.name for g in broker.groups.all()} | live)
+        out = []
+        for name in names:
+            info = broker.groups.get(name)
+            out.append({
+                "group": name, "mode": info.mode if info else "clustering",
+                "consistency": info.consistency if info else "strict",
+                "clients": len(broker.clients.live_ids(name)),
+                "topics": sorted(info.subscriptions) if info else [],
+                "inconsistencies": info.inconsistencies if info else 0,
+            })  # fmt: skip
+        return out
+
+    @app.get("/groups/{group}")
+    async def get_group(group: str) -> dict[str, Any]:
+        report: dict[str, Any] = await call(broker.group_report, group)
+        return report
+
+    @app.patch("/groups/{group}")
+    async def update_group(group: str, body: GroupUpdate) -> dict[str, Any]:
+        await call(broker.configure_group, group, mode=body.mode, consistency=body.consistency)
+        report: dict[str, Any] = await call(broker.group_report, group)
+        return report
+
+    @app.put("/groups/{group}/subscriptions/{topic}")
+    async def set_subscription(group: str, topic: str, body: SubscriptionSet) -> dict[str, Any]:
+        entry = await call(
+            broker.set_group_subscription, group, Subscription(topic, body.type, body.expression)
+        )
+        return {"group": group, "topic": topic, "type": entry.kind, "expression": entry.expression,
+                "version": entry.version}  # fmt: skip
+
+    @app.get("/groups/{group}/lag/{topic}")
+    async def get_lag(group: str, topic: str) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = await call(broker.lag, group, topic)
+        return rows
+
+    # --------------------------------------------------------------------------------- messages
+
+    @app.get("/messages/{message_id}")
+    async def message_by_id(message_id: str) -> dict[str, Any]:
+        msg = await call(broker.store.query_message_by_uniq_key, message_id)
+        if msg is None:
+            raise NotFoundError(f"no message with id {message_id!r}", status="MESSAGE_NOT_FOUND")
+        return message_json(msg)
+
+    @app.get("/messages")
+    async def messages_by_key(topic: str, key: str, limit: int = 32) -> list[dict[str, Any]]:
+        if not 1 <= limit <= 1000:
+            raise BadRequestError("limit must be in 1..1000")
+        found = await call(broker.store.query_messages_by_key, topic, key, limit)
+        return [message_json(m) for m in found]
+
+    @app.get("/topics/{name}/queues/{queue_id}/messages/{offset}")
+    async def message_at(name: str, queue_id: int, offset: int) -> dict[str, Any]:
+        result = await call(broker.pull, "%ADMIN%", Subscription(name, "TAG", "*"), queue_id, offset, 1)
+        if not result.messages or result.messages[0].queue_offset != offset:
+            raise NotFoundError(f"no message at {name}:{queue_id}@{offset}", status="MESSAGE_NOT_FOUND")
+        return message_json(result.messages[0])
+
+    # ---------------------------------------------------------------------------------- metrics
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        data = await asyncio.to_thread(generate_latest, registry)
+        return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+class BrokerCollector(Collector):
+    """Reads the broker's counters at scrape time."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self.broker.stats
+        sends = CounterMetricFamily("siftmq_messages_sent", "Messages stored, by topic", labels=["topic"])
+        sent_bytes = CounterMetricFamily("siftmq_message_bytes_sent", "Body bytes stored, by topic",
+                                         labels=["topic"])  # fmt: skip
+        dups = CounterMetricFamily("siftmq_duplicate_sends", "Sends recognised as retries", labels=["topic"])
+        for topic, n in stats.sends.items():
+            sends.add_metric([topic], n)
+            sent_bytes.add_metric([topic], stats.send_bytes[topic])
+        for topic, n in stats.duplicates.items():
+            dups.add_metric([topic], n)
+        deliveries = CounterMetricFamily("siftmq_messages_delivered", "Deliveries", labels=["group", "topic"])
+        for (group, topic), n in stats.deliveries.items():
+            deliveries.add_metric([group, topic], n)
+        acks = CounterMetricFamily("siftmq_messages_acked", "Acknowledgements", labels=["group", "topic"])
+        for (group, topic), n in stats.acks.items():
+            acks.add_metric([group, topic], n)
+        dlq = CounterMetricFamily("siftmq_dead_letters", "Messages moved to %DLQ%<group>", labels=["group"])
+        for group, n in stats.dead_letters.items():
+            dlq.add_metric([group], n)
+        work = CounterMetricFamily(
+            "siftmq_filter_work", "Filter work by stage", labels=["group", "topic", "stage"]
+        )
+        for (group, topic), fs in stats.filters().items():
+            for stage, n in fs.as_dict().items():
+                work.add_metric([group, topic, stage], n)
+        inconsistent = CounterMetricFamily(
+            "siftmq_subscription_inconsistencies",
+            "Inconsistent subscriptions seen (compat groups)",
+            labels=["group"],
+        )
+        lag = GaugeMetricFamily(
+            "siftmq_consumer_lag_matching",
+            "Matching messages behind, per group and topic",
+            labels=["group", "topic"],
+        )
+        for info in self.broker.groups.all():
+            inconsistent.add_metric([info.name], info.inconsistencies)
+            for topic in info.subscriptions:
+                if self.broker.topics.get(topic) is not None:
+                    rows = self.broker.lag(info.name, topic, max_scan=200_000)
+                    lag.add_metric([info.name, topic], sum(int(str(r["matching_lag"])) for r in rows))
+        store = GaugeMetricFamily("siftmq_commit_log_bytes", "Bytes in the CommitLog")
+        store.add_metric(
+            [], self.broker.store.max_commit_log_offset - self.broker.store.min_commit_log_offset
+        )
+        clients = GaugeMetricFamily("siftmq_clients", "Live client sessions")
+        clients.add_metric([], len(self.broker.clients.sessions()))
+        yield from (sends, sent_bytes, dups, deliveries, acks, dlq, work, inconsistent, lag, store, clients)

@@ -1,0 +1,116 @@
+"""The admin HTTP API, /metrics and ``siftmq admin`` against a real broker process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("rocketmq")
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+pytestmark = pytest.mark.integration
+
+
+def _send(endpoint: str, topic: str, n: int) -> list[str]:
+    producer = Producer(ClientConfiguration(endpoint, Credentials()), (topic,))
+    producer.startup()
+    ids = []
+    try:
+        for i in range(n):
+            msg = Message()
+            msg.topic = topic
+            msg.body = f"m{i}".encode()
+            msg.tag = "Pay" if i % 3 == 0 else "Other"
+            msg.keys = f"order-{i}"
+            ids.append(producer.send(msg).message_id)
+    finally:
+        producer.shutdown()
+    return ids
+
+
+def admin(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "siftmq", "admin", *args, "--url", url],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_topics_groups_lag_messages_and_metrics(start_broker: Any) -> None:
+    broker = start_broker()
+    api = httpx.Client(base_url=broker.admin_url, timeout=30)
+    created = api.post("/topics", json={"name": "AdminTopic", "queue_nums": 4})
+    assert created.status_code == 201 and created.json()["queue_nums"] == 4
+    assert api.post("/topics", json={"name": "AdminTopic", "queue_nums": 4}).status_code == 400
+    assert api.post("/topics", json={"name": "bad name", "queue_nums": 4}).status_code == 400
+    assert api.post("/topics", json={"name": "Zero", "queue_nums": 0}).status_code == 422
+    ids = _send(broker.endpoint, "AdminTopic", 30)
+    topic = api.get("/topics/AdminTopic").json()
+    assert topic["messages"] == 30 and sum(q["max_offset"] for q in topic["queues"]) == 30
+    assert api.patch("/topics/AdminTopic", json={"queue_nums": 2}).status_code == 400  # never shrink
+    assert api.get("/topics/Nope").status_code == 404
+
+    consumer = SimpleConsumer(
+        ClientConfiguration(broker.endpoint, Credentials()),
+        "admin-g",
+        {"AdminTopic": FilterExpression("Pay")},
+        1,
+    )
+    consumer.startup()
+    try:
+        time.sleep(0.5)
+        group = api.get("/groups/admin-g").json()
+        [sub] = group["subscriptions"]
+        assert (sub["type"], sub["expression"]) == ("TAG", "Pay")
+        assert sum(r["lag"] for r in sub["lag"]) == 30
+        assert sum(r["matching_lag"] for r in sub["lag"]) == 10  # only the Pay messages count
+        assert [c["client_type"] for c in group["clients"]] == ["SIMPLE_CONSUMER"]
+        got = 0
+        for _ in range(5):
+            for m in consumer.receive(16, 10):
+                consumer.ack(m)
+                got += 1
+        assert got == 10
+        group = api.get("/groups/admin-g").json()
+        [sub] = group["subscriptions"]
+        assert sum(r["matching_lag"] for r in sub["lag"]) == 0
+        stats = sub["filter_stats"]
+        assert stats["matched"] == 10 and stats["skipped_by_tags_code"] == 20
+        # a mode switch under live clients is refused; the consistency policy can change
+        assert api.patch("/groups/admin-g", json={"mode": "broadcasting"}).status_code == 409
+        assert api.patch("/groups/admin-g", json={"consistency": "compat"}).json()["consistency"] == "compat"
+        assert api.patch("/groups/admin-g", json={"mode": "sideways"}).status_code == 422
+        bad = api.put("/groups/admin-g/subscriptions/AdminTopic", json={"type": "SQL92", "expression": "a >"})
+        assert bad.status_code == 400 and "ILLEGAL_FILTER_EXPRESSION" in bad.text
+    finally:
+        consumer.shutdown()
+    assert api.get("/groups/nobody").status_code == 404
+
+    msg = api.get(f"/messages/{ids[3]}").json()
+    assert msg["message_id"] == ids[3] and msg["tag"] == "Pay" and msg["keys"] == ["order-3"]
+    by_key = api.get("/messages", params={"topic": "AdminTopic", "key": "order-7"}).json()
+    assert [m["message_id"] for m in by_key] == [ids[7]]
+    at = api.get(f"/topics/AdminTopic/queues/{msg['queue_id']}/messages/{msg['queue_offset']}").json()
+    assert at["message_id"] == ids[3]
+    assert api.get("/messages/NOPE").status_code == 404
+
+    metrics = api.get("/metrics").text
+    assert 'siftmq_messages_sent_total{topic="AdminTopic"} 30.0' in metrics
+    assert 'siftmq_filter_work_total{group="admin-g",stage="matched",topic="AdminTopic"} 10.0' in metrics
+    assert "siftmq_consumer_lag_matching" in metrics and "siftmq_commit_log_bytes" in metrics
+
+    listed = admin("topics", url=broker.admin_url)
+    assert listed.returncode == 0 and "AdminTopic" in listed.stdout
+    described = admin("group", "admin-g", url=broker.admin_url)
+    assert described.returncode == 0 and "matching_lag" in described.stdout
+    missing = admin("topic", "Nope", url=broker.admin_url)
+    assert missing.returncode == 1 and "404" in missing.stderr
+    unreachable = admin("topics", url="http://127.0.0.1:9")
+    assert unreachable.returncode == 1 and "cannot reach" in unreachable.stderr
