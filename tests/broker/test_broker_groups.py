@@ -67,6 +67,9 @@ def test_strict_group_refuses_a_second_subscription_and_loses_nothing(broker: Br
         assert part in text
     with pytest.raises(SubscriptionConflictError):
         broker.receive(GROUP, tag("tagB"), client_id="ConsumerForTagB")
+    with pytest.raises(SubscriptionConflictError):  # its heartbeats hear it too
+        broker.heartbeat("ConsumerForTagB", "SIMPLE_CONSUMER", GROUP)
+    broker.heartbeat("ConsumerForTagA", "SIMPLE_CONSUMER", GROUP)
     send_seed_004(broker)
     assert sorted(receive_all(broker, "ConsumerForTagA", tag("tagA"))) == [f"MsgStr{i}" for i in range(4)]
     # once the holder is gone, the new subscription is accepted; the group had passed over the tagB

@@ -306,7 +306,11 @@ class Broker:
         # check before recording: a refused client must not become the holder of anything
         self.clients.touch(client_id, client_type=client_type, group=group, address=address)
         members = {m.client_id: set(m.subscriptions) for m in self.clients.members(group)}
-        self.groups.check_topics(group, client_id, {sub.topic for sub, _ in compiled}, members)
+        try:
+            self.groups.check_topics(group, client_id, {sub.topic for sub, _ in compiled}, members)
+        except SubscriptionConflictError as exc:
+            self._mark_refused(client_id, exc.message)
+            raise
         live = self.clients.live_ids(group)
         try:
             for sub, cf in compiled:
@@ -320,10 +324,17 @@ class Broker:
                     from_settings=True,
                 )
                 self._entry_filter(group, entry)
-        except SubscriptionConflictError:
+        except SubscriptionConflictError as exc:
             self.groups.release(group, client_id)
+            self._mark_refused(client_id, exc.message)
             raise
+        self._mark_refused(client_id, None)
         self.clients.touch(client_id, subscriptions=list(subscriptions))
+
+    def _mark_refused(self, client_id: str, why: str | None) -> None:
+        session = self.clients.get(client_id)
+        if session is not None:
+            session.refused = why
 
     def _entry_filter(self, group: str, entry: GroupSubscription) -> MessageFilter | None:
         return self.message_filter(group, Subscription(entry.topic, entry.kind, entry.expression))
@@ -936,9 +947,12 @@ class Broker:
     # ---------------------------------------------------------------------------------- sessions
 
     def heartbeat(self, client_id: str, client_type: str, group: str | None, *, address: str = "") -> None:
+        """Keep a client's session alive; a client whose subscription was refused hears so again."""
         if group:
             check_group(group)
-        self.clients.touch(client_id, client_type=client_type, group=group, address=address)
+        session = self.clients.touch(client_id, client_type=client_type, group=group, address=address)
+        if session.refused:
+            raise SubscriptionConflictError(session.refused)
 
     def client_terminated(self, client_id: str) -> None:
         self.clients.remove(client_id)

@@ -20,6 +20,7 @@ class ClientSession:
     client_type: str = "UNSPECIFIED"
     group: str | None = None
     address: str = ""
+    refused: str | None = None  # why its declared subscription was refused (strict groups)
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
     last_seen: float = field(default_factory=time.monotonic)
 
@@ -72,13 +73,14 @@ class ClientRegistry:
         return self._sessions.get(client_id)
 
     def members(self, group: str) -> list[ClientSession]:
-        """The group's live sessions, by client id."""
+        """The group's live sessions (seen within ``expire_s``), by client id."""
+        cutoff = time.monotonic() - self._expire_s
         with self._lock:
-            return sorted((s for s in self._sessions.values() if s.group == group), key=lambda s: s.client_id)
+            live = (s for s in self._sessions.values() if s.group == group and s.last_seen >= cutoff)
+            return sorted(live, key=lambda s: s.client_id)
 
     def live_ids(self, group: str) -> set[str]:
-        with self._lock:
-            return {s.client_id for s in self._sessions.values() if s.group == group}
+        return {s.client_id for s in self.members(group)}
 
     def live_groups(self) -> set[str]:
         with self._lock:

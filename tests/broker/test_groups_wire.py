@@ -1,0 +1,189 @@
+"""Consumer groups against a real broker process: broadcasting, pull rebalancing, client expiry."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol.service import RPCS
+
+pytestmark = pytest.mark.integration
+RPC = {r.name: r for r in RPCS}
+TOPIC = "GroupTopic"
+
+
+class RawClient:
+    """A minimal pull consumer over siftmq's own stubs (x-mq-client-id set on every call)."""
+
+    def __init__(self, endpoint: str, client_id: str, group: str, expression: str = "*",
+                 client_type: int = pb.ClientType.PULL_CONSUMER) -> None:  # fmt: skip
+        self.channel = grpc.insecure_channel(endpoint)
+        self.metadata = (("x-mq-client-id", client_id),)
+        self.client_id = client_id
+        self.group = pb.Resource(name=group)
+        self.expression = expression
+        self.client_type = client_type
+        host, port = endpoint.rsplit(":", 1)
+        self.endpoints = pb.Endpoints(
+            scheme=pb.AddressScheme.IPv4, addresses=[pb.Address(host=host, port=int(port))]
+        )
+
+    def call(self, name: str, request: Any) -> Any:
+        rpc = RPC[name]
+        if rpc.shape == "unary_unary":
+            fn = self.channel.unary_unary(rpc.path, request_serializer=type(request).SerializeToString,
+                                          response_deserializer=rpc.response.FromString)  # fmt: skip
+            return fn(request, timeout=10, metadata=self.metadata)
+        fn = self.channel.unary_stream(rpc.path, request_serializer=type(request).SerializeToString,
+                                       response_deserializer=rpc.response.FromString)  # fmt: skip
+        return list(fn(request, timeout=10, metadata=self.metadata))
+
+    def declare(self) -> pb.Status:
+        """Telemetry settings: client type, group and subscription (one command, first reply)."""
+        settings = pb.Settings(
+            client_type=self.client_type,
+            subscription=pb.Subscription(
+                group=self.group,
+                subscriptions=[pb.SubscriptionEntry(
+                    topic=pb.Resource(name=TOPIC),
+                    expression=pb.FilterExpression(type=pb.FilterType.TAG, expression=self.expression),
+                )],
+            ),
+        )  # fmt: skip
+        rpc = RPC["Telemetry"]
+        fn = self.channel.stream_stream(rpc.path, request_serializer=pb.TelemetryCommand.SerializeToString,
+                                        response_deserializer=pb.TelemetryCommand.FromString)  # fmt: skip
+        call = fn(iter([pb.TelemetryCommand(settings=settings)]), timeout=10, metadata=self.metadata)
+        reply = next(iter(call))
+        call.cancel()
+        return reply.status
+
+    def assignment(self) -> list[int]:
+        resp = self.call("QueryAssignment", pb.QueryAssignmentRequest(
+            topic=pb.Resource(name=TOPIC), group=self.group, endpoints=self.endpoints))  # fmt: skip
+        assert resp.status.code == pb.Code.OK, resp.status.message
+        return [a.message_queue.id for a in resp.assignments]
+
+    def pull_once(self, seen: dict[str, list[str]], lock: threading.Lock) -> None:
+        for qid in self.assignment():
+            queue = pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=qid)
+            got = self.call("GetOffset", pb.GetOffsetRequest(group=self.group, message_queue=queue))
+            offset = got.offset if got.status.code == pb.Code.OK else 0
+            expression = pb.FilterExpression(type=pb.FilterType.TAG, expression=self.expression)
+            request = pb.PullMessageRequest(
+                group=self.group,
+                message_queue=queue,
+                offset=offset,
+                batch_size=16,
+                filter_expression=expression,
+            )
+            frames = self.call("PullMessage", request)
+            if frames[0].status.code not in (pb.Code.OK, pb.Code.MESSAGE_NOT_FOUND):
+                continue  # e.g. the queue moved to another member meanwhile
+            with lock:
+                for f in frames:
+                    if f.HasField("message"):
+                        seen.setdefault(f.message.body.decode(), []).append(self.client_id)
+            self.call("UpdateOffset", pb.UpdateOffsetRequest(
+                group=self.group, message_queue=queue, offset=frames[-1].next_offset))  # fmt: skip
+
+    def leave(self) -> None:
+        self.call("NotifyClientTermination", pb.NotifyClientTerminationRequest(group=self.group))
+        self.channel.close()
+
+
+def send(endpoint: str, first: int, count: int) -> None:
+    client = RawClient(endpoint, "producer", "unused")
+    for i in range(first, first + count):
+        sp = pb.SystemProperties(message_id=f"01G{i:06d}", tag="t", body_encoding=pb.Encoding.IDENTITY)
+        msg = pb.Message(topic=pb.Resource(name=TOPIC), body=str(i).encode(), system_properties=sp)
+        assert client.call("SendMessage", pb.SendMessageRequest(messages=[msg])).status.code == pb.Code.OK
+    client.channel.close()
+
+
+def test_pull_consumers_rebalance_as_members_join_and_leave(start_broker: Any) -> None:
+    broker = start_broker()
+    send(broker.endpoint, 0, 40)
+    seen: dict[str, list[str]] = {}
+    lock = threading.Lock()
+    members: dict[str, RawClient] = {}
+    stops: dict[str, threading.Event] = {}
+    threads: dict[str, threading.Thread] = {}
+
+    def join(name: str) -> None:
+        client = RawClient(broker.endpoint, name, "pull-group")
+        assert client.declare().code == pb.Code.OK
+        members[name], stops[name] = client, threading.Event()
+
+        def loop() -> None:
+            while not stops[name].is_set():
+                client.pull_once(seen, lock)
+                time.sleep(0.02)
+
+        threads[name] = threading.Thread(target=loop)
+        threads[name].start()
+
+    join("p1")
+    join("p2")
+    time.sleep(0.5)
+    join("p3")  # joins mid-stream
+    assert sorted(q for c in members.values() for q in c.assignment()) == list(range(8))
+    send(broker.endpoint, 40, 40)
+    time.sleep(0.5)
+    stops["p1"].set()
+    threads["p1"].join(30)
+    members["p1"].leave()  # leaves mid-stream: its queues go to p2 and p3
+    send(broker.endpoint, 80, 40)
+    deadline = time.monotonic() + 30
+    while len(seen) < 120 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for e in stops.values():
+        e.set()
+    for t in threads.values():
+        t.join(30)
+    assert sorted(seen, key=int) == [str(i) for i in range(120)]  # every message consumed at least once
+    assert sorted(members["p2"].assignment() + members["p3"].assignment()) == list(range(8))
+    # one member at a time: a queue that is not yours is refused
+    foreign = members["p3"].assignment()[0]
+    queue = pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=foreign)
+    frames = members["p2"].call(
+        "PullMessage", pb.PullMessageRequest(group=members["p2"].group, message_queue=queue)
+    )
+    assert (
+        frames[0].status.code == pb.Code.PRECONDITION_FAILED
+        and "assigned to another" in frames[0].status.message
+    )
+
+
+def test_broadcasting_group_delivers_everything_to_each_member(start_broker: Any) -> None:
+    broker = start_broker(config={"broadcasting_groups": ["bc-group"]})
+    send(broker.endpoint, 0, 24)
+    clients = [RawClient(broker.endpoint, f"b{i}", "bc-group") for i in range(3)]
+    for c in clients:
+        assert c.declare().code == pb.Code.OK
+        assert c.assignment() == list(range(8))
+    for c in clients:
+        seen: dict[str, list[str]] = {}
+        for _ in range(3):
+            c.pull_once(seen, threading.Lock())
+        assert sorted(seen, key=int) == [str(i) for i in range(24)], c.client_id
+
+
+def test_expired_clients_release_their_subscription(start_broker: Any) -> None:
+    broker = start_broker(config={"client_session_expire_s": 1.5})
+    old = RawClient(broker.endpoint, "old", "exp-group", "tagA", pb.ClientType.SIMPLE_CONSUMER)
+    new = RawClient(broker.endpoint, "new", "exp-group", "tagB", pb.ClientType.SIMPLE_CONSUMER)
+    assert old.declare().code == pb.Code.OK
+    refused = new.declare()
+    assert refused.code == pb.Code.PRECONDITION_FAILED and "old" in refused.message
+    hb = new.call(
+        "Heartbeat", pb.HeartbeatRequest(group=new.group, client_type=pb.ClientType.SIMPLE_CONSUMER)
+    )
+    assert hb.status.code == pb.Code.PRECONDITION_FAILED
+    time.sleep(2.0)  # "old" stops heartbeating and expires
+    assert new.declare().code == pb.Code.OK
