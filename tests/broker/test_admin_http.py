@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -43,9 +44,16 @@ def admin(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_topics_groups_lag_messages_and_metrics(start_broker: Any) -> None:
+@pytest.fixture
+def http() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=30) as client:
+        yield client
+
+
+def test_topics_groups_lag_messages_and_metrics(start_broker: Any, http: httpx.Client) -> None:
     broker = start_broker()
-    api = httpx.Client(base_url=broker.admin_url, timeout=30)
+    api = http
+    api.base_url = httpx.URL(broker.admin_url)
     created = api.post("/topics", json={"name": "AdminTopic", "queue_nums": 4})
     assert created.status_code == 201 and created.json()["queue_nums"] == 4
     assert api.post("/topics", json={"name": "AdminTopic", "queue_nums": 4}).status_code == 400
