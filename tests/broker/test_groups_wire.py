@@ -187,3 +187,41 @@ def test_expired_clients_release_their_subscription(start_broker: Any) -> None:
     assert hb.status.code == pb.Code.PRECONDITION_FAILED
     time.sleep(2.0)  # "old" stops heartbeating and expires
     assert new.declare().code == pb.Code.OK
+
+
+def _send_seed_004(endpoint: str) -> None:
+    client = RawClient(endpoint, "seed-producer", "unused")
+    for i in range(8):
+        sp = pb.SystemProperties(message_id=f"01S{i:06d}", tag="tagA" if i < 4 else "tagB",
+                                 body_encoding=pb.Encoding.IDENTITY)  # fmt: skip
+        msg = pb.Message(topic=pb.Resource(name=TOPIC), body=f"MsgStr{i}".encode(), system_properties=sp)
+        assert client.call("SendMessage", pb.SendMessageRequest(messages=[msg])).status.code == pb.Code.OK
+    client.channel.close()
+
+
+@pytest.mark.parametrize("policy", ["strict", "compat"])
+def test_seed_004_with_pull_consumers(start_broker: Any, policy: str) -> None:
+    group = "SUBSCRIBE_TEST_CONSUMER_GROUP"
+    config = {"compat_groups": [group]} if policy == "compat" else {}
+    broker = start_broker(config=config)
+    a = RawClient(broker.endpoint, "ConsumerForTagA", group, "tagA")
+    b = RawClient(broker.endpoint, "ConsumerForTagB", group, "tagB")
+    assert a.declare().code == pb.Code.OK
+    b_status = b.declare()
+    _send_seed_004(broker.endpoint)
+    seen_a: dict[str, list[str]] = {}
+    seen_b: dict[str, list[str]] = {}
+    lock = threading.Lock()
+    for _ in range(3):
+        a.pull_once(seen_a, lock)
+        b.pull_once(seen_b, lock)
+    if policy == "strict":
+        assert b_status.code == pb.Code.PRECONDITION_FAILED and "tagA" in b_status.message
+        assert a.assignment() == list(range(8)) and b.assignment() == []  # refused: no queues
+        assert sorted(seen_a) == [f"MsgStr{i}" for i in range(4)] and seen_b == {}  # nothing lost
+    else:
+        assert b_status.code == pb.Code.OK  # the newest subscription (tagB) now filters for the group
+        assert seen_a == {}  # ConsumerForTagA's queues yield only tagB messages, which it drops
+        assert set(seen_b) <= {f"MsgStr{i}" for i in range(4, 8)} and seen_b  # B: only tagB, from its queues
+    a.channel.close()
+    b.channel.close()

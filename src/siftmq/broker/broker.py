@@ -662,7 +662,9 @@ class Broker:
         return [
             m.client_id
             for m in self.clients.members(group)
-            if m.client_type == "PULL_CONSUMER" and (not m.subscriptions or topic in m.subscriptions)
+            if m.client_type == "PULL_CONSUMER"
+            and not m.refused  # a refused member consumes nothing, so it gets no queues
+            and (not m.subscriptions or topic in m.subscriptions)
         ]
 
     def assignment(self, group: str, topic_name: str, client_id: str) -> list[int] | None:
