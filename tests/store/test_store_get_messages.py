@@ -257,6 +257,7 @@ def test_bitmaps_from_dispatcher_reach_the_filter(open_store: Opener, filter_cls
     regions = ["Hangzhou", "Beijing", "Shanghai"]
     store.put_messages([msg(body=str(i).encode(), Region=regions[i % 3]) for i in range(30)])
     store.put_message(msg(body=b"noregion"))
+    store.wait_dispatched()  # dispatchers run on the reput thread
     assert sum(dispatcher.batches) == 31
     assert [r.consume_queue_offset for r in dispatcher.seen] == list(range(31))
     cq = store.find_consume_queue("T", 0)
@@ -271,6 +272,14 @@ def test_bitmaps_from_dispatcher_reach_the_filter(open_store: Opener, filter_cls
     assert [m.body for m in res.messages] == [str(i).encode() for i in range(1, 30, 3)]
     if filter_cls is RegionFilter:
         assert flt.index_rejected == 20  # skipped on the bitmap, the CommitLog was not read
+    # vectorized filters get the units lazily: the same data, read on first use
+    eager = cq.ext.read_block(3, 40)
+    lazy = cq.ext.lazy_block(3, 40)
+    assert eager is not None and lazy is not None
+    for name in ("store_timestamps", "tags_codes", "bitmap_lengths", "bitmaps", "present"):
+        assert np.array_equal(getattr(lazy, name), getattr(eager, name))
+    assert [lazy.unit(i) for i in range(28)] == [eager.unit(i) for i in range(28)]
+    assert cq.ext.lazy_block(31, 5) is None and cq.ext.read_block(31, 5) is None
 
 
 def test_failing_dispatchers_do_not_fail_appends(open_store: Opener) -> None:
@@ -291,3 +300,48 @@ def test_failing_dispatchers_do_not_fail_appends(open_store: Opener) -> None:
     assert cq is not None and cq.ext is not None
     unit = cq.ext.get(0)
     assert unit is not None and unit.filter_bitmap is None
+
+
+@pytest.mark.parametrize("filter_cls", [TagFilter, VectorTagFilter, CollidingFilter])
+def test_filtered_pulls_across_segments_match_a_plain_scan(
+    open_store: Opener, filter_cls: type[TagFilter]
+) -> None:
+    # runs of nearby candidates are read with one pread: mix record sizes (some runs cross a
+    # CommitLog segment end), gaps, and hash collisions that only the exact stage rejects
+    store = open_store(consume_queue_entries_per_file=64, max_transfer_count=7)
+    tags = ["B" if i % 7 in (0, 1) or i % 23 == 5 else ("Aa" if i % 5 == 0 else "BB") for i in range(600)]
+    sizes = [20 + (i * 7919) % (40_000 if i % 11 == 0 else 6000) for i in range(600)]
+    store.put_messages([msg(body=bytes([i % 251]) * sizes[i], TAGS=tags[i]) for i in range(600)])
+    assert len(store.commit_log.segments()) >= 3
+    for wanted in (("B",), ("Aa",), ("BB", "B")):
+        flt = filter_cls(*wanted)
+        got: list[int] = []
+        offset = 0
+        while True:
+            res = store.get_messages("g", "T", 0, offset, 32, flt)
+            assert len(res.messages) <= 7
+            got += [m.queue_offset for m in res.messages]
+            for m in res.messages:
+                assert m.body == bytes([m.queue_offset % 251]) * sizes[m.queue_offset]
+            if res.status not in (S.FOUND, S.NO_MATCHED_MESSAGE):
+                break
+            offset = res.next_begin_offset
+        assert got == [i for i in range(600) if tags[i] in wanted]
+
+
+def test_entry_pointing_at_a_foreign_record_is_corruption(open_store: Opener) -> None:
+    from siftmq.errors import CorruptRecordError
+
+    store = open_store()
+    a = store.put_message(msg(body=b"a", queue_id=0))
+    store.put_message(msg(body=b"b", queue_id=1))
+    cq1 = store.find_consume_queue("T", 1)
+    assert cq1 is not None
+    cq1.truncate(0)
+    cq1.put_entries(0, [(a.commit_log_offset, a.size, 0)], None)  # queue 1 entry -> queue 0 record
+    with pytest.raises(CorruptRecordError, match="points at a record of T:0@0"):
+        store.get_messages("g", "T", 1, 0, 1)
+    cq1.truncate(0)
+    cq1.put_entries(0, [(a.commit_log_offset, a.size + 1, 0)], None)
+    with pytest.raises(CorruptRecordError, match="differs from index size"):
+        store.get_messages("g", "T", 1, 0, 1)

@@ -52,7 +52,6 @@ from siftmq.broker.validation import (
 from siftmq.errors import BadRequestError, FilterError, NotFoundError, StoreError, UnsupportedError
 from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
 from siftmq.store import (
-    DispatchRequest,
     GetMessageStatus,
     Message,
     MessageFilter,
@@ -116,7 +115,7 @@ class Broker:
     # ---------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        self.store.add_dispatcher(_ArrivalDispatcher(self))
+        self.store.add_message_arriving_listener(self._on_arrival)
         self.store.start()
         for topic in self.topics.all():
             for qid in range(topic.queue_nums):
@@ -139,6 +138,10 @@ class Broker:
             self.filters.save()
         finally:
             self.store.close()
+
+    def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        for listener in list(self._arrival_listeners):
+            listener({topic})
 
     def add_arrival_listener(self, listener: Callable[[set[str]], None]) -> None:
         """``listener(topics)`` is called (from the dispatch thread) when messages become readable."""
@@ -972,18 +975,6 @@ class _ReceivePass:
     batch_size: int
     message_filter: MessageFilter | None
     out: list[Delivery] = field(default_factory=list)
-
-
-class _ArrivalDispatcher:
-    """Tells the broker's arrival listeners (long polling) which topics got new messages."""
-
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
-
-    def dispatch(self, requests: Sequence[DispatchRequest]) -> None:
-        topics = {r.topic for r in requests}
-        for listener in list(self._broker._arrival_listeners):
-            listener(topics)
 
 
 def allocate_averagely(queues: list[int], members: list[str], member: str) -> list[int]:

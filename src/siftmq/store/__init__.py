@@ -13,7 +13,7 @@ from siftmq.store.consumequeue_ext import CqExtBlock, CqExtUnit
 from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, DispatchRequest
 from siftmq.store.filtering import BlockMessageFilter, GetMessageResult, GetMessageStatus, MessageFilter
 from siftmq.store.retention import RetentionResult
-from siftmq.store.store import MessageStore
+from siftmq.store.store import MessageArrivingListener, MessageStore
 
 __all__ = [
     "AppendedRecord",
@@ -26,6 +26,7 @@ __all__ = [
     "GetMessageResult",
     "GetMessageStatus",
     "Message",
+    "MessageArrivingListener",
     "MessageFilter",
     "MessageStore",
     "RetentionResult",

@@ -34,12 +34,14 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Final
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Final, TypeVar
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError
 from siftmq.hashing import java_string_hash
+
+_T = TypeVar("_T")
 
 MESSAGE_MAGIC_CODE: Final = 0x5346_4D31  # "SFM1"
 BLANK_MAGIC_CODE: Final = -875286124  # RocketMQ's end-of-file marker (0xCBD43194 as signed int32)
@@ -60,6 +62,13 @@ MAX_PROPERTIES_LENGTH: Final = 32767  # RocketMQ stores the length as a Java sho
 _HEADER = struct.Struct(">iiIIiiqqiq8sq8siqi")
 HEADER_SIZE: Final = _HEADER.size  # 92 (fixed part up to and including body_length)
 _PREFIX = struct.Struct(">iiI")  # total_size, magic_code, record_crc
+# the fields assigned under the append lock, packed into a prepared record in place
+_POSITIONS = struct.Struct(">qq")  # queue_offset, physical_offset
+_POSITIONS_AT: Final = 24
+_STORE_TIMESTAMP = struct.Struct(">q")
+_STORE_TIMESTAMP_AT: Final = 60
+_RECORD_CRC = struct.Struct(">I")
+_CRC_FROM: Final = 12  # the record CRC covers bytes [12, total_size)
 _BLANK = struct.Struct(">ii")
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
@@ -113,6 +122,23 @@ def check_property(name: str, value: str) -> None:
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
     """``name\\x01value\\x02`` pairs, UTF-8; names and values are checked for separators."""
+    if not properties:
+        return b""
+    parts: list[str] = []
+    for name, value in properties.items():
+        if type(name) is not str or type(value) is not str or not name:
+            return _encode_properties_checked(properties)
+        parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
+    text = "".join(parts)
+    # each pair contributes exactly one of each separator unless a name or value holds one
+    n = len(parts)
+    if text.count(NAME_VALUE_SEPARATOR) != n or text.count(PROPERTY_SEPARATOR) != n:
+        return _encode_properties_checked(properties)
+    return text.encode("utf-8")
+
+
+def _encode_properties_checked(properties: Mapping[str, str]) -> bytes:
+    """The pair-by-pair encoder: raises the precise error for a bad name or value."""
     parts: list[str] = []
     for name, value in properties.items():
         if not isinstance(name, str) or not isinstance(value, str):
@@ -128,8 +154,6 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     if not raw:
         return props
     for item in raw.decode("utf-8").split(PROPERTY_SEPARATOR):
-        if not item:
-            continue
         name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
         if sep:
             props[name] = value
@@ -203,82 +227,110 @@ class StoredMessage:
         return (self.store_host + self.commit_log_offset.to_bytes(8, "big")).hex().upper()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EncodedParts:
-    """The variable parts of a message, validated and encoded once (before taking the append lock)."""
+    """A message validated and encoded once, before taking the append lock.
+
+    ``record`` holds the whole record with the fields assigned under the lock (queue offset,
+    physical offset, store timestamp, record CRC) still zero; :func:`finish_record` fills them
+    in place. ``properties`` is a snapshot of the message's properties (the caller may mutate
+    its mapping after the append returns). Treat instances as owned by one append.
+    """
 
     message: Message
     topic_bytes: bytes
     properties_bytes: bytes
     body_crc: int
     size: int
+    record: bytearray
+    properties: dict[str, str]
+
+
+_topic_prefixes: dict[str, bytes] = {}  # topic -> topic_length byte + topic bytes, for checked topics
+_MAX_CACHED_TOPICS: Final = 4096
+
+
+def _topic_prefix(topic: str) -> bytes:
+    """The topic_length byte + topic bytes of a record, for a checked topic."""
+    check_topic(topic)
+    topic_bytes = topic.encode("ascii")
+    prefix = bytes((len(topic_bytes),)) + topic_bytes
+    if len(_topic_prefixes) >= _MAX_CACHED_TOPICS:
+        _topic_prefixes.clear()
+    _topic_prefixes[topic] = prefix
+    return prefix
 
 
 def prepare(message: Message, *, max_body_size: int) -> EncodedParts:
-    """Validate ``message`` against the limits and encode its topic and properties.
+    """Validate ``message`` against the limits and encode its record (positions left zero).
 
     Raises :class:`MessageTooLargeError` for a body, topic or properties over their limits and
     ``ValueError`` for a malformed message (bad separators, negative queue id, ...).
     """
-    if not isinstance(message.body, bytes | bytearray | memoryview):
-        raise ValueError("message body must be bytes")
-    if len(message.body) > max_body_size:
-        raise MessageTooLargeError(
-            f"message body of {len(message.body)} bytes exceeds the limit {max_body_size}"
-        )
-    check_topic(message.topic)
-    topic_bytes = message.topic.encode("ascii")
-    if message.queue_id < 0 or message.queue_id > 0x7FFFFFFF:
-        raise ValueError(f"queue id out of range: {message.queue_id}")
-    if len(message.born_host) != 8 or len(message.store_host) != 8:
+    body = message.body
+    if type(body) is not bytes:
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise ValueError("message body must be bytes")
+        body = bytes(body)
+    body_length = len(body)
+    if body_length > max_body_size:
+        raise MessageTooLargeError(f"message body of {body_length} bytes exceeds the limit {max_body_size}")
+    topic = message.topic
+    topic_prefix = _topic_prefixes.get(topic) if type(topic) is str else None
+    if topic_prefix is None:
+        topic_prefix = _topic_prefix(topic)
+    queue_id = message.queue_id
+    if queue_id < 0 or queue_id > 0x7FFFFFFF:
+        raise ValueError(f"queue id out of range: {queue_id}")
+    born_host = message.born_host
+    store_host = message.store_host
+    if len(born_host) != 8 or len(store_host) != 8:
         raise ValueError("born_host and store_host must be 8 bytes (see encode_host)")
-    properties_bytes = encode_properties(message.properties)
-    if len(properties_bytes) > MAX_PROPERTIES_LENGTH:
+    properties = dict(message.properties)
+    properties_bytes = encode_properties(properties)
+    properties_length = len(properties_bytes)
+    if properties_length > MAX_PROPERTIES_LENGTH:
         raise MessageTooLargeError(
-            f"properties of {len(properties_bytes)} bytes exceed the limit {MAX_PROPERTIES_LENGTH}"
+            f"properties of {properties_length} bytes exceed the limit {MAX_PROPERTIES_LENGTH}"
         )
-    size = HEADER_SIZE + len(message.body) + 1 + len(topic_bytes) + 2 + len(properties_bytes)
-    return EncodedParts(message, topic_bytes, properties_bytes, zlib.crc32(message.body), size)
+    size = HEADER_SIZE + body_length + len(topic_prefix) + 2 + properties_length
+    body_crc = zlib.crc32(body)
+    header = _HEADER.pack(
+        size,
+        MESSAGE_MAGIC_CODE,
+        0,
+        body_crc,
+        queue_id,
+        message.flag,
+        0,
+        0,
+        message.sys_flag,
+        message.born_timestamp,
+        bytes(born_host),
+        0,
+        bytes(store_host),
+        message.reconsume_times,
+        message.prepared_transaction_offset,
+        body_length,
+    )
+    record = bytearray(b"".join((header, body, topic_prefix, _U16.pack(properties_length), properties_bytes)))
+    return EncodedParts(message, topic_prefix[1:], properties_bytes, body_crc, size, record, properties)
+
+
+def finish_record(record: bytearray, queue_offset: int, physical_offset: int, store_timestamp: int) -> None:
+    """Fill the fields assigned under the append lock into a prepared record, then its CRC."""
+    _POSITIONS.pack_into(record, _POSITIONS_AT, queue_offset, physical_offset)
+    _STORE_TIMESTAMP.pack_into(record, _STORE_TIMESTAMP_AT, store_timestamp)
+    _RECORD_CRC.pack_into(record, 8, zlib.crc32(memoryview(record)[_CRC_FROM:]))
 
 
 def encode_record(
     parts: EncodedParts, *, queue_offset: int, physical_offset: int, store_timestamp: int
 ) -> bytes:
-    """The full record bytes of a prepared message at its assigned positions."""
-    m = parts.message
-    buf = bytearray(parts.size)
-    _HEADER.pack_into(
-        buf,
-        0,
-        parts.size,
-        MESSAGE_MAGIC_CODE,
-        0,
-        parts.body_crc,
-        m.queue_id,
-        m.flag,
-        queue_offset,
-        physical_offset,
-        m.sys_flag,
-        m.born_timestamp,
-        bytes(m.born_host),
-        store_timestamp,
-        bytes(m.store_host),
-        m.reconsume_times,
-        m.prepared_transaction_offset,
-        len(m.body),
-    )
-    pos = HEADER_SIZE
-    buf[pos : pos + len(m.body)] = m.body
-    pos += len(m.body)
-    buf[pos] = len(parts.topic_bytes)
-    pos += 1
-    buf[pos : pos + len(parts.topic_bytes)] = parts.topic_bytes
-    pos += len(parts.topic_bytes)
-    _U16.pack_into(buf, pos, len(parts.properties_bytes))
-    pos += 2
-    buf[pos : pos + len(parts.properties_bytes)] = parts.properties_bytes
-    struct.pack_into(">I", buf, 8, zlib.crc32(memoryview(buf)[12:]))
-    return bytes(buf)
+    """The full record bytes of a prepared message at its assigned positions (``parts`` is unchanged)."""
+    record = bytearray(parts.record)
+    finish_record(record, queue_offset, physical_offset, store_timestamp)
+    return bytes(record)
 
 
 def encode_blank(remaining: int) -> bytes:
@@ -366,21 +418,179 @@ def _decode_checked(data: bytes | memoryview, pos: int, total_size: int, offset:
     except (ValueError, UnicodeDecodeError, IndexError) as exc:
         # only reachable if a record with a valid CRC was written inconsistently
         raise CorruptRecordError(f"inconsistent record fields ({exc})", offset=offset) from exc
-    return StoredMessage(
-        topic=topic,
-        body=body,
-        queue_id=queue_id,
-        queue_offset=queue_offset,
-        commit_log_offset=physical_offset,
-        store_size=total_size,
-        properties=properties,
-        flag=flag,
-        sys_flag=sys_flag,
-        born_timestamp=born_timestamp,
-        born_host=born_host,
-        store_timestamp=store_timestamp,
-        store_host=store_host,
-        reconsume_times=reconsume_times,
-        prepared_transaction_offset=prepared_transaction_offset,
-        body_crc=body_crc,
+    return _new_stored_message(
+        (
+            topic,
+            body,
+            queue_id,
+            queue_offset,
+            physical_offset,
+            total_size,
+            properties,
+            flag,
+            sys_flag,
+            born_timestamp,
+            born_host,
+            store_timestamp,
+            store_host,
+            reconsume_times,
+            prepared_transaction_offset,
+            body_crc,
+        )
+    )
+
+
+def frozen_slots_constructor(cls: type[_T]) -> Callable[[tuple[Any, ...]], _T]:
+    """A fast constructor of a frozen, slotted dataclass taking every field value in order.
+
+    The generated ``__init__`` of a frozen dataclass sets each slot through
+    ``object.__setattr__``, which costs more than decoding a record; this one sets the slots
+    through their descriptors instead. The result is the same object (no ``__post_init__`` runs).
+    """
+    setters = tuple(cls.__dict__[f.name].__set__ for f in fields(cls))  # type: ignore[arg-type]
+    new = object.__new__
+
+    def construct(values: tuple[Any, ...]) -> _T:
+        obj = new(cls)
+        for setter, value in zip(setters, values, strict=True):
+            setter(obj, value)
+        return obj
+
+    return construct
+
+
+(
+    _set_topic,
+    _set_body,
+    _set_queue_id,
+    _set_queue_offset,
+    _set_commit_log_offset,
+    _set_store_size,
+    _set_properties,
+    _set_flag,
+    _set_sys_flag,
+    _set_born_timestamp,
+    _set_born_host,
+    _set_store_timestamp,
+    _set_store_host,
+    _set_reconsume_times,
+    _set_prepared_transaction_offset,
+    _set_body_crc,
+) = (StoredMessage.__dict__[f.name].__set__ for f in fields(StoredMessage))
+
+
+def _new_stored_message(v: tuple[Any, ...]) -> StoredMessage:
+    """:func:`frozen_slots_constructor` of StoredMessage, unrolled (it runs once per message read)."""
+    msg: StoredMessage = object.__new__(StoredMessage)
+    _set_topic(msg, v[0])
+    _set_body(msg, v[1])
+    _set_queue_id(msg, v[2])
+    _set_queue_offset(msg, v[3])
+    _set_commit_log_offset(msg, v[4])
+    _set_store_size(msg, v[5])
+    _set_properties(msg, v[6])
+    _set_flag(msg, v[7])
+    _set_sys_flag(msg, v[8])
+    _set_born_timestamp(msg, v[9])
+    _set_born_host(msg, v[10])
+    _set_store_timestamp(msg, v[11])
+    _set_store_host(msg, v[12])
+    _set_reconsume_times(msg, v[13])
+    _set_prepared_transaction_offset(msg, v[14])
+    _set_body_crc(msg, v[15])
+    return msg
+
+
+def decode_for_queue(
+    data: bytes,
+    pos: int,
+    offset: int,
+    size: int,
+    *,
+    max_record_size: int,
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    accept: Callable[[dict[str, str]], bool] | None = None,
+) -> StoredMessage | None:
+    """Verify and decode the record a ConsumeQueue entry points at, in one pass.
+
+    ``data[pos:]`` holds the record at CommitLog ``offset``; the entry says it is ``size`` bytes
+    of ``topic``/``queue_id`` at ``queue_offset``. Every check of :func:`decode_record` is made,
+    plus the entry's; a mismatch raises :class:`CorruptRecordError`. When ``accept`` is given it
+    is called with the decoded properties first, and a record it rejects returns None without
+    building a :class:`StoredMessage`.
+    """
+    if len(data) - pos < MIN_RECORD_SIZE:
+        check_record(data, pos, offset, max_record_size=max_record_size)  # raises
+    (
+        total_size,
+        magic,
+        record_crc,
+        body_crc,
+        record_queue_id,
+        flag,
+        record_queue_offset,
+        physical_offset,
+        sys_flag,
+        born_timestamp,
+        born_host,
+        store_timestamp,
+        store_host,
+        reconsume_times,
+        prepared_transaction_offset,
+        body_length,
+    ) = _HEADER.unpack_from(data, pos)
+    end = pos + total_size
+    if (
+        magic != MESSAGE_MAGIC_CODE
+        or total_size != size
+        or physical_offset != offset
+        or not MIN_RECORD_SIZE <= total_size <= max_record_size
+        or end > len(data)
+    ):
+        # the precise error; when only the size differs, check_record passes
+        check_record(data, pos, offset, max_record_size=max_record_size)
+        raise CorruptRecordError(f"record size {total_size} differs from index size {size}", offset=offset)
+    if zlib.crc32(memoryview(data)[pos + _CRC_FROM : end]) != record_crc:
+        raise CorruptRecordError("record CRC mismatch", offset=offset)
+    body_start = pos + HEADER_SIZE
+    body_end = body_start + body_length
+    if body_length < 0 or body_end + 3 > end:
+        raise CorruptRecordError("inconsistent record fields (body length)", offset=offset)
+    topic_end = body_end + 1 + data[body_end]
+    if topic_end + 2 > end or _U16.unpack_from(data, topic_end)[0] != end - topic_end - 2:
+        raise CorruptRecordError("inconsistent record fields (topic or properties length)", offset=offset)
+    record_topic = data[body_end + 1 : topic_end]
+    if record_queue_id != queue_id or record_queue_offset != queue_offset or record_topic != topic.encode():
+        raise CorruptRecordError(
+            f"consume queue {topic}:{queue_id} entry {queue_offset} points at a record of "
+            f"{record_topic.decode('utf-8', 'replace')}:{record_queue_id}@{record_queue_offset}",
+            offset=offset,
+        )
+    try:
+        properties = decode_properties(data[topic_end + 2 : end])
+    except UnicodeDecodeError as exc:
+        raise CorruptRecordError(f"inconsistent record fields ({exc})", offset=offset) from exc
+    if accept is not None and not accept(properties):
+        return None
+    return _new_stored_message(
+        (
+            topic,
+            data[body_start:body_end],
+            queue_id,
+            queue_offset,
+            offset,
+            total_size,
+            properties,
+            flag,
+            sys_flag,
+            born_timestamp,
+            born_host,
+            store_timestamp,
+            store_host,
+            reconsume_times,
+            prepared_transaction_offset,
+            body_crc,
+        )
     )

@@ -17,7 +17,7 @@ import bisect
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
@@ -40,6 +40,25 @@ class AppendedRecord:
     commit_log_offset: int
     size: int
     store_timestamp: int
+
+
+_set_topic, _set_queue_id, _set_queue_offset, _set_commit_log_offset, _set_size, _set_store_timestamp = (
+    AppendedRecord.__dict__[f.name].__set__ for f in fields(AppendedRecord)
+)
+
+
+def _new_appended_record(  # noqa: PLR0917 - the fields, in order
+    topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int, store_timestamp: int
+) -> AppendedRecord:
+    """``AppendedRecord(...)`` minus the frozen ``__init__`` (see ``codec.frozen_slots_constructor``)."""
+    rec: AppendedRecord = object.__new__(AppendedRecord)
+    _set_topic(rec, topic)
+    _set_queue_id(rec, queue_id)
+    _set_queue_offset(rec, queue_offset)
+    _set_commit_log_offset(rec, commit_log_offset)
+    _set_size(rec, size)
+    _set_store_timestamp(rec, store_timestamp)
+    return rec
 
 
 def _start_of(segment: Segment) -> int:
@@ -112,54 +131,53 @@ class CommitLog:
     def append(self, batch: Sequence[EncodedParts], store_timestamp: int) -> list[AppendedRecord]:
         """Write ``batch`` (caller holds the append lock), rolling segments as needed.
 
-        Raises :class:`StoreError` if the write fails; then nothing of the batch is visible and no
-        queue offset was consumed.
+        The prepared records are completed in place and written with one ``pwrite`` per
+        segment touched. Raises :class:`StoreError` if the write fails; then nothing of the batch
+        is visible and no queue offset was consumed.
         """
         results: list[AppendedRecord] = []
-        saved_offsets = dict(self.queue_offsets)
-        pending = bytearray()
-        seg = self._current_segment()
+        assigned: dict[tuple[str, int], int] = {}  # queue offsets, published after the write
+        queue_offsets = self.queue_offsets
+        chunks: list[bytes | bytearray] = []
+        seg = self._segments[-1] if self._segments else self._new_segment(0)
+        physical = seg.start_offset + seg.length
+        limit = seg.start_offset + seg.capacity - codec.BLANK_MARKER_SIZE
+        max_record_size = self.max_record_size
+        finish = codec.finish_record
         try:
             for parts in batch:
-                if parts.size > self.max_record_size:
-                    raise MessageTooLargeError(
-                        f"record of {parts.size} bytes exceeds the limit {self.max_record_size}"
-                    )
-                free = seg.capacity - seg.length - len(pending)
-                if parts.size + codec.BLANK_MARKER_SIZE > free:
-                    pending += codec.encode_blank(free)
-                    seg.write(bytes(pending))
-                    pending.clear()
+                size = parts.size
+                if size > max_record_size:
+                    raise MessageTooLargeError(f"record of {size} bytes exceeds the limit {max_record_size}")
+                if physical + size > limit:
+                    chunks.append(codec.encode_blank(seg.start_offset + seg.capacity - physical))
+                    self._write(seg, chunks)
+                    chunks = []
                     seg = self._new_segment(seg.start_offset + self.segment_size)
-                physical = seg.start_offset + seg.length + len(pending)
-                key = (parts.message.topic, parts.message.queue_id)
-                queue_offset = self.queue_offsets.get(key, 0)
-                pending += codec.encode_record(
-                    parts,
-                    queue_offset=queue_offset,
-                    physical_offset=physical,
-                    store_timestamp=store_timestamp,
-                )
-                self.queue_offsets[key] = queue_offset + 1
+                    physical = seg.start_offset
+                    limit = physical + seg.capacity - codec.BLANK_MARKER_SIZE
+                message = parts.message
+                key = (message.topic, message.queue_id)
+                queue_offset = assigned.get(key)
+                if queue_offset is None:
+                    queue_offset = queue_offsets.get(key, 0)
+                assigned[key] = queue_offset + 1
+                record = parts.record
+                finish(record, queue_offset, physical, store_timestamp)
+                chunks.append(record)
                 results.append(
-                    AppendedRecord(
-                        parts.message.topic,
-                        parts.message.queue_id,
-                        queue_offset,
-                        physical,
-                        parts.size,
-                        store_timestamp,
-                    )
+                    _new_appended_record(key[0], key[1], queue_offset, physical, size, store_timestamp)
                 )
-            if pending:
-                seg.write(bytes(pending))
+                physical += size
+            seg.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
         except OSError as exc:
-            self.queue_offsets = saved_offsets
             raise StoreError(f"commit log write failed: {exc}") from exc
-        except BaseException:
-            self.queue_offsets = saved_offsets
-            raise
+        queue_offsets.update(assigned)
         return results
+
+    @staticmethod
+    def _write(seg: Segment, chunks: list[bytes | bytearray]) -> None:
+        seg.write(b"".join(chunks))
 
     def _current_segment(self) -> Segment:
         if not self._segments:
@@ -196,6 +214,22 @@ class CommitLog:
         if i < 0:
             return None
         return segments[i]
+
+    def read_range(self, offset: int, length: int) -> bytes | None:
+        """Up to ``length`` bytes from ``offset``, within the segment holding it (shorter at the
+        end of its data); None when the offset is not stored (removed or beyond the end)."""
+        seg = self._segment_for(offset)
+        if seg is None or offset < self.min_offset:
+            return None
+        pos = offset - seg.start_offset
+        if pos >= seg.length:
+            return None
+        try:
+            return seg.read(pos, length)
+        except OSError as exc:
+            if seg.fd < 0:  # deleted by retention while we read
+                return None
+            raise StoreError(f"commit log read failed at {offset}: {exc}") from exc
 
     def read_message(self, offset: int, size: int | None = None) -> StoredMessage | None:
         """The verified record at ``offset``; None when the offset is not stored (removed or beyond).

@@ -25,6 +25,9 @@ class StoreConfig:
     * ``"async"`` — a background thread flushes every ``flush_interval_ms``. A process crash
       (kill -9) loses nothing (the page cache survives); an OS crash or power loss may lose the
       messages acknowledged in the last ``flush_interval_ms`` plus the duration of one flush.
+
+    In both modes the indexes are written by a background reput thread; every read that starts
+    after ``put_message`` returned sees the message all the same (see ``store.py``).
     """
 
     data_dir: Path

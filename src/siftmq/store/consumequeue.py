@@ -31,9 +31,24 @@ CqEntry = tuple[int, int, int]
 """(commit_log_offset, size, tags_code)"""
 
 
+_NUMPY_FROM: Final = 32  # below this many entries struct packing beats building an array
+
+
 def encode_entries(entries: Sequence[CqEntry]) -> bytes:
     """The bytes of consecutive entries."""
     return b"".join(_ENTRY.pack(*e) for e in entries)
+
+
+def encode_entry_columns(offsets: Sequence[int], sizes: Sequence[int], tags_codes: Sequence[int]) -> bytes:
+    """The bytes of consecutive entries given as columns."""
+    n = len(offsets)
+    if n < _NUMPY_FROM:
+        return b"".join(map(_ENTRY.pack, offsets, sizes, tags_codes))
+    arr = np.empty(n, dtype=CQ_DTYPE)
+    arr["commit_log_offset"] = offsets
+    arr["size"] = sizes
+    arr["tags_code"] = tags_codes
+    return arr.tobytes()
 
 
 class ConsumeQueue:
@@ -88,6 +103,12 @@ class ConsumeQueue:
         if self.ext is not None and ext_units is not None:
             self.ext.put_units(first_offset, ext_units)
         self.log.append(first_offset, encode_entries(entries))
+
+    def put_encoded(self, first_offset: int, entries: bytes, ext_units: bytes | None) -> None:
+        """Append encoded entries (and encoded extension units, written first) at ``first_offset``."""
+        if self.ext is not None and ext_units is not None:
+            self.ext.put_encoded(first_offset, ext_units)
+        self.log.append(first_offset, entries)
 
     def truncate(self, queue_offset: int) -> None:
         """Drop the entries from ``queue_offset`` on (and their extension units)."""

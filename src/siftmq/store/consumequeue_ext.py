@@ -46,7 +46,8 @@ class CqExtBlock:
     """Extension units of consecutive queue offsets as arrays (for vectorized filters).
 
     ``present[i]`` is False where the unit is missing; ``bitmaps`` is ``(n, bitmap_size)`` uint8
-    with ``bitmap_lengths[i] == 0`` where an entry has no bitmap.
+    with ``bitmap_lengths[i] == 0`` where an entry has no bitmap. The arrays may be read-only,
+    non-contiguous, big-endian views of the file data (numpy computes with them as usual).
     """
 
     store_timestamps: npt.NDArray[np.int64]
@@ -67,6 +68,54 @@ class CqExtBlock:
         )
 
 
+class LazyCqExtBlock(CqExtBlock):
+    """A :class:`CqExtBlock` whose units are read from the file on first use of a field.
+
+    get_messages hands one to ``match_consume_queue_block``, so filters that look only at the
+    tags codes (tag subscriptions) do not pay for reading and checking the extension units.
+    Reading it when the units are gone meanwhile (retention) gives an empty block.
+    """
+
+    __slots__ = ("_count", "_ext", "_loaded", "_queue_offset")
+    _ext: ConsumeQueueExt
+    _queue_offset: int
+    _count: int
+    _loaded: CqExtBlock | None
+
+    def __init__(self, ext: ConsumeQueueExt, queue_offset: int, count: int) -> None:
+        object.__setattr__(self, "_ext", ext)
+        object.__setattr__(self, "_queue_offset", queue_offset)
+        object.__setattr__(self, "_count", count)
+        object.__setattr__(self, "_loaded", None)
+
+    def _load(self) -> CqExtBlock:
+        loaded = self._loaded
+        if loaded is None:
+            loaded = self._ext.read_block(self._queue_offset, self._count) or self._ext.empty_block()
+            object.__setattr__(self, "_loaded", loaded)
+        return loaded
+
+    @property
+    def store_timestamps(self) -> npt.NDArray[np.int64]:
+        return self._load().store_timestamps
+
+    @property
+    def tags_codes(self) -> npt.NDArray[np.int64]:
+        return self._load().tags_codes
+
+    @property
+    def bitmap_lengths(self) -> npt.NDArray[np.uint16]:
+        return self._load().bitmap_lengths
+
+    @property
+    def bitmaps(self) -> npt.NDArray[np.uint8]:
+        return self._load().bitmaps
+
+    @property
+    def present(self) -> npt.NDArray[np.bool_]:
+        return self._load().present
+
+
 class ConsumeQueueExt:
     """The extension file set of one queue."""
 
@@ -76,6 +125,7 @@ class ConsumeQueueExt:
         self.bitmap_size = bitmap_size
         self.unit_size = _FIXED.size + bitmap_size
         self.log = UnitLog(directory, self.unit_size, units_per_segment)
+        self._no_bitmap = struct.Struct(f">qq{2 + bitmap_size}x")  # a unit without bitmap (length 0)
         self._dtype = np.dtype(
             [
                 ("store_timestamp", ">i8"),
@@ -92,19 +142,47 @@ class ConsumeQueueExt:
             raise ValueError(f"bitmap of {len(bitmap)} bytes exceeds the configured {self.bitmap_size}")
         return _FIXED.pack(store_timestamp, tags_code, len(bitmap)) + bitmap.ljust(self.bitmap_size, b"\0")
 
+    def encode_columns(
+        self,
+        store_timestamps: Sequence[int],
+        tags_codes: Sequence[int],
+        bitmaps: Sequence[bytes | None] | None,
+    ) -> bytes:
+        """The bytes of consecutive units given as columns (``bitmaps`` None: no bitmaps at all)."""
+        if bitmaps is None:
+            return b"".join(map(self._no_bitmap.pack, store_timestamps, tags_codes))
+        return b"".join(map(self.encode, store_timestamps, tags_codes, bitmaps))
+
     def put_units(self, first_offset: int, units: Sequence[bytes]) -> None:
         """Write encoded units at ``first_offset`` (padding missing units before it if needed)."""
+        self.put_encoded(first_offset, b"".join(units))
+
+    def put_encoded(self, first_offset: int, data: bytes) -> None:
+        """Write the bytes of whole units at ``first_offset`` (padding missing units before it)."""
         gap = first_offset - self.log.max_index
         if self.log.segment_count() and gap > 0:
             self.log.append(self.log.max_index, bytes(self.unit_size * gap))
         elif self.log.segment_count() and gap < 0:
             self.log.truncate(first_offset)
-        self.log.append(first_offset, b"".join(units))
+        self.log.append(first_offset, data)
 
     def get(self, queue_offset: int) -> CqExtUnit | None:
         """The unit of ``queue_offset``, or None when absent."""
         block = self.read_block(queue_offset, 1)
         return None if block is None or len(block.present) == 0 else block.unit(0)
+
+    def empty_block(self) -> CqExtBlock:
+        """A block of no units."""
+        arr = np.frombuffer(b"", dtype=self._dtype)
+        return CqExtBlock(
+            arr["store_timestamp"], arr["tags_code"], arr["bitmap_length"], arr["bitmap"], np.zeros(0, bool)
+        )
+
+    def lazy_block(self, queue_offset: int, count: int) -> CqExtBlock | None:
+        """What :meth:`read_block` returns, read only when a field is first used."""
+        if not self.log.min_index <= queue_offset < self.log.max_index:
+            return None
+        return LazyCqExtBlock(self, queue_offset, count)
 
     def read_block(self, queue_offset: int, count: int) -> CqExtBlock | None:
         """Units of ``count`` consecutive offsets (fewer at the end); None if none is stored."""
@@ -114,9 +192,8 @@ class ConsumeQueueExt:
         if not data:
             return None
         arr = np.frombuffer(data, dtype=self._dtype)
-        ts = arr["store_timestamp"].astype(np.int64)
-        lengths = arr["bitmap_length"].astype(np.uint16)
+        # read-only views of the file data (big-endian): no copy unless a filter computes with them
+        ts = arr["store_timestamp"]
+        lengths = arr["bitmap_length"]
         present = (ts != 0) & (lengths <= self.bitmap_size)
-        return CqExtBlock(
-            ts, arr["tags_code"].astype(np.int64), lengths, np.ascontiguousarray(arr["bitmap"]), present
-        )
+        return CqExtBlock(ts, arr["tags_code"], lengths, arr["bitmap"], present)

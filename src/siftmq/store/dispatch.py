@@ -1,15 +1,17 @@
 """Dispatch ("reput"): turning appended CommitLog records into index entries.
 
-After records are appended they are dispatched in batches, in CommitLog order:
+After records are appended they are dispatched in batches, in CommitLog order (by the store's
+reput thread, see store.py):
 
 1. the :class:`BitmapDispatcher`, if one is set, computes a filter bitmap per request
    (RocketMQ's ``CommitLogDispatcherCalcBitMap``, implemented by the broker);
 2. the ConsumeQueue entries and their extension units (store timestamp, tags code, bitmap)
-   are written (``CommitLogDispatcherBuildConsumeQueue``);
+   are written (``CommitLogDispatcherBuildConsumeQueue``), one write per queue and batch;
 3. every registered :class:`CommitLogDispatcher` gets the batch.
 
 Dispatchers are derived-state builders: an exception in one is logged and does not fail the
-append (the CommitLog is the truth and indexes can be rebuilt from it).
+append (the CommitLog is the truth and indexes can be rebuilt from it). :class:`DispatchRequest`
+objects are only built when a dispatcher or a bitmap dispatcher needs them.
 """
 
 from __future__ import annotations
@@ -17,12 +19,40 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
-from siftmq.store.codec import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, StoredMessage, tags_code_of
-from siftmq.store.consumequeue import ConsumeQueue, CqEntry
+from siftmq.hashing import java_string_hash
+from siftmq.store.codec import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    StoredMessage,
+    frozen_slots_constructor,
+    tags_code_of,
+)
+from siftmq.store.commitlog import AppendedRecord
+from siftmq.store.consumequeue import ConsumeQueue, encode_entry_columns
 
 _log = logging.getLogger(__name__)
+
+QueueArrival = tuple[str, int, int]
+"""(topic, queue_id, max_offset) of a queue that received entries in a dispatch batch."""
+
+_tags_codes: dict[str, int] = {}
+_MAX_CACHED_TAGS: Final = 65536
+
+
+def cached_tags_code(tags: str | None) -> int:
+    """:func:`~siftmq.store.codec.tags_code_of` with a bounded cache (tags repeat a lot)."""
+    if not tags:
+        return 0
+    code = _tags_codes.get(tags)
+    if code is None:
+        code = java_string_hash(tags)
+        if len(_tags_codes) >= _MAX_CACHED_TAGS:
+            _tags_codes.clear()
+        _tags_codes[tags] = code
+    return code
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +87,9 @@ class DispatchRequest:
         )
 
 
+_new_request: Final = frozen_slots_constructor(DispatchRequest)
+
+
 @runtime_checkable
 class CommitLogDispatcher(Protocol):
     """Receives every dispatched batch, in CommitLog order."""
@@ -76,7 +109,7 @@ class BitmapDispatcher(Protocol):
 
 
 class Reput:
-    """Writes ConsumeQueue/ext entries for batches of requests and calls the dispatchers.
+    """Writes ConsumeQueue/ext entries for batches of records and calls the dispatchers.
 
     Not thread-safe by itself: the store calls it under its dispatch lock.
     """
@@ -86,60 +119,147 @@ class Reput:
         self.dispatchers: list[CommitLogDispatcher] = []
         self.bitmap_dispatcher: BitmapDispatcher | None = None
 
-    def dispatch(self, requests: Sequence[DispatchRequest], *, notify: bool = True) -> None:
-        """Index ``requests`` (consecutive per queue) and, with ``notify``, call the dispatchers."""
+    def dispatch(self, requests: Sequence[DispatchRequest], *, notify: bool = True) -> list[QueueArrival]:
+        """Index ``requests`` (consecutive per queue) and, with ``notify``, call the dispatchers.
+
+        Returns the queues written, with their new max offsets.
+        """
         if not requests:
-            return
-        bitmaps = self._bitmaps(requests)
+            return []
+        rows = [
+            (
+                r.topic,
+                r.queue_id,
+                r.commit_log_offset,
+                r.msg_size,
+                r.tags_code,
+                r.store_timestamp,
+                r.consume_queue_offset,
+            )
+            for r in requests
+        ]
+        return self._dispatch_rows(rows, requests, notify=notify)
+
+    def dispatch_appended(
+        self, records: Sequence[AppendedRecord], properties: Sequence[Mapping[str, str]]
+    ) -> list[QueueArrival]:
+        """Index freshly appended records (with their properties) and call the dispatchers."""
+        if not records:
+            return []
+        tags_codes = [cached_tags_code(p.get(PROPERTY_TAGS)) for p in properties]
+        rows = [
+            (r.topic, r.queue_id, r.commit_log_offset, r.size, tags_code, r.store_timestamp, r.queue_offset)
+            for r, tags_code in zip(records, tags_codes, strict=True)
+        ]
+        requests: list[DispatchRequest] | None = None
+        if self.dispatchers or self.bitmap_dispatcher is not None:
+            requests = [
+                _new_request(
+                    (
+                        *row,
+                        props.get(PROPERTY_KEYS, ""),
+                        props.get(PROPERTY_UNIQ_KEY),
+                        props,
+                    )
+                )
+                for row, props in zip(rows, properties, strict=True)
+            ]
+        return self._dispatch_rows(rows, requests, notify=True)
+
+    def _dispatch_rows(
+        self,
+        rows: list[tuple[str, int, int, int, int, int, int]],
+        requests: Sequence[DispatchRequest] | None,
+        *,
+        notify: bool,
+    ) -> list[QueueArrival]:
+        bitmaps = self._bitmaps(requests) if requests is not None else None
         by_queue: dict[tuple[str, int], list[int]] = {}
-        for i, req in enumerate(requests):
-            by_queue.setdefault((req.topic, req.queue_id), []).append(i)
+        for i, row in enumerate(rows):
+            key = (row[0], row[1])
+            indexes = by_queue.get(key)
+            if indexes is None:
+                by_queue[key] = [i]
+            else:
+                indexes.append(i)
+        arrivals: list[QueueArrival] = []
         for (topic, queue_id), indexes in by_queue.items():
             cq = self._find_or_create(topic, queue_id)
-            self.write_entries(cq, [requests[i] for i in indexes], [bitmaps[i] for i in indexes])
-        if notify:
+            group = [rows[i] for i in indexes] if len(indexes) < len(rows) else rows
+            group_bitmaps = None
+            if bitmaps is not None:
+                group_bitmaps = [bitmaps[i] for i in indexes] if group is not rows else bitmaps
+            self._write_rows(cq, group, group_bitmaps)
+            arrivals.append((topic, queue_id, cq.max_offset))
+        if notify and requests is not None:
             for dispatcher in list(self.dispatchers):
                 try:
                     dispatcher.dispatch(requests)
                 except Exception:
                     _log.exception("dispatcher %r failed; indexes it builds may lag", dispatcher)
+        return arrivals
 
     @staticmethod
     def write_entries(
         cq: ConsumeQueue, reqs: Sequence[DispatchRequest], bitmaps: Sequence[bytes | None]
     ) -> None:
         """Write the entries of consecutive requests of one queue (truncating a stale tail)."""
-        first = reqs[0].consume_queue_offset
+        Reput._write_rows(
+            cq,
+            [
+                (
+                    r.topic,
+                    r.queue_id,
+                    r.commit_log_offset,
+                    r.msg_size,
+                    r.tags_code,
+                    r.store_timestamp,
+                    r.consume_queue_offset,
+                )
+                for r in reqs
+            ],
+            bitmaps,
+        )
+
+    @staticmethod
+    def _write_rows(
+        cq: ConsumeQueue,
+        rows: Sequence[tuple[str, int, int, int, int, int, int]],
+        bitmaps: Sequence[bytes | None] | None,
+    ) -> None:
+        first = rows[0][6]
         if first < cq.max_offset:
             cq.truncate(first)
-        entries: list[CqEntry] = [(r.commit_log_offset, r.msg_size, r.tags_code) for r in reqs]
+        offsets = [r[2] for r in rows]
+        sizes = [r[3] for r in rows]
+        tags_codes = [r[4] for r in rows]
         ext_units = None
         if cq.ext is not None:
             ext = cq.ext
-            ext_units = []
-            for r, bitmap in zip(reqs, bitmaps, strict=True):
-                try:
-                    ext_units.append(ext.encode(r.store_timestamp, r.tags_code, bitmap))
-                except ValueError:
-                    _log.error(
-                        "bitmap for %s:%d@%d is too long; stored without it",
-                        r.topic,
-                        r.queue_id,
-                        r.consume_queue_offset,
-                    )
-                    ext_units.append(ext.encode(r.store_timestamp, r.tags_code, None))
-        cq.put_entries(first, entries, ext_units)
+            timestamps = [r[5] for r in rows]
+            if bitmaps is not None:
+                bitmaps = list(bitmaps)
+                for i, bitmap in enumerate(bitmaps):
+                    if bitmap is not None and len(bitmap) > ext.bitmap_size:
+                        _log.error(
+                            "bitmap for %s:%d@%d is too long; stored without it",
+                            cq.topic,
+                            cq.queue_id,
+                            rows[i][6],
+                        )
+                        bitmaps[i] = None
+            ext_units = ext.encode_columns(timestamps, tags_codes, bitmaps)
+        cq.put_encoded(first, encode_entry_columns(offsets, sizes, tags_codes), ext_units)
 
-    def _bitmaps(self, requests: Sequence[DispatchRequest]) -> list[bytes | None]:
-        nothing: list[bytes | None] = [None] * len(requests)
+    def _bitmaps(self, requests: Sequence[DispatchRequest]) -> list[bytes | None] | None:
         if self.bitmap_dispatcher is None:
-            return nothing
+            return None
         try:
             bitmaps = self.bitmap_dispatcher.compute_bitmaps(requests)
         except Exception:
             _log.exception("bitmap dispatcher failed; entries stored without bitmaps")
-            return nothing
+            return None
         if len(bitmaps) != len(requests):
             _log.error("bitmap dispatcher returned %d bitmaps for %d requests", len(bitmaps), len(requests))
-            return nothing
+            return None
         return list(bitmaps)

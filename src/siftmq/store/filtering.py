@@ -8,7 +8,9 @@ As in RocketMQ the store runs two checks, both implemented by the broker:
 
 A filter may also implement :class:`BlockMessageFilter` ``match_consume_queue_block``: the
 vectorized index check over a whole block of entries (numpy), used instead of the per-entry
-call when present. It must agree with ``is_matched_by_consume_queue`` entry by entry.
+call when present. It must agree with ``is_matched_by_consume_queue`` entry by entry. Its
+``ext`` block is read from disk only when the filter first uses one of its fields, so a
+filter that needs only the tags codes should not touch it.
 """
 
 from __future__ import annotations

@@ -3,13 +3,18 @@
 This is not RocketMQ's on-disk IndexFile: the maps live in memory and are rebuilt from the
 CommitLog by the recovery scan at every open (so opening costs a scan of the whole log while
 ``build_key_index`` is on). Entries below the CommitLog's first offset are pruned by retention.
+The store indexes a record when its append is acknowledged (not in the background dispatch):
+lookups resolve to CommitLog offsets, so they need no ConsumeQueue.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
+from siftmq.store.codec import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
+from siftmq.store.commitlog import AppendedRecord
 from siftmq.store.dispatch import DispatchRequest
 
 
@@ -30,6 +35,32 @@ class KeyIndex:
                 for key in req.keys.split(" "):
                     if key:
                         self._by_key.setdefault((req.topic, key), []).append(req.commit_log_offset)
+
+    def add_appended(
+        self, records: Sequence[AppendedRecord], properties: Sequence[Mapping[str, str]]
+    ) -> None:
+        """Index freshly appended records, given with their properties.
+
+        Batches may arrive slightly out of CommitLog order (sync mode indexes after the group
+        commit); the maps stay ordered: the newest offset wins, key lists stay sorted.
+        """
+        with self._lock:
+            by_uniq_key = self._by_uniq_key
+            by_key = self._by_key
+            for rec, props in zip(records, properties, strict=True):
+                offset = rec.commit_log_offset
+                uniq_key = props.get(PROPERTY_UNIQ_KEY)
+                if uniq_key and by_uniq_key.get(uniq_key, -1) < offset:
+                    by_uniq_key[uniq_key] = offset
+                keys = props.get(PROPERTY_KEYS)
+                if keys:
+                    for key in keys.split(KEY_SEPARATOR):
+                        if key:
+                            offsets = by_key.setdefault((rec.topic, key), [])
+                            if offsets and offsets[-1] > offset:
+                                bisect.insort(offsets, offset)
+                            else:
+                                offsets.append(offset)
 
     def offset_of_uniq_key(self, uniq_key: str) -> int | None:
         """The newest commit log offset stored with this UNIQ_KEY."""

@@ -82,7 +82,7 @@ class Segment:
             fsync_dir(directory)
         return seg
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         """Append ``data`` at ``length``; on failure the file is cut back and the error re-raised."""
         pos = self.length
         try:

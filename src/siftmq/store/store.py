@@ -9,10 +9,30 @@ Layout of ``data_dir``::
     consumequeue/<topic>/<queue_id>/       ConsumeQueue segments
     consumequeue_ext/<topic>/<queue_id>/   ConsumeQueueExt segments
 
-Threads: appends are serialised by one lock (with encoding done before it); dispatch runs
-under a second lock, in CommitLog order, right after the appending thread's records are
-written (async mode) or durable (sync mode), so when ``put_message`` returns, the message is
-indexed. Reads take no lock. The broker may call every method via ``asyncio.to_thread``.
+Threads and guarantees:
+
+* Appends are serialised by one lock (validation and encoding happen before it). Under it the
+  record gets its CommitLog offset, its queue offset and its store timestamp, and is written.
+  ``put_message`` returns that queue offset; in ``"sync"`` flush mode only once the record is
+  fdatasync'ed (group commit), in ``"async"`` mode right after the write.
+* Indexing (ConsumeQueue, ConsumeQueueExt, bitmaps, registered dispatchers) is done by the
+  reput thread (RocketMQ's ReputMessageService), in CommitLog order and in batches, under a
+  second lock. Appends wake it; it lets a small backlog grow for up to 1 ms into a batch, so
+  the indexes trail the appends by about a millisecond. In ``"sync"`` mode only durable
+  records are dispatched.
+* Read-your-writes: every read of the ConsumeQueues (:meth:`MessageStore.get_messages`, the
+  queue offset getters, :meth:`MessageStore.find_consume_queue`, :meth:`MessageStore.queues`)
+  first makes sure that every record whose ``put_message`` returned before the read began is
+  dispatched, dispatching the rest itself if the reput thread lags. So a message is visible to
+  any read that starts after its ``put_message`` returned, as when dispatch was synchronous.
+  :meth:`MessageStore.wait_dispatched` does the same on demand. The key index (UNIQ_KEY, KEYS)
+  is updated by ``put_message`` itself before it returns (after the fsync in sync mode).
+* Arrival listeners (:meth:`MessageStore.add_message_arriving_listener`) are called with
+  ``(topic, queue_id, max_offset)`` after each dispatch batch that wrote entries to that queue,
+  outside the locks, from the thread that dispatched (for long polling).
+* Reads of the CommitLog take no lock. The broker may call every method via ``asyncio.to_thread``.
+* After a crash, records appended but not yet dispatched are re-dispatched from the CommitLog
+  by recovery (the checkpoint records how far the indexes are durable).
 """
 
 from __future__ import annotations
@@ -35,8 +55,8 @@ from siftmq.store.commitlog import AppendedRecord, CommitLog
 from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from siftmq.store.consumequeue_ext import ConsumeQueueExt
-from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, DispatchRequest, Reput
-from siftmq.store.filtering import BlockMessageFilter, GetMessageResult, GetMessageStatus, MessageFilter
+from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, QueueArrival, Reput
+from siftmq.store.filtering import GetMessageResult, GetMessageStatus, MessageFilter
 from siftmq.store.keyindex import KeyIndex
 from siftmq.store.recovery import Checkpoint, recover
 from siftmq.store.segment import fsync_dir
@@ -44,6 +64,16 @@ from siftmq.store.segment import fsync_dir
 _log = logging.getLogger(__name__)
 
 _MAX_FILTER_BYTES = 16000  # RocketMQ: index bytes scanned per getMessage at least
+_REPUT_BATCH = 8192  # most records one dispatch round takes
+_REPUT_IDLE_WAIT = 0.5  # seconds the reput thread sleeps when nobody wakes it
+_REPUT_LINGER = 0.001  # seconds the reput thread lets a small backlog grow into a batch (RocketMQ: 1 ms)
+_REPUT_SMALL_BACKLOG = 64  # puts pending below which the reput thread lingers
+_MAX_DISPATCH_LAG = 32 * 1024 * 1024  # CommitLog bytes appended but not dispatched before appenders help
+_READ_GAP = 16 * 1024  # candidates at most this far apart are read with one pread (a copy is cheaper)
+_READ_SPAN = 256 * 1024  # most bytes read at once for a run of candidates
+
+MessageArrivingListener = Callable[[str, int, int], None]
+"""Called with ``(topic, queue_id, max_offset)`` when entries were dispatched to that queue."""
 
 
 class MessageStore:
@@ -64,6 +94,8 @@ class MessageStore:
         self.commit_log = CommitLog(
             self.data_dir / "commitlog", config.commit_log_segment_size, config.max_record_size
         )
+        self._sync = config.flush_mode == "sync"
+        self._max_body_size = config.max_message_size
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._queues_lock = threading.Lock()
         self._reput = Reput(self.find_or_create_consume_queue)
@@ -72,15 +104,23 @@ class MessageStore:
         self.key_index = KeyIndex() if config.build_key_index else None
         self._append_lock = threading.Lock()
         self._dispatch_lock = threading.Lock()
-        self._pending: collections.deque[DispatchRequest] = collections.deque()
-        self._dispatched_offset = 0
+        # appended, not yet dispatched: (records, their properties) per put, in CommitLog order
+        self._pending: collections.deque[tuple[list[AppendedRecord], list[dict[str, str]]]] = (
+            collections.deque()
+        )
+        self._appended_offset = 0  # end of the last appended record
+        self._dispatched_offset = 0  # end of the last dispatched record
+        self._listeners: list[MessageArrivingListener] = []
         self._commit_cond = threading.Condition()
         self._commit_leader = False
         self._lock_fd = -1
         self._running = False
         self._stop = threading.Event()
+        self._wake = threading.Lock()  # released to wake the reput thread
         self._flusher: threading.Thread | None = None
+        self._reputter: threading.Thread | None = None
         self._flush_error: StoreError | None = None
+        self._dispatch_error: StoreError | None = None
         self._checkpoint_lock = threading.Lock()
 
     # ---------------------------------------------------------------------------------- lifecycle
@@ -99,7 +139,7 @@ class MessageStore:
         return store
 
     def start(self) -> None:
-        """Lock the data dir, recover, and start the flush thread.
+        """Lock the data dir, recover, and start the flush and reput threads.
 
         Raises :class:`StoreLockedError` if another process (or store object) has it open.
         """
@@ -123,7 +163,8 @@ class MessageStore:
                 abnormal=abnormal,
                 checkpoint=Checkpoint.load(self.data_dir / "checkpoint"),
             )
-            self._dispatched_offset = self.commit_log.max_offset
+            self._pending.clear()
+            self._appended_offset = self._dispatched_offset = self.commit_log.max_offset
             self._flush_all()
             abort.touch()
             fsync_dir(self.data_dir)
@@ -135,20 +176,28 @@ class MessageStore:
             raise
         self._running = True
         self._stop.clear()
+        self._wake.acquire(blocking=False)  # held while the reput thread may sleep
+        self._flush_error = self._dispatch_error = None
+        self._reputter = threading.Thread(target=self._reput_loop, name="siftmq-store-reput", daemon=True)
+        self._reputter.start()
         self._flusher = threading.Thread(target=self._flush_loop, name="siftmq-store-flush", daemon=True)
         self._flusher.start()
 
     def close(self) -> None:
-        """Flush everything, write the checkpoint, remove the abort marker, release the lock."""
+        """Stop the threads, dispatch what is pending, flush everything, write the checkpoint,
+        remove the abort marker and release the lock."""
         if not self._running:
             return
         with self._append_lock:
             self._running = False
         self._stop.set()
-        if self._flusher is not None:
-            self._flusher.join()
+        self._wake_reput()
+        for thread in (self._reputter, self._flusher):
+            if thread is not None:
+                thread.join()
         try:
-            self._drain(None)
+            self.commit_log.flush()
+            self._dispatch_all(None)
             self._flush_all()
             (self.data_dir / "abort").unlink(missing_ok=True)
             fsync_dir(self.data_dir)
@@ -214,19 +263,44 @@ class MessageStore:
     # --------------------------------------------------------------------------------- dispatchers
 
     def add_dispatcher(self, dispatcher: CommitLogDispatcher) -> None:
-        """Register a dispatcher for records appended from now on."""
-        with self._dispatch_lock:
-            self._reput.dispatchers.append(dispatcher)
+        """Register a dispatcher for records appended from now on.
+
+        It is called under the dispatch lock from the reput thread (or from a reader catching
+        up), after the batch's ConsumeQueue entries are written, never by ``put_message``.
+        """
+        self._dispatch_all(self._dispatch_limit(), then=lambda: self._reput.dispatchers.append(dispatcher))
 
     def set_bitmap_dispatcher(self, dispatcher: BitmapDispatcher | None) -> None:
-        """Set (or clear) the dispatcher computing ConsumeQueueExt bitmaps."""
-        with self._dispatch_lock:
+        """Set (or clear) the dispatcher computing ConsumeQueueExt bitmaps of records appended from now on."""
+
+        def install() -> None:
             self._reput.bitmap_dispatcher = dispatcher
+
+        self._dispatch_all(self._dispatch_limit(), then=install)
+
+    def add_message_arriving_listener(self, listener: MessageArrivingListener) -> None:
+        """Call ``listener(topic, queue_id, max_offset)`` whenever entries were dispatched to a queue.
+
+        It is called once per queue and dispatch batch, after the entries are readable, outside
+        the store's locks, from whichever thread dispatched (the reput thread, or a reader
+        catching up): it must be quick and must not block (hand over to an event loop with
+        ``call_soon_threadsafe``). Calls for one queue from two threads may arrive out of
+        order, so treat ``max_offset`` as "at least this much is readable". Exceptions are
+        logged and ignored.
+        """
+        with self._dispatch_lock:
+            self._listeners = [*self._listeners, listener]
+
+    def remove_message_arriving_listener(self, listener: MessageArrivingListener) -> None:
+        """Unregister a listener added by :meth:`add_message_arriving_listener` (no-op if absent)."""
+        with self._dispatch_lock:
+            self._listeners = [x for x in self._listeners if x is not listener]
 
     # ------------------------------------------------------------------------------------- queues
 
     def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         """The queue's index, or None if the queue was never created or written."""
+        self._catch_up()
         return self._queues.get((topic, queue_id))
 
     def find_or_create_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -254,57 +328,66 @@ class MessageStore:
         return cq.min_offset if cq else 0
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        """The queue offset the next message will get (0 for an unknown queue)."""
+        """The queue offset the next message will get (0 for an unknown queue).
+
+        Counts every message whose ``put_message`` returned before the call (see the module doc).
+        """
         cq = self.find_consume_queue(topic, queue_id)
         return cq.max_offset if cq else 0
 
     def queues(self) -> list[tuple[str, int]]:
         """Every known (topic, queue_id)."""
+        self._catch_up()
         return sorted(self._queues)
 
     # -------------------------------------------------------------------------------------- append
 
     def put_message(self, message: Message) -> AppendedRecord:
         """Append one message; see :meth:`put_messages`."""
-        return self.put_messages([message])[0]
+        return self._append((codec.prepare(message, max_body_size=self._max_body_size),))[0]
 
     def put_messages(self, messages: Sequence[Message]) -> list[AppendedRecord]:
-        """Append messages (one write; in sync mode one shared fdatasync) and index them.
+        """Append messages (one write; in sync mode one shared fdatasync) and queue them for dispatch.
+
+        Each result carries the record's queue offset and CommitLog offset. On return the
+        messages are durable (sync mode) or written to the page cache (async mode), and visible
+        to every index read that starts afterwards (see the module doc); the reput thread
+        indexes them in the background.
 
         Raises ``ValueError`` for a malformed message, :class:`MessageTooLargeError` over the
-        limits (nothing of the batch is stored then), :class:`StoreClosedError` after close.
+        limits (nothing of the batch is stored then), :class:`StoreClosedError` after close, and
+        :class:`StoreError` while the store cannot flush or index.
         """
-        prepared = [codec.prepare(m, max_body_size=self.config.max_message_size) for m in messages]
+        max_body_size = self._max_body_size
+        prepared = [codec.prepare(m, max_body_size=max_body_size) for m in messages]
         if not prepared:
             return []
+        return self._append(prepared)
+
+    def _append(self, prepared: Sequence[codec.EncodedParts]) -> list[AppendedRecord]:
         with self._append_lock:
-            self._check_open()
+            if not self._running:
+                raise StoreClosedError("the message store is closed")
             if self._flush_error is not None:
                 raise StoreError(f"the store cannot flush: {self._flush_error}")
-            now = time.time_ns() // 1_000_000
-            results = self.commit_log.append(prepared, now)
-            for parts, rec in zip(prepared, results, strict=True):
-                props = dict(parts.message.properties)
-                self._pending.append(
-                    DispatchRequest(
-                        topic=rec.topic,
-                        queue_id=rec.queue_id,
-                        commit_log_offset=rec.commit_log_offset,
-                        msg_size=rec.size,
-                        tags_code=codec.tags_code_of(props.get(codec.PROPERTY_TAGS)),
-                        store_timestamp=now,
-                        consume_queue_offset=rec.queue_offset,
-                        keys=props.get(codec.PROPERTY_KEYS, ""),
-                        uniq_key=props.get(codec.PROPERTY_UNIQ_KEY),
-                        properties=props,
-                    )
-                )
-        end = results[-1].commit_log_offset + results[-1].size
-        if self.config.flush_mode == "sync":
+            if self._dispatch_error is not None:
+                raise StoreError(f"the store cannot index: {self._dispatch_error}")
+            results = self.commit_log.append(prepared, time.time_ns() // 1_000_000)
+            properties = [p.properties for p in prepared]
+            self._pending.append((results, properties))
+            last = results[-1]
+            end = self._appended_offset = last.commit_log_offset + last.size
+            if not self._sync:
+                if self.key_index is not None:
+                    self.key_index.add_appended(results, properties)
+                if self._wake.locked():
+                    self._wake.release()
+        if self._sync:
             self._group_commit(end)
-            self._drain(self.commit_log.flushed_offset)
-        else:
-            self._drain(None)
+            if self.key_index is not None:  # durable now
+                self.key_index.add_appended(results, properties)
+        elif end - self._dispatched_offset > _MAX_DISPATCH_LAG:
+            self._dispatch_all(None)  # the reput thread lags far behind: help it
         return results
 
     def _group_commit(self, end: int) -> None:
@@ -323,34 +406,156 @@ class MessageStore:
             with self._commit_cond:
                 self._commit_leader = False
                 self._commit_cond.notify_all()
+            self._wake_reput()
 
-    def _drain(self, limit: int | None) -> None:
-        """Dispatch pending requests below ``limit`` (all with None), in order."""
-        with self._dispatch_lock:
-            batch: list[DispatchRequest] = []
-            pending = self._pending
-            while pending and (limit is None or pending[0].commit_log_offset < limit):
-                batch.append(pending.popleft())
-            if not batch:
-                return
+    # -------------------------------------------------------------------------------------- reput
+
+    def _wake_reput(self) -> None:
+        try:
+            if self._wake.locked():
+                self._wake.release()
+        except RuntimeError:  # another thread released it first
+            pass
+
+    def _dispatch_limit(self) -> int | None:
+        """Records ending at or before this offset may be dispatched (None: all)."""
+        return self.commit_log.flushed_offset if self._sync else None
+
+    def _reput_loop(self) -> None:
+        """RocketMQ's ReputMessageService: dispatch appended records in batches, in order."""
+        interval = self.config.flush_interval_ms / 1000.0
+        while not self._stop.is_set():
+            self._wake.acquire(timeout=_REPUT_IDLE_WAIT)
+            if len(self._pending) < _REPUT_SMALL_BACKLOG:
+                # dispatching costs mostly per batch (a write per queue): let a batch form
+                self._stop.wait(_REPUT_LINGER)
             try:
-                self._reput.dispatch(batch)
-            except OSError as exc:
-                raise StoreError(f"writing the consume queue failed: {exc}") from exc
-            if self.key_index is not None:
-                self.key_index.dispatch(batch)
-            self._dispatched_offset = batch[-1].commit_log_offset + batch[-1].msg_size
+                while not self._stop.is_set() and self._dispatch_batch(self._dispatch_limit()):
+                    pass
+                self._dispatch_error = None
+            except Exception as exc:  # keep the thread alive; readers and appenders see the error
+                _log.exception("dispatch failed; retrying")
+                self._dispatch_error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
+                self._stop.wait(interval)
+
+    def _dispatch_batch(self, limit: int | None) -> bool:
+        """Dispatch up to one batch of pending records ending at or before ``limit``.
+
+        Returns True if it dispatched a full batch (more may be pending).
+        """
+        with self._dispatch_lock:
+            arrivals, count = self._dispatch_locked(limit)
+        if arrivals:
+            self._notify(arrivals)
+        return count >= _REPUT_BATCH
+
+    def _dispatch_all(self, limit: int | None, then: Callable[[], None] | None = None) -> None:
+        """Dispatch every pending record ending at or before ``limit``; run ``then`` under the lock."""
+        arrivals: list[QueueArrival] = []
+        with self._dispatch_lock:
+            while True:
+                batch_arrivals, count = self._dispatch_locked(limit)
+                arrivals += batch_arrivals
+                if count < _REPUT_BATCH:
+                    break
+            if then is not None:
+                then()
+        if arrivals:
+            self._notify(arrivals)
+
+    def _dispatch_locked(self, limit: int | None) -> tuple[list[QueueArrival], int]:
+        """Dispatch up to one batch (caller holds the dispatch lock); returns the arrivals and
+        how many records were dispatched. Pending records are removed only once indexed."""
+        pending = self._pending
+        records: list[AppendedRecord] = []
+        properties: list[dict[str, str]] = []
+        whole = 0  # leading pending entries taken whole
+        part = 0  # records taken from the next one
+        while whole < len(pending) and len(records) < _REPUT_BATCH:
+            recs, props = pending[whole]
+            last = recs[-1]
+            if limit is not None and last.commit_log_offset + last.size > limit:
+                part = sum(1 for r in recs if r.commit_log_offset + r.size <= limit)
+                records += recs[:part]
+                properties += props[:part]
+                break
+            records += recs
+            properties += props
+            whole += 1
+        if not records:
+            return [], 0
+        try:
+            arrivals = self._reput.dispatch_appended(records, properties)
+        except OSError as exc:
+            raise StoreError(f"writing the consume queue failed: {exc}") from exc
+        for _ in range(whole):
+            pending.popleft()
+        if part:
+            recs, props = pending[0]
+            pending[0] = (recs[part:], props[part:])
+        last = records[-1]
+        self._dispatched_offset = last.commit_log_offset + last.size
+        return arrivals, len(records)
+
+    def _notify(self, arrivals: list[QueueArrival]) -> None:
+        for listener in self._listeners:
+            for topic, queue_id, max_offset in arrivals:
+                try:
+                    listener(topic, queue_id, max_offset)
+                except Exception:
+                    _log.exception("message arriving listener %r failed", listener)
+
+    def _catch_up(self, timeout: float | None = None) -> bool:
+        """Make every record appended before the call readable (the read-your-writes rule)."""
+        target = self._appended_offset
+        if self._dispatched_offset >= target:
+            return True
+        limit = self._dispatch_limit()
+        if limit is not None:
+            target = min(target, limit)
+            if self._dispatched_offset >= target:
+                return True
+        if not self._dispatch_lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        arrivals: list[QueueArrival] = []
+        try:
+            while self._dispatched_offset < target:
+                batch_arrivals, count = self._dispatch_locked(limit)
+                arrivals += batch_arrivals
+                if not count:
+                    break
+        finally:
+            self._dispatch_lock.release()
+        if arrivals:
+            self._notify(arrivals)
+        return self._dispatched_offset >= target
+
+    def wait_dispatched(self, timeout: float | None = None) -> bool:
+        """Make everything appended before the call readable now; False if ``timeout`` ran out.
+
+        Reads do this by themselves (see the module doc); this is for callers that look at the
+        index files directly, and for tests. In sync mode only durable records are dispatched.
+        """
+        return self._catch_up(timeout)
+
+    def dispatch_behind_bytes(self) -> int:
+        """CommitLog bytes appended but not yet dispatched by the reput thread."""
+        return max(0, self._appended_offset - self._dispatched_offset)
 
     # --------------------------------------------------------------------------------------- flush
 
     def flush(self) -> None:
-        """Flush CommitLog and ConsumeQueues now and write the checkpoint."""
+        """Flush the CommitLog, dispatch what is pending, flush the ConsumeQueues, write the checkpoint."""
         self._check_open()
+        self.commit_log.flush()
+        self._dispatch_all(self._dispatch_limit())
         self._flush_all()
 
     def _flush_all(self) -> None:
         with self._checkpoint_lock:
             self.commit_log.flush()
+            if self._sync:
+                self._wake_reput()
             with self._dispatch_lock:
                 dispatched = self._dispatched_offset
                 queues = list(self._queues.values())
@@ -362,8 +567,6 @@ class MessageStore:
         interval = self.config.flush_interval_ms / 1000.0
         while not self._stop.wait(interval):
             try:
-                if self.config.flush_mode == "async":
-                    self._drain(None)
                 self._flush_all()
                 self._flush_error = None
             except (OSError, StoreError) as exc:
@@ -391,6 +594,7 @@ class MessageStore:
         ``max(16000 bytes, max_count * 20)`` of index (and never past the end of the index segment)
         is scanned per call. A batch is full at ``max_count`` messages or at the configured
         transfer limits (``max_transfer_bytes``/``max_transfer_count``), but always holds one.
+        Every message whose ``put_message`` returned before the call is visible.
         Raises :class:`CorruptRecordError` if an index entry leads to a damaged record.
         """
         del group  # kept for RocketMQ's signature (statistics)
@@ -428,11 +632,14 @@ class MessageStore:
         *,
         bounds: tuple[int, int],
     ) -> GetMessageResult:
+        """Read the records of the index candidates; runs of nearby ones with one pread each."""
         min_offset, max_offset = bounds
         n = len(entries)
         candidates = self._index_candidates(cq, entries, offset, message_filter)
-        commit_log_offsets = entries["commit_log_offset"]
-        sizes = entries["size"]
+        cand_index: list[int] = candidates.tolist()
+        cand_offset: list[int] = entries["commit_log_offset"][candidates].tolist()
+        cand_size: list[int] = entries["size"][candidates].tolist()
+        accept = message_filter.is_matched_by_commit_log if message_filter is not None else None
         status = GetMessageStatus.NO_MATCHED_MESSAGE
         messages: list[StoredMessage] = []
         total = 0
@@ -441,33 +648,63 @@ class MessageStore:
         removing_at = -1
         max_bytes = self.config.max_transfer_bytes
         max_msgs = min(max_count, self.config.max_transfer_count)
-        for idx in candidates.tolist():
-            offset_py = int(commit_log_offsets[idx])
-            size_py = int(sizes[idx])
-            if offset_py < next_phy_file_start:
+        commit_log = self.commit_log
+        segment_size = commit_log.segment_size
+        max_record_size = commit_log.max_record_size
+        decode = codec.decode_for_queue
+        topic, queue_id = cq.topic, cq.queue_id
+        span = b""  # the bytes of [span_start, span_end) of the CommitLog
+        span_start = span_end = 0
+        count = len(cand_index)
+        for j in range(count):
+            idx = cand_index[j]
+            phy = cand_offset[j]
+            size = cand_size[j]
+            if phy < next_phy_file_start:
                 continue
-            if messages and (len(messages) >= max_msgs or total + size_py > max_bytes):
+            if messages and (len(messages) >= max_msgs or total + size > max_bytes):
                 scanned = idx
                 break
-            msg = self.commit_log.read_message(offset_py, size_py)
-            if msg is None:
-                if not messages:
-                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                    removing_at = idx
-                next_phy_file_start = self.commit_log.roll_next_file(offset_py)
-                continue
-            if msg.topic != cq.topic or msg.queue_id != cq.queue_id or msg.queue_offset != offset + idx:
-                raise CorruptRecordError(
-                    f"consume queue {cq.topic}:{cq.queue_id} entry {offset + idx} points at a record of "
-                    f"{msg.topic}:{msg.queue_id}@{msg.queue_offset}",
-                    offset=offset_py,
-                )
-            if message_filter is not None and not message_filter.is_matched_by_commit_log(msg.properties):
-                if not messages:
-                    status = GetMessageStatus.NO_MATCHED_MESSAGE
+            plausible = 0 < size <= max_record_size
+            if not plausible or phy < span_start or phy + size > span_end:
+                # read this record and the following candidates that are close by, at once
+                end = phy + size if plausible else phy + 1
+                segment_end = phy - phy % segment_size + segment_size
+                k = j + 1
+                while plausible and k < count:
+                    nxt = cand_offset[k]
+                    nxt_end = nxt + cand_size[k]
+                    if not end <= nxt < nxt_end <= min(segment_end, phy + _READ_SPAN, nxt + max_record_size):
+                        break
+                    if nxt - end > _READ_GAP:
+                        break
+                    end = nxt_end
+                    k += 1
+                data = commit_log.read_range(phy, end - phy)
+                if data is None:
+                    if not messages:
+                        status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                        removing_at = idx
+                    next_phy_file_start = commit_log.roll_next_file(phy)
+                    continue
+                if not plausible:
+                    raise CorruptRecordError(f"implausible record size {size}", offset=phy)
+                span, span_start, span_end = data, phy, phy + len(data)
+            msg = decode(
+                span,
+                phy - span_start,
+                phy,
+                size,
+                max_record_size=max_record_size,
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=offset + idx,
+                accept=accept,
+            )
+            if msg is None:  # rejected by the exact (CommitLog) stage of the filter
                 continue
             messages.append(msg)
-            total += size_py
+            total += size
             status = GetMessageStatus.FOUND
             next_phy_file_start = -1
         if status is GetMessageStatus.MESSAGE_WAS_REMOVING and len(candidates) < n:
@@ -485,12 +722,15 @@ class MessageStore:
         if message_filter is None:
             return np.arange(n)
         tags_codes = entries["tags_code"].astype(np.int64)
-        ext_block = cq.ext.read_block(offset, n) if cq.ext is not None else None
-        if isinstance(message_filter, BlockMessageFilter):
-            mask = np.asarray(message_filter.match_consume_queue_block(tags_codes, ext_block), dtype=bool)
+        # what isinstance(message_filter, BlockMessageFilter) checks, without its cost per call
+        match_block = getattr(message_filter, "match_consume_queue_block", None)
+        if match_block is not None:
+            lazy_ext = cq.ext.lazy_block(offset, n) if cq.ext is not None else None
+            mask = np.asarray(match_block(tags_codes, lazy_ext), dtype=bool)
             if mask.shape != (n,):
                 raise ValueError(f"match_consume_queue_block returned shape {mask.shape}, expected ({n},)")
             return np.flatnonzero(mask)
+        ext_block = cq.ext.read_block(offset, n) if cq.ext is not None else None
         have_ext = 0 if ext_block is None else len(ext_block.present)
         keep = [
             i
@@ -550,6 +790,7 @@ class MessageStore:
     ) -> retention.RetentionResult:
         """Delete CommitLog segments past their age or while the disk is too full (see retention.py)."""
         self._check_open()
+        self._catch_up()
         return retention.delete_expired(self, now_ms=now_ms, disk_usage_ratio=disk_usage_ratio)
 
     # internal hooks for retention.py
