@@ -359,3 +359,23 @@ def test_offset_pull_filters_and_reports_where_to_resume(tmp_path: Path) -> None
         assert broker.get_offset("puller", TOPIC, 0) == 47  # survives a restart
     finally:
         broker.close()
+
+
+def test_retention_deletes_old_segments_and_consumers_move_on(tmp_path: Path) -> None:
+    broker = make_broker(
+        tmp_path / "d", default_queue_nums=1, max_body_size=16 * 1024, commit_log_segment_size=128 * 1024,
+        retention_hours=1e-7, disk_max_used_space_ratio=1.0,
+    )  # fmt: skip
+    try:
+        for i in range(400):
+            broker.send(OutgoingMessage(topic=TOPIC, body=b"x" * 1000, message_id=f"01RET{i}", tag="T"))
+        old = broker.receive("early", tag_sub("T"), batch_size=1)  # a group that read one message
+        broker.ack("early", TOPIC, old[0].receipt_handle)
+        time.sleep(0.05)
+        broker.apply_retention()
+        lo = broker.store.get_min_offset_in_queue(TOPIC, 0)
+        assert 0 < lo < 400  # whole old segments are gone; the active one stays
+        got = drain(broker, "early", tag_sub("T"))
+        assert len(got) == 400 - lo  # resumes at the queue's new minimum, nothing else skipped
+    finally:
+        broker.close()

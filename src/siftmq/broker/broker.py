@@ -103,6 +103,8 @@ class Broker:
                 flush_mode=config.flush,
                 flush_interval_ms=config.flush_interval_ms,
                 bitmap_size=self.bloom.bitmap_size,
+                file_reserved_time_ms=int(config.retention_hours * 3600 * 1000),
+                disk_max_used_space_ratio=config.disk_max_used_space_ratio,
             ),
             bitmap_dispatcher=self.filters,
         )
@@ -150,6 +152,7 @@ class Broker:
     def _housekeeping(self) -> None:
         flush_s = self.config.consumer_state_flush_ms / 1000
         last_sweep = 0.0
+        last_retention = time.monotonic()
         while not self._stop.wait(flush_s):
             try:
                 if self.consumers.dirty:
@@ -162,8 +165,22 @@ class Broker:
                     for group in self.clients.live_groups():
                         self.filters.touch_group(group)
                     self.filters.expire()
+                if time.monotonic() - last_retention >= self.config.retention_check_interval_s:
+                    last_retention = time.monotonic()
+                    self.apply_retention()
             except Exception:
                 _log.exception("broker housekeeping failed; retrying")
+
+    def apply_retention(self) -> None:
+        """Delete CommitLog segments past ``retention_hours`` or while the disk is too full."""
+        result = self.store.delete_expired_files()
+        if result.commit_log_segments:
+            _log.info(
+                "retention: deleted %d CommitLog and %d ConsumeQueue segments; the log now starts at %d",
+                result.commit_log_segments,
+                result.consume_queue_segments,
+                result.commit_log_min_offset,
+            )
 
     # ------------------------------------------------------------------------------------- topics
 

@@ -56,6 +56,9 @@ class BrokerConfig:
     flush: Literal["sync", "async"] = "async"
     flush_interval_ms: int = 500
     commit_log_segment_size: int = 1024 * MIB
+    retention_hours: float = 72.0  # CommitLog segments older than this are deleted
+    disk_max_used_space_ratio: float = 0.75  # ... and the oldest while the disk is fuller than this
+    retention_check_interval_s: float = 60.0
     broker_name: str = "siftmq-broker"
     # topics
     auto_create_topics: bool = True
