@@ -26,6 +26,7 @@ The tree::
     │   ├── NotFoundError            an unknown topic or group
     │   ├── UnsupportedError         a call or feature this broker does not serve, or turned off
     │   └── TooManyRequestsError     a bound on concurrent work was hit (retriable)
+    ├── RemoteError                  siftmq.client: a broker answered with a failure status, or is unreachable
     └── ConfigError                  invalid configuration value
 
 Each layer raises its own errors; the edges translate them (``raise X from exc``).
@@ -210,6 +211,33 @@ class TooManyRequestsError(BrokerError):
 
     code = "TOO_MANY_REQUESTS"
     retriable = True
+
+
+# --------------------------------------------------------------------------------------------- client
+
+
+class RemoteError(SiftError):
+    """A broker answered a client call with a failure status, or could not be reached.
+
+    ``status`` is the wire status name (``ILLEGAL_TOPIC``, ``UNAVAILABLE`` for transport failures, ...)
+    and ``status_code`` its number; ``retriable`` tells whether the same call may succeed later.
+    """
+
+    code = "REMOTE_ERROR"
+    _RETRIABLE = frozenset({
+        "TOO_MANY_REQUESTS", "INTERNAL_SERVER_ERROR", "HA_NOT_AVAILABLE", "PROXY_TIMEOUT",
+        "MASTER_PERSISTENCE_TIMEOUT", "SLAVE_PERSISTENCE_TIMEOUT", "REQUEST_TIMEOUT", "UNAVAILABLE",
+    })  # fmt: skip
+
+    def __init__(self, message: str, *, status: str, status_code: int = 0, call: str = "") -> None:
+        super().__init__(f"{call + ': ' if call else ''}{status} ({status_code}): {message}")
+        self.status = status
+        self.status_code = status_code
+        self.call = call
+
+    @property
+    def is_retriable(self) -> bool:
+        return self.status in self._RETRIABLE
 
 
 # -------------------------------------------------------------------------------------------- helpers

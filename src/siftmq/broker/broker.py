@@ -66,6 +66,8 @@ _log = logging.getLogger(__name__)
 DLQ_PREFIX = "%DLQ%"
 #: Index entries a single receive may scan per queue before it answers (bounds one call's work).
 MAX_SCAN_PER_RECEIVE = 64_000
+#: Messages one SendMessage request may carry (the official client sends one; siftmq's batches).
+MAX_BATCH_MESSAGES = 1024
 FILTER_KINDS = {"TAG": "TAG", "SQL": "SQL92", "SQL92": "SQL92"}
 
 
@@ -203,6 +205,63 @@ class Broker:
 
     def send(self, msg: OutgoingMessage) -> SendResult:
         """Validate and store one message; a retry with the same message id is stored once."""
+        return self.send_many([msg])[0]
+
+    def send_many(self, msgs: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """Validate and store a batch of one topic in one append (one fsync in sync mode).
+
+        Every message is checked before anything is stored: one bad message refuses the whole batch.
+        Messages whose id is already stored (client retries) are not stored again.
+        """
+        if not msgs:
+            raise BadRequestError("no message to send")
+        if len(msgs) > MAX_BATCH_MESSAGES:
+            raise BadRequestError(
+                f"{len(msgs)} messages in one request exceed the limit {MAX_BATCH_MESSAGES}"
+            )
+        if len({m.topic for m in msgs}) != 1:
+            raise BadRequestError("a batch must hold messages of one topic")
+        if len({m.message_id for m in msgs}) != len(msgs):
+            raise BadRequestError("a batch holds the same message id twice", status="ILLEGAL_MESSAGE_ID")
+        prepared = [self._prepare(m) for m in msgs]
+        topic = self.topics.get_or_create(msgs[0].topic, for_send=True)
+        if not topic.writable:
+            raise BadRequestError(f"topic {topic.name!r} is not writable", status="FORBIDDEN")
+        # Same message id, same stripe: a client's retry waits for the first attempt, then sees it.
+        stripes = sorted({hash(m.message_id) % len(self._send_locks) for m in msgs})
+        for k in stripes:
+            self._send_locks[k].acquire()
+        try:
+            results: list[SendResult | None] = [None] * len(msgs)
+            fresh: list[int] = []
+            for i, m in enumerate(msgs):
+                existing = self.store.query_message_by_uniq_key(m.message_id)
+                if existing is not None and existing.topic == topic.name:
+                    self.stats.count(self.stats.duplicates, topic.name)
+                    results[i] = SendResult(
+                        m.message_id, existing.queue_id, existing.queue_offset, duplicate=True
+                    )
+                else:
+                    fresh.append(i)
+            if fresh:
+                queue_id = next(self._queue_cursor) % topic.queue_nums
+                records = self.store.put_messages([
+                    Message(topic=topic.name, body=bytes(msgs[i].body), queue_id=queue_id,
+                            properties=prepared[i][0], born_timestamp=msgs[i].born_timestamp_ms,
+                            born_host=prepared[i][1])
+                    for i in fresh
+                ])  # fmt: skip
+                for i, record in zip(fresh, records, strict=True):
+                    results[i] = SendResult(msgs[i].message_id, record.queue_id, record.queue_offset)
+                self.stats.count(self.stats.sends, topic.name, len(fresh))
+                self.stats.count(self.stats.send_bytes, topic.name, sum(len(msgs[i].body) for i in fresh))
+        finally:
+            for k in reversed(stripes):
+                self._send_locks[k].release()
+        return [r for r in results if r is not None]
+
+    def _prepare(self, msg: OutgoingMessage) -> tuple[dict[str, str], bytes]:
+        """Check one message; its stored properties and born host."""
         check_topic(msg.topic, for_send=True)
         check_message_id(msg.message_id)
         if msg.message_group is not None:
@@ -229,9 +288,6 @@ class Broker:
             max_count=self.config.max_user_properties,
             max_bytes=self.config.max_user_properties_bytes,
         )
-        topic = self.topics.get_or_create(msg.topic, for_send=True)
-        if not topic.writable:
-            raise BadRequestError(f"topic {topic.name!r} is not writable", status="FORBIDDEN")
         properties = dict(msg.user_properties)
         if msg.tag is not None:
             properties["TAGS"] = msg.tag
@@ -241,26 +297,7 @@ class Broker:
         born_host = _host_bytes(msg.born_host)
         if born_host is None and msg.born_host:
             properties[PROPERTY_BORN_HOST] = msg.born_host[:255]
-        # Same message id, same stripe: a client's retry waits for the first attempt, then sees it.
-        with self._send_locks[hash(msg.message_id) % len(self._send_locks)]:
-            existing = self.store.query_message_by_uniq_key(msg.message_id)
-            if existing is not None and existing.topic == topic.name:
-                self.stats.count(self.stats.duplicates, topic.name)
-                return SendResult(msg.message_id, existing.queue_id, existing.queue_offset, duplicate=True)
-            queue_id = next(self._queue_cursor) % topic.queue_nums
-            record = self.store.put_message(
-                Message(
-                    topic=topic.name,
-                    body=bytes(msg.body),
-                    queue_id=queue_id,
-                    properties=properties,
-                    born_timestamp=msg.born_timestamp_ms,
-                    born_host=born_host or encode_host("0.0.0.0", 0),
-                )
-            )
-        self.stats.count(self.stats.sends, topic.name)
-        self.stats.count(self.stats.send_bytes, topic.name, len(msg.body))
-        return SendResult(msg.message_id, record.queue_id, record.queue_offset)
+        return properties, born_host or encode_host("0.0.0.0", 0)
 
     # ------------------------------------------------------------------------------------ filters
 

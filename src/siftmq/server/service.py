@@ -179,15 +179,15 @@ class MessagingService:
 
     async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
         try:
-            if len(request.messages) != 1:
-                raise BadRequestError(f"SendMessage takes exactly one message, got {len(request.messages)}")
-            msg = convert.outgoing_message(request.messages[0], self.config.max_body_size)
-            result = await self._call(self.broker.send, msg)
+            msgs = [convert.outgoing_message(m, self.config.max_body_size) for m in request.messages]
+            results = await self._call(self.broker.send_many, msgs)
         except Exception as exc:
             st = status_of(exc, call="SendMessage")
             return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)])
-        entry = pb.SendResultEntry(status=ok(), message_id=result.message_id, offset=result.queue_offset)
-        return pb.SendMessageResponse(status=ok(), entries=[entry])
+        entries = [
+            pb.SendResultEntry(status=ok(), message_id=r.message_id, offset=r.queue_offset) for r in results
+        ]
+        return pb.SendMessageResponse(status=ok(), entries=entries)
 
     # ------------------------------------------------------------------------------------ receive
 

@@ -1,0 +1,22 @@
+"""siftmq.client: asyncio clients for siftmq (and any RocketMQ 5 gRPC broker).
+
+``Producer`` (``send``, ``send_many``), ``SimpleConsumer`` (``receive``/``ack``), ``PushConsumer``
+(listener), ``PullConsumer`` (``poll``/``seek``/``commit``). Filters are validated locally
+(``FilterExpression.tag``/``.sql92``) and every delivered message is re-checked on the client.
+Depends only on the protocol stubs, the error types and the filter engine.
+"""
+
+from siftmq.client.consumers import PullConsumer, PushConsumer, SimpleConsumer
+from siftmq.client.model import FilterExpression, ReceivedMessage, SendReceipt
+from siftmq.client.producer import Producer, new_message_id
+
+__all__ = [
+    "FilterExpression",
+    "Producer",
+    "PullConsumer",
+    "PushConsumer",
+    "ReceivedMessage",
+    "SendReceipt",
+    "SimpleConsumer",
+    "new_message_id",
+]

@@ -1,0 +1,143 @@
+"""One gRPC channel to a broker, with RocketMQ's client metadata and status checking."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from siftmq import __version__
+from siftmq.errors import RemoteError
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol.service import RPCS, Rpc
+
+_RPC = {r.name: r for r in RPCS}
+_SUCCESS = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
+_counter = iter(range(1 << 62))
+
+
+def new_client_id() -> str:
+    """``host@pid@n@time``: unique per client object, as RocketMQ's clients build it."""
+    return f"{socket.gethostname()}@{os.getpid()}@{next(_counter)}@{time.time_ns():x}"
+
+
+class Connection:
+    """Calls ``apache.rocketmq.v2.MessagingService`` on one endpoint (``host:port``)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        client_id: str | None = None,
+        namespace: str = "",
+        request_timeout: float = 5.0,
+    ) -> None:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"endpoint must be host:port, not {endpoint!r}")
+        self.endpoint = endpoint
+        self.host, self.port = host, int(port)
+        self.client_id = client_id or new_client_id()
+        self.namespace = namespace
+        self.request_timeout = request_timeout
+        self._channel = grpc.aio.insecure_channel(
+            endpoint, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        )
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (
+            ("x-mq-client-id", self.client_id),
+            ("x-mq-language", "PYTHON"),
+            ("x-mq-protocol", "GRPC_V2"),
+            ("x-mq-client-version", f"siftmq-{__version__}"),
+            ("x-mq-namespace", self.namespace),
+            ("x-mq-request-id", uuid.uuid4().hex),
+        )
+
+    def endpoints(self) -> pb.Endpoints:
+        scheme = (
+            pb.AddressScheme.IPv4 if self.host.replace(".", "").isdigit() else pb.AddressScheme.DOMAIN_NAME
+        )
+        return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=self.host, port=self.port)])
+
+    def resource(self, name: str) -> pb.Resource:
+        return pb.Resource(resource_namespace=self.namespace, name=name)
+
+    def _method(self, rpc: Rpc, request: Any) -> Any:
+        kinds = {
+            "unary_unary": self._channel.unary_unary,
+            "unary_stream": self._channel.unary_stream,
+            "stream_stream": self._channel.stream_stream,
+        }
+        return kinds[rpc.shape](
+            rpc.path,
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=rpc.response.FromString,
+        )
+
+    async def unary(self, name: str, request: Any, *, timeout: float | None = None) -> Any:
+        """One unary call; a non-OK top-level status raises :class:`RemoteError`."""
+        rpc = _RPC[name]
+        try:
+            response = await self._method(rpc, request)(
+                request, timeout=timeout or self.request_timeout, metadata=self.metadata()
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _transport_error(name, exc) from None
+        check(name, response.status)
+        return response
+
+    async def stream(self, name: str, request: Any, *, timeout: float) -> list[Any]:
+        """A server-streaming call, collected; its status frame is checked by the caller."""
+        rpc = _RPC[name]
+        frames = []
+        try:
+            call = self._method(rpc, request)(request, timeout=timeout, metadata=self.metadata())
+            async for frame in call:
+                frames.append(frame)
+        except grpc.aio.AioRpcError as exc:
+            raise _transport_error(name, exc) from None
+        return frames
+
+    async def telemetry(self, settings: pb.Settings) -> pb.TelemetryCommand:
+        """Send the client's settings and wait for the broker's reply (the stream is then closed)."""
+        rpc = _RPC["Telemetry"]
+
+        async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+            yield pb.TelemetryCommand(settings=settings)
+
+        call = self._method(rpc, pb.TelemetryCommand())(
+            commands(), timeout=self.request_timeout, metadata=self.metadata()
+        )
+        try:
+            async for reply in call:
+                check("Telemetry", reply.status)
+                return reply  # type: ignore[no-any-return]
+        except grpc.aio.AioRpcError as exc:
+            raise _transport_error("Telemetry", exc) from None
+        finally:
+            call.cancel()
+        raise RemoteError(
+            "the broker closed the stream without a reply", status="UNAVAILABLE", call="Telemetry"
+        )
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def check(call: str, status: pb.Status) -> None:
+    if status.code not in _SUCCESS:
+        name = pb.Code.Name(status.code) if status.code in pb.Code.values() else str(status.code)
+        raise RemoteError(status.message or name, status=name, status_code=int(status.code), call=call)
+
+
+def _transport_error(call: str, exc: grpc.aio.AioRpcError) -> RemoteError:
+    code = exc.code()
+    transient = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    status = "UNAVAILABLE" if transient else f"GRPC_{code.name}"
+    return RemoteError(exc.details() or code.name, status=status, call=call)

@@ -1,0 +1,377 @@
+"""Consumers: SimpleConsumer (receive/ack), PullConsumer (assigned queues, poll/seek/commit), PushConsumer.
+
+Every message handed to the application is checked again on the client against its own
+subscription (RocketMQ's second stage: the exact tag, or the SQL92 expression); a mismatch is
+dropped (acknowledged so it does not come back) and counted in ``dropped``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from siftmq.client.connection import Connection
+from siftmq.client.model import FilterExpression, ReceivedMessage
+from siftmq.errors import RemoteError
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+
+_log = logging.getLogger(__name__)
+HEARTBEAT_S = 10.0
+
+
+class _Consumer:
+    client_type: pb.ClientType = pb.ClientType.CLIENT_TYPE_UNSPECIFIED
+
+    def __init__(
+        self, endpoint: str, group: str, subscriptions: Mapping[str, FilterExpression], **options: Any
+    ) -> None:
+        if not subscriptions:
+            raise ValueError("subscribe at least one topic")
+        self.connection = Connection(endpoint, **options)
+        self.group = group
+        self.subscriptions = dict(subscriptions)
+        self.dropped = 0
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Any:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _settings(self) -> pb.Settings:
+        entries = [
+            pb.SubscriptionEntry(topic=self.connection.resource(t), expression=f.to_proto())
+            for t, f in self.subscriptions.items()
+        ]
+        return pb.Settings(
+            client_type=self.client_type,
+            subscription=pb.Subscription(group=self.connection.resource(self.group), subscriptions=entries),
+        )
+
+    async def start(self) -> None:
+        """Declare the subscriptions (refused at once if the group subscribes differently)."""
+        await self.connection.telemetry(self._settings())
+        self._heartbeat = asyncio.create_task(self._beat())
+
+    async def _beat(self) -> None:
+        request = pb.HeartbeatRequest(
+            group=self.connection.resource(self.group), client_type=self.client_type
+        )
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self.connection.unary("Heartbeat", request)
+            except RemoteError as exc:
+                _log.warning("heartbeat of %s failed: %s", self.group, exc)
+
+    async def stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        with contextlib.suppress(RemoteError):
+            await self.connection.unary(
+                "NotifyClientTermination",
+                pb.NotifyClientTerminationRequest(group=self.connection.resource(self.group)),
+            )
+        await self.connection.close()
+
+    def _recheck(self, topic: str, m: ReceivedMessage) -> bool:
+        return self.subscriptions[topic].matches(m)
+
+
+class SimpleConsumer(_Consumer):
+    """``receive`` a batch, then ``ack`` (or ``change_invisible_duration``) each message."""
+
+    client_type = pb.ClientType.SIMPLE_CONSUMER
+
+    def __init__(
+        self,
+        endpoint: str,
+        group: str,
+        subscriptions: Mapping[str, FilterExpression],
+        *,
+        await_duration: float = 5.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(endpoint, group, subscriptions, **options)
+        self.await_duration = await_duration
+        self._next_topic = 0
+
+    async def receive(
+        self, max_messages: int = 16, invisible_duration: float = 30.0
+    ) -> list[ReceivedMessage]:
+        topics = list(self.subscriptions)
+        topic = topics[self._next_topic % len(topics)]
+        self._next_topic += 1
+        request = pb.ReceiveMessageRequest(
+            group=self.connection.resource(self.group),
+            message_queue=pb.MessageQueue(topic=self.connection.resource(topic), id=-1),
+            filter_expression=self.subscriptions[topic].to_proto(),
+            batch_size=max_messages,
+        )
+        request.invisible_duration.FromMilliseconds(int(invisible_duration * 1000))
+        request.long_polling_timeout.FromMilliseconds(int(self.await_duration * 1000))
+        frames = await self.connection.stream(
+            "ReceiveMessage", request, timeout=self.await_duration + self.connection.request_timeout
+        )
+        out = []
+        for frame in frames:
+            which = frame.WhichOneof("content")
+            if which == "status" and frame.status.code != pb.Code.MESSAGE_NOT_FOUND:
+                from siftmq.client.connection import check
+
+                check("ReceiveMessage", frame.status)
+            elif which == "message":
+                msg = ReceivedMessage.from_proto(frame.message)
+                if self._recheck(topic, msg):
+                    out.append(msg)
+                else:
+                    self.dropped += 1
+                    await self.ack(msg)
+        return out
+
+    async def ack(self, message: ReceivedMessage) -> None:
+        await self.connection.unary(
+            "AckMessage",
+            pb.AckMessageRequest(
+                group=self.connection.resource(self.group),
+                topic=self.connection.resource(message.topic),
+                entries=[
+                    pb.AckMessageEntry(message_id=message.message_id, receipt_handle=message.receipt_handle)
+                ],
+            ),
+        )
+
+    async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
+        """Make the message visible again in ``seconds`` (0 = now); returns it with its new handle."""
+        request = pb.ChangeInvisibleDurationRequest(
+            group=self.connection.resource(self.group),
+            topic=self.connection.resource(message.topic),
+            receipt_handle=message.receipt_handle,
+            message_id=message.message_id,
+        )
+        request.invisible_duration.FromMilliseconds(int(seconds * 1000))
+        response = await self.connection.unary("ChangeInvisibleDuration", request)
+        from dataclasses import replace
+
+        return replace(message, receipt_handle=response.receipt_handle)
+
+    def __aiter__(self) -> Any:
+        return self._iterate()
+
+    async def _iterate(self) -> Any:
+        while True:
+            for m in await self.receive():
+                yield m
+
+
+class PushConsumer(SimpleConsumer):
+    """Calls ``listener(message)`` (sync or async; truthy = consumed), ``concurrency`` messages at once.
+
+    A failed message is made visible again after a backoff (1 s, 5 s, 10 s, ...); after the broker's
+    maximum delivery attempts it goes to ``%DLQ%<group>``.
+    """
+
+    client_type = pb.ClientType.PUSH_CONSUMER
+    BACKOFF_S = (1.0, 5.0, 10.0, 30.0, 60.0)
+
+    def __init__(
+        self,
+        endpoint: str,
+        group: str,
+        subscriptions: Mapping[str, FilterExpression],
+        listener: Callable[[ReceivedMessage], bool | Awaitable[bool]],
+        *,
+        concurrency: int = 4,
+        **options: Any,
+    ) -> None:
+        super().__init__(endpoint, group, subscriptions, **options)
+        self.listener = listener
+        self.concurrency = concurrency
+        self._workers: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await super().start()
+        self._workers = [asyncio.create_task(self._work()) for _ in range(self.concurrency)]
+
+    async def stop(self) -> None:
+        for w in self._workers:
+            w.cancel()
+        for w in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await w
+        await super().stop()
+
+    async def _work(self) -> None:
+        while True:
+            try:
+                batch = await self.receive(8, 60.0)
+            except RemoteError as exc:
+                _log.warning("receive for %s failed: %s", self.group, exc)
+                await asyncio.sleep(1)
+                continue
+            for m in batch:
+                try:
+                    result = self.listener(m)
+                    ok = await result if inspect.isawaitable(result) else result
+                except Exception:
+                    _log.exception("listener failed on %s", m.message_id)
+                    ok = False
+                try:
+                    if ok:
+                        await self.ack(m)
+                    else:
+                        delay = self.BACKOFF_S[min(m.delivery_attempt, len(self.BACKOFF_S)) - 1]
+                        await self.change_invisible_duration(m, delay)
+                except RemoteError as exc:
+                    _log.warning("settling %s failed: %s", m.message_id, exc)
+
+
+class PullConsumer(_Consumer):
+    """Pulls its assigned queues by offset: ``poll``, ``seek``, ``commit``.
+
+    In ``CLUSTERING`` mode the broker assigns queues and keeps the group's offsets; in
+    ``BROADCASTING`` mode the consumer reads every queue and keeps its offsets in a local file
+    (``offset_dir``), as RocketMQ does.
+    """
+
+    client_type = pb.ClientType.PULL_CONSUMER
+
+    def __init__(
+        self,
+        endpoint: str,
+        group: str,
+        topic: str,
+        expression: FilterExpression | None = None,
+        *,
+        mode: str = "CLUSTERING",
+        offset_dir: Path | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(endpoint, group, {topic: expression or FilterExpression.tag()}, **options)
+        if mode not in ("CLUSTERING", "BROADCASTING"):
+            raise ValueError("mode must be CLUSTERING or BROADCASTING")
+        self.topic = topic
+        self.mode = mode
+        self._offsets: dict[int, int] = {}
+        self._offset_file = (
+            offset_dir or Path.home() / ".siftmq" / "offsets"
+        ) / f"{group}@{self.connection.client_id}.json"
+        if mode == "BROADCASTING" and self._offset_file.exists():
+            self._offsets = {int(k): v for k, v in json.loads(self._offset_file.read_text()).items()}
+
+    def _queue(self, qid: int) -> pb.MessageQueue:
+        return pb.MessageQueue(topic=self.connection.resource(self.topic), id=qid)
+
+    async def assignment(self) -> list[int]:
+        response = await self.connection.unary(
+            "QueryAssignment",
+            pb.QueryAssignmentRequest(
+                topic=self.connection.resource(self.topic),
+                group=self.connection.resource(self.group),
+                endpoints=self.connection.endpoints(),
+            ),
+        )
+        return sorted(a.message_queue.id for a in response.assignments if a.message_queue.id >= 0)
+
+    async def _position(self, qid: int) -> int:
+        if qid in self._offsets:
+            return self._offsets[qid]
+        offset = None
+        if self.mode == "CLUSTERING":
+            try:
+                got = await self.connection.unary(
+                    "GetOffset",
+                    pb.GetOffsetRequest(
+                        group=self.connection.resource(self.group), message_queue=self._queue(qid)
+                    ),
+                )
+                offset = int(got.offset)
+            except RemoteError as exc:
+                if exc.status != "OFFSET_NOT_FOUND":
+                    raise
+        if offset is None:
+            got = await self.connection.unary(
+                "QueryOffset",
+                pb.QueryOffsetRequest(
+                    message_queue=self._queue(qid), query_offset_policy=pb.QueryOffsetPolicy.BEGINNING
+                ),
+            )
+            offset = int(got.offset)
+        self._offsets[qid] = offset
+        return offset
+
+    def seek(self, queue_id: int, offset: int) -> None:
+        """Read ``queue_id`` from ``offset`` on the next poll."""
+        self._offsets[queue_id] = offset
+
+    async def poll(self, max_messages: int = 32, timeout: float = 0.0) -> list[ReceivedMessage]:
+        """Messages from the assigned queues (one pull each), waiting up to ``timeout`` for new ones."""
+        out: list[ReceivedMessage] = []
+        queues = await self.assignment()
+        for qid in queues:
+            if len(out) >= max_messages:
+                break
+            request = pb.PullMessageRequest(
+                group=self.connection.resource(self.group),
+                message_queue=self._queue(qid),
+                offset=await self._position(qid),
+                batch_size=max_messages - len(out),
+                filter_expression=self.subscriptions[self.topic].to_proto(),
+            )
+            request.long_polling_timeout.FromMilliseconds(int(timeout * 1000 / max(len(queues), 1)))
+            frames = await self.connection.stream(
+                "PullMessage", request, timeout=timeout + self.connection.request_timeout
+            )
+            status = frames[0].status if frames and frames[0].HasField("status") else None
+            if status is not None and status.code == pb.Code.PRECONDITION_FAILED:
+                continue  # the queue moved to another member; the next assignment tells
+            if status is not None and status.code not in (
+                pb.Code.OK,
+                pb.Code.MESSAGE_NOT_FOUND,
+                pb.Code.ILLEGAL_OFFSET,
+            ):
+                from siftmq.client.connection import check
+
+                check("PullMessage", status)
+            for frame in frames:
+                if frame.HasField("message"):
+                    msg = ReceivedMessage.from_proto(frame.message)
+                    if self._recheck(self.topic, msg):
+                        out.append(msg)
+                    else:
+                        self.dropped += 1
+                elif frame.WhichOneof("content") == "next_offset":
+                    self._offsets[qid] = frame.next_offset
+        return out
+
+    async def commit(self) -> None:
+        """Store the current positions: on the broker (clustering) or in the local file (broadcasting)."""
+        if self.mode == "BROADCASTING":
+            self._offset_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._offset_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self._offsets))
+            tmp.replace(self._offset_file)
+            return
+        owned = set(await self.assignment())
+        for qid, offset in list(self._offsets.items()):
+            if qid in owned:
+                await self.connection.unary(
+                    "UpdateOffset",
+                    pb.UpdateOffsetRequest(
+                        group=self.connection.resource(self.group),
+                        message_queue=self._queue(qid),
+                        offset=offset,
+                    ),
+                )
+            else:
+                del self._offsets[qid]  # rebalanced away: its new owner continues from the group's offset

@@ -1,0 +1,81 @@
+"""What the client hands to applications: filter expressions, received messages, send receipts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from siftmq.filter import CompiledFilter, compile_filter
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class FilterExpression:
+    """A subscription filter, validated locally with the filter engine before anything is sent.
+
+    ``FilterExpression.tag("Pay||Order")``, ``FilterExpression.sql92("price > 30")``; an invalid
+    expression raises :class:`~siftmq.errors.FilterSyntaxError` (its message shows a caret).
+    """
+
+    kind: str
+    expression: str
+    compiled: CompiledFilter = field(compare=False, repr=False)
+
+    @classmethod
+    def tag(cls, expression: str = "*") -> FilterExpression:
+        return cls("TAG", expression, compile_filter("TAG", expression))
+
+    @classmethod
+    def sql92(cls, expression: str) -> FilterExpression:
+        return cls("SQL92", expression, compile_filter("SQL92", expression))
+
+    def to_proto(self) -> pb.FilterExpression:
+        kind = pb.FilterType.TAG if self.kind == "TAG" else pb.FilterType.SQL
+        return pb.FilterExpression(type=kind, expression=self.expression)
+
+    def matches(self, message: ReceivedMessage) -> bool:
+        """The client's second check: the exact tag, or the SQL92 expression over the properties."""
+        props: dict[str, str] = dict(message.properties)
+        if message.tag is not None:
+            props["TAGS"] = message.tag
+        return self.compiled.matches(props)
+
+
+@dataclass(frozen=True, slots=True)
+class SendReceipt:
+    message_id: str
+    queue_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    topic: str
+    body: bytes
+    message_id: str
+    tag: str | None
+    keys: tuple[str, ...]
+    properties: Mapping[str, str]
+    queue_id: int
+    queue_offset: int
+    delivery_attempt: int
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    receipt_handle: str = ""
+
+    @classmethod
+    def from_proto(cls, m: pb.Message) -> ReceivedMessage:
+        sp = m.system_properties
+        return cls(
+            topic=m.topic.name,
+            body=m.body,
+            message_id=sp.message_id,
+            tag=sp.tag if sp.HasField("tag") else None,
+            keys=tuple(sp.keys),
+            properties=dict(m.user_properties),
+            queue_id=sp.queue_id,
+            queue_offset=sp.queue_offset,
+            delivery_attempt=sp.delivery_attempt or 1,
+            born_timestamp_ms=sp.born_timestamp.ToMilliseconds(),
+            store_timestamp_ms=sp.store_timestamp.ToMilliseconds(),
+            receipt_handle=sp.receipt_handle,
+        )
