@@ -624,7 +624,7 @@ class Broker:
             raise BadRequestError(f"topic {topic.name!r} is not readable", status="FORBIDDEN")
         if offset < 0:
             raise BadRequestError(f"offset must not be negative, got {offset}", status="ILLEGAL_OFFSET")
-        batch_size = max(1, min(batch_size, self.config.max_batch_size))
+        batch_size = max(1, min(batch_size, self.config.max_pull_batch_size))
         message_filter, own = self._resolve(group, client_id, subscription)
         self._check_owner(group, topic, queue_id, client_id)
         S = GetMessageStatus

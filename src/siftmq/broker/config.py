@@ -77,7 +77,8 @@ class BrokerConfig:
     default_invisible_time_s: float = 60.0
     max_long_polling_s: float = 30.0
     push_long_polling_s: float = 20.0
-    max_batch_size: int = 64
+    max_batch_size: int = 64  # messages per receive (each one is then in flight)
+    max_pull_batch_size: int = 1024  # messages per offset pull
     max_delivery_attempts: int = 16
     retry_backoff_s: tuple[float, ...] = field(default=DEFAULT_RETRY_BACKOFF_S)
     consumer_state_flush_ms: int = 1000
@@ -104,6 +105,7 @@ class BrokerConfig:
             "max_user_properties",
             "max_user_properties_bytes",
             "max_batch_size",
+            "max_pull_batch_size",
             "max_delivery_attempts",
             "consumer_state_flush_ms",
             "flush_interval_ms",

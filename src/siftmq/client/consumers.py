@@ -262,6 +262,8 @@ class PullConsumer(_Consumer):
             raise ValueError("mode must be CLUSTERING or BROADCASTING")
         self.topic = topic
         self.mode = mode
+        self.assignment_ttl_s = 1.0  # how long a queried assignment is reused by poll()
+        self._assigned: tuple[float, list[int]] | None = None
         self._offsets: dict[int, int] = {}
         self._offset_file = (
             offset_dir or Path.home() / ".siftmq" / "offsets"
@@ -271,6 +273,12 @@ class PullConsumer(_Consumer):
 
     def _queue(self, qid: int) -> pb.MessageQueue:
         return pb.MessageQueue(topic=self.connection.resource(self.topic), id=qid)
+
+    async def _cached_assignment(self) -> list[int]:
+        now = asyncio.get_running_loop().time()
+        if self._assigned is None or now - self._assigned[0] > self.assignment_ttl_s:
+            self._assigned = (now, await self.assignment())
+        return self._assigned[1]
 
     async def assignment(self) -> list[int]:
         response = await self.connection.unary(
@@ -317,7 +325,7 @@ class PullConsumer(_Consumer):
     async def poll(self, max_messages: int = 32, timeout: float = 0.0) -> list[ReceivedMessage]:
         """Messages from the assigned queues (one pull each), waiting up to ``timeout`` for new ones."""
         out: list[ReceivedMessage] = []
-        queues = await self.assignment()
+        queues = await self._cached_assignment()
         for qid in queues:
             if len(out) >= max_messages:
                 break
@@ -334,7 +342,8 @@ class PullConsumer(_Consumer):
             )
             status = frames[0].status if frames and frames[0].HasField("status") else None
             if status is not None and status.code == pb.Code.PRECONDITION_FAILED:
-                continue  # the queue moved to another member; the next assignment tells
+                self._assigned = None  # the queue moved to another member: ask again next time
+                continue
             if status is not None and status.code not in (
                 pb.Code.OK,
                 pb.Code.MESSAGE_NOT_FOUND,

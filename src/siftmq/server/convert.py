@@ -16,6 +16,12 @@ from siftmq.store import StoredMessage
 #: Properties the broker keeps in the system part of a delivered message, not the user part.
 SYSTEM_PROPERTIES = frozenset({"TAGS", "KEYS", "UNIQ_KEY", PROPERTY_BORN_HOST})
 FILTER_TYPES = {pb.FilterType.TAG: "TAG", pb.FilterType.SQL: "SQL92"}
+# enum attribute lookups go through a slow Python wrapper: resolve the per-message ones once
+_GZIP = pb.Encoding.GZIP
+_IDENTITY = pb.Encoding.IDENTITY
+_PLAIN = (_IDENTITY, pb.Encoding.ENCODING_UNSPECIFIED)
+_CRC32 = pb.DigestType.CRC32
+_NORMAL = pb.MessageType.NORMAL
 
 
 def topic_name(resource: pb.Resource) -> str:
@@ -45,9 +51,9 @@ def subscription_of(topic: str, expression: pb.FilterExpression) -> Subscription
 def outgoing_message(msg: pb.Message, max_body_size: int) -> OutgoingMessage:
     sp = msg.system_properties
     body = msg.body
-    if sp.body_encoding == pb.Encoding.GZIP:
+    if sp.body_encoding == _GZIP:
         body = _gunzip(body, max_body_size)
-    elif sp.body_encoding not in (pb.Encoding.IDENTITY, pb.Encoding.ENCODING_UNSPECIFIED):
+    elif sp.body_encoding not in _PLAIN:
         raise BadRequestError(f"unknown body encoding {sp.body_encoding}")
     return OutgoingMessage(
         topic=topic_name(msg.topic),
@@ -81,9 +87,9 @@ def delivered_message(delivery: Delivery, topic: pb.Resource) -> pb.Message:
     props = m.properties
     sp = pb.SystemProperties(
         message_id=delivery.message_id,
-        body_digest=pb.Digest(type=pb.DigestType.CRC32, checksum=f"{m.body_crc & 0xFFFFFFFF:08X}"),
-        body_encoding=pb.Encoding.IDENTITY,
-        message_type=pb.MessageType.NORMAL,
+        body_digest=pb.Digest(type=_CRC32, checksum=f"{m.body_crc & 0xFFFFFFFF:08X}"),
+        body_encoding=_IDENTITY,
+        message_type=_NORMAL,
         born_timestamp=ms_timestamp(m.born_timestamp),
         born_host=props.get(PROPERTY_BORN_HOST) or _host(m.born_host),
         store_timestamp=ms_timestamp(m.store_timestamp),

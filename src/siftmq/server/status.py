@@ -18,8 +18,11 @@ _log = logging.getLogger(__name__)
 MAX_STATUS_MESSAGE = 4096
 
 
+_OK = pb.Code.OK  # enum attribute lookups are slow in the Python protobuf wrapper: look up once
+
+
 def ok(message: str = "OK") -> pb.Status:
-    return pb.Status(code=pb.Code.OK, message=message)
+    return pb.Status(code=_OK, message=message)
 
 
 def status(code_name: str, message: str) -> pb.Status:
