@@ -24,7 +24,9 @@ def _request(method: str, url: str, path: str, body: dict[str, Any] | None = Non
     import httpx
 
     try:
-        response = httpx.request(method, url.rstrip("/") + path, json=body, timeout=30)
+        response = httpx.request(
+            method, url.rstrip("/") + path, json=body, timeout=30
+        )  # path parts are quoted
     except httpx.HTTPError as exc:
         _err.print(f"[bold red]error:[/] cannot reach the admin API at {url}: {exc}", markup=True)
         raise typer.Exit(1) from None
@@ -37,6 +39,12 @@ def _request(method: str, url: str, path: str, body: dict[str, Any] | None = Non
         _err.print(f"[bold red]error {response.status_code}:[/] {message}", markup=True)
         raise typer.Exit(1)
     return None if response.status_code == 204 else response.json()
+
+
+def _q(part: str) -> str:
+    from urllib.parse import quote
+
+    return quote(part, safe="")
 
 
 def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
@@ -65,7 +73,7 @@ def topics(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
 @admin_app.command("topic")
 def topic(name: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
     """Describe a topic: its queues and their offsets."""
-    data = _request("GET", url, f"/topics/{name}")
+    data = _request("GET", url, f"/topics/{_q(name)}")
     if not _emit(data, as_json):
         _table(f"{data['name']}: {data['messages']} messages, perm {data['perm']}", data["queues"],
                ["queue_id", "min_offset", "max_offset"])  # fmt: skip
@@ -94,7 +102,7 @@ def groups(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
 @admin_app.command("group")
 def group(name: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
     """Describe a group: clients, subscriptions, filter work and lag (matching messages only)."""
-    data = _request("GET", url, f"/groups/{name}")
+    data = _request("GET", url, f"/groups/{_q(name)}")
     if _emit(data, as_json):
         return
     _out.print(f"group {data['group']}: {data['mode']}, {data['consistency']}, "
@@ -123,12 +131,12 @@ def set_group(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Change a group's message model or subscription-consistency policy."""
-    data = _request("PATCH", url, f"/groups/{name}", {"mode": mode, "consistency": consistency})
+    data = _request("PATCH", url, f"/groups/{_q(name)}", {"mode": mode, "consistency": consistency})
     _out.print(f"group {name}: {data['mode']}, {data['consistency']}", markup=False)
 
 
 @admin_app.command("message")
 def message(message_id: str, url: UrlOption = DEFAULT_URL) -> None:
     """Look a message up by its id."""
-    _out.print(json.dumps(_request("GET", url, f"/messages/{message_id}"), ensure_ascii=False, indent=2),
+    _out.print(json.dumps(_request("GET", url, f"/messages/{_q(message_id)}"), ensure_ascii=False, indent=2),
                markup=False)  # fmt: skip

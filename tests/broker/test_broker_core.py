@@ -379,3 +379,63 @@ def test_retention_deletes_old_segments_and_consumers_move_on(tmp_path: Path) ->
         assert len(got) == 400 - lo  # resumes at the queue's new minimum, nothing else skipped
     finally:
         broker.close()
+
+
+def test_a_failing_dlq_move_keeps_the_message_due(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path / "d", max_delivery_attempts=1)
+    try:
+        send(broker, "T", n="1")
+        [d] = broker.receive("g", tag_sub("T"), invisible_ms=60)
+        time.sleep(0.1)
+        real = broker._to_dlq
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise OSError("disk full")
+
+        broker._to_dlq = broken  # type: ignore[method-assign]
+        with pytest.raises(OSError):
+            broker.receive("g", tag_sub("T"))
+        broker._to_dlq = real  # type: ignore[method-assign]
+        assert broker.receive("g", tag_sub("T")) == []  # moved now, not stranded in flight
+        assert len(drain(broker, "dlq", tag_sub("*", topic="%DLQ%g"))) == 1
+        assert broker.consumers.get(("g", TOPIC, d.message.queue_id)).inflight == {}  # type: ignore[union-attr]
+    finally:
+        broker.close()
+
+
+def test_group_names_leave_room_for_the_dlq_topic(broker: Broker) -> None:
+    with pytest.raises(BadRequestError):
+        broker.receive("g" * 123, tag_sub("*"))
+    broker.receive("g" * 122, tag_sub("*"))
+
+
+def test_corrupt_consumer_state_stops_the_start(tmp_path: Path) -> None:
+    from siftmq.errors import ConfigError
+
+    make_broker(tmp_path / "d").close()
+    (tmp_path / "d" / "config" / "consumer_state.json").write_text("{not json")
+    with pytest.raises(ConfigError) as exc:
+        make_broker(tmp_path / "d")
+    assert "consumer_state.json" in exc.value.message
+
+
+def test_a_failing_filter_at_dispatch_falls_back_to_exact_evaluation(broker: Broker) -> None:
+    from dataclasses import replace
+
+    sub = sql_sub("a = 'yes'")
+    broker.receive("g", sub)
+    reg = broker.filters.get("g", TOPIC)
+    assert reg is not None
+
+    class Broken:
+        properties = reg.compiled.properties
+
+        def matches_batch(self, batch: object) -> object:
+            raise RuntimeError("boom")
+
+    broker.filters._by_topic = {TOPIC: (replace(reg, compiled=Broken(), born_time_ms=0),)}  # type: ignore[arg-type]
+    time.sleep(1.1)
+    send(broker, "T", a="yes")
+    broker.filters._reindex_locked()
+    got = drain(broker, "g", sub)
+    assert [p["a"] for _, p, _ in got] == ["yes"]

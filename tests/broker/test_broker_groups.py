@@ -207,3 +207,20 @@ def test_expired_members_free_the_subscription(tmp_path: Path) -> None:
         broker.subscribe("new", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])
     finally:
         broker.close()
+
+
+def test_strict_subscription_survives_a_restart(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path / "d", client_session_expire_s=0.5)
+    broker.subscribe("A", "SIMPLE_CONSUMER", GROUP, [tag("tagA")])
+    broker.close()
+    broker = make_broker(tmp_path / "d", client_session_expire_s=0.5)
+    try:  # A's subscription counts as held until A had time to come back
+        with pytest.raises(SubscriptionConflictError) as exc:
+            broker.subscribe("C", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])
+        assert "before the broker restarted" in exc.value.message
+        broker.subscribe("A2", "SIMPLE_CONSUMER", GROUP, [tag("tagA")])  # the same subscription is welcome
+        broker.client_terminated("A2")
+        time.sleep(0.6)
+        broker.subscribe("C", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])  # nobody came back: accepted
+    finally:
+        broker.close()

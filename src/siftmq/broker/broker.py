@@ -49,7 +49,7 @@ from siftmq.broker.validation import (
     check_topic,
     check_user_properties,
 )
-from siftmq.errors import BadRequestError, FilterError, NotFoundError, StoreError, UnsupportedError
+from siftmq.errors import BadRequestError, FilterError, NotFoundError, UnsupportedError
 from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
 from siftmq.store import (
     GetMessageStatus,
@@ -66,6 +66,8 @@ _log = logging.getLogger(__name__)
 DLQ_PREFIX = "%DLQ%"
 #: Index entries a single receive may scan per queue before it answers (bounds one call's work).
 MAX_SCAN_PER_RECEIVE = 64_000
+#: Subscriptions one client may declare.
+MAX_SUBSCRIPTIONS = 1024
 #: Messages one SendMessage request may carry (the official client sends one; siftmq's batches).
 MAX_BATCH_MESSAGES = 1024
 FILTER_KINDS = {"TAG": "TAG", "SQL": "SQL92", "SQL92": "SQL92"}
@@ -91,7 +93,10 @@ class Broker:
         )
         self.filters = FilterRegistry(config_dir, self.bloom, expire_s=config.filter_registration_expire_s)
         self.groups = GroupManager(
-            config_dir, compat_groups=config.compat_groups, broadcasting_groups=config.broadcasting_groups
+            config_dir,
+            compat_groups=config.compat_groups,
+            broadcasting_groups=config.broadcasting_groups,
+            restore_grace_s=config.client_session_expire_s,
         )
         self.consumers = ConsumerStateTable(config_dir)
         self.offsets = OffsetTable(config_dir)
@@ -296,7 +301,7 @@ class Broker:
         properties["UNIQ_KEY"] = msg.message_id
         born_host = _host_bytes(msg.born_host)
         if born_host is None and msg.born_host:
-            properties[PROPERTY_BORN_HOST] = msg.born_host[:255]
+            properties[PROPERTY_BORN_HOST] = msg.born_host[:255].replace("\x01", "").replace("\x02", "")
         return properties, born_host or encode_host("0.0.0.0", 0)
 
     # ------------------------------------------------------------------------------------ filters
@@ -351,15 +356,24 @@ class Broker:
             return
         check_group(group)
         compiled: list[tuple[Subscription, CompiledFilter]] = []
-        errors: list[str] = []
+        errors: list[tuple[str, Exception]] = []
+        if len(subscriptions) > MAX_SUBSCRIPTIONS:
+            raise BadRequestError(f"{len(subscriptions)} subscriptions exceed the limit {MAX_SUBSCRIPTIONS}")
         for sub in subscriptions:
             try:
                 check_topic(sub.topic)
                 compiled.append((sub, self._compile(sub)))
             except (FilterError, BadRequestError, UnsupportedError) as exc:
-                errors.append(f"{sub.topic}: {exc}")
+                errors.append((f"{sub.topic}: {exc}", exc))
         if errors:
-            raise BadRequestError("; ".join(errors), status="ILLEGAL_FILTER_EXPRESSION")
+            first = errors[0][1]
+            text = "; ".join(msg for msg, _ in errors)
+            if isinstance(first, UnsupportedError):
+                raise UnsupportedError(text)
+            raise BadRequestError(
+                text,
+                status=first.status if isinstance(first, BadRequestError) else "ILLEGAL_FILTER_EXPRESSION",
+            )
         # check before recording: a refused client must not become the holder of anything
         self.clients.touch(client_id, client_type=client_type, group=group, address=address)
         members = {m.client_id: set(m.subscriptions) for m in self.clients.members(group)}
@@ -417,6 +431,9 @@ class Broker:
             from_settings=False,
         )
         if (entry.kind, entry.expression) == (compiled.kind, compiled.normalized):
+            session = self.clients.get(client_id)
+            if session is not None and session.refused:
+                session.refused = None  # the group accepts it now
             return self._entry_filter(group, entry), None
         return self._entry_filter(group, entry), compiled
 
@@ -518,24 +535,34 @@ class Broker:
         # message, otherwise only what arrives from now on.
         lo = self.store.get_min_offset_in_queue(topic, qid)
         start = 0 if lo == 0 else self.store.get_max_offset_in_queue(topic, qid)
-        return self.consumers.get_or_create((group, topic, qid), start)
+        prog = self.consumers.get_or_create((group, topic, qid), start)
+        if start:  # a start that is not 0 must survive a crash, or a restart would skip what came since
+            self.consumers.save()
+        return prog
 
     def _take_due(self, rp: _ReceivePass, qid: int, prog: QueueProgress) -> None:
         limit = rp.batch_size - len(rp.out)
         if limit <= 0:
             return
-        for item in list(prog.pop_due(rp.now, limit)):
-            msg = self._load(item)
-            if msg is None:  # removed by retention: nothing left to deliver
-                del prog.inflight[item.queue_offset]
-                self.consumers.mark_dirty()
-                continue
-            if item.attempt >= self.config.max_delivery_attempts:
-                self._to_dlq(rp.group, msg, item.attempt)
-                del prog.inflight[item.queue_offset]
-                self.consumers.mark_dirty()
-                continue
-            rp.out.append(self._deliver(rp, qid, prog, msg, item.attempt + 1))
+        due = list(prog.pop_due(rp.now, limit))
+        for n, item in enumerate(due):
+            try:
+                msg = self._load(item, rp.topic, qid)
+                if msg is None:  # removed by retention: nothing left to deliver
+                    del prog.inflight[item.queue_offset]
+                    self.consumers.mark_dirty()
+                    continue
+                if item.attempt >= self.config.max_delivery_attempts:
+                    self._to_dlq(rp.group, msg, item.attempt)
+                    del prog.inflight[item.queue_offset]
+                    self.consumers.mark_dirty()
+                    continue
+                rp.out.append(self._deliver(rp, qid, prog, msg, item.attempt + 1))
+            except Exception:
+                for rest in due[n:]:  # keep them due: nothing may stay in flight unseen
+                    if prog.inflight.get(rest.queue_offset) is rest:
+                        prog.put(rest)
+                raise
 
     def _take_new(self, rp: _ReceivePass, qid: int, prog: QueueProgress) -> None:
         scanned = 0
@@ -586,12 +613,26 @@ class Broker:
         handle = ReceiptHandle(rp.topic, qid, msg.queue_offset, nonce).encode()
         return Delivery(msg, handle, attempt, rp.invisible_ms)
 
-    def _load(self, item: InFlight) -> StoredMessage | None:
-        try:
-            return self.store.look_message_by_offset(item.commit_log_offset, item.size)
-        except StoreError:
-            _log.exception("in-flight message at commit log offset %d cannot be read", item.commit_log_offset)
+    def _load(self, item: InFlight, topic: str, queue_id: int) -> StoredMessage | None:
+        """The in-flight message, or None when its record is gone (retention) or is not it any more.
+
+        A read error other than "not there" propagates, so the entry stays in flight for later.
+        """
+        msg = self.store.look_message_by_offset(item.commit_log_offset, item.size)
+        if msg is not None and (msg.topic, msg.queue_id, msg.queue_offset) != (
+            topic,
+            queue_id,
+            item.queue_offset,
+        ):
+            _log.error(
+                "in-flight %s:%d@%d points at another record (commit log offset %d) after a crash; dropped",
+                topic,
+                queue_id,
+                item.queue_offset,
+                item.commit_log_offset,
+            )
             return None
+        return msg
 
     # --------------------------------------------------------------------------------------- pull
 
@@ -625,11 +666,11 @@ class Broker:
         if offset < 0:
             raise BadRequestError(f"offset must not be negative, got {offset}", status="ILLEGAL_OFFSET")
         batch_size = max(1, min(batch_size, self.config.max_pull_batch_size))
-        message_filter, own = self._resolve(group, client_id, subscription)
         self._check_owner(group, topic, queue_id, client_id)
+        message_filter, own = self._resolve(group, client_id, subscription)
         S = GetMessageStatus
         messages: list[StoredMessage] = []
-        scanned = 0
+        scanned = size = 0
         next_offset = offset
         while True:
             r = self.store.get_messages(
@@ -641,10 +682,15 @@ class Broker:
             if r.status in (S.NO_MATCHED_LOGIC_QUEUE, S.NO_MESSAGE_IN_QUEUE, S.OFFSET_OVERFLOW_ONE):
                 break
             messages.extend(r.messages)
+            size += sum(m.store_size for m in r.messages)
             scanned += max(r.scanned, 1)
             moved = r.next_begin_offset != next_offset
             next_offset = r.next_begin_offset
-            full = len(messages) >= batch_size or scanned >= MAX_SCAN_PER_RECEIVE
+            full = (
+                len(messages) >= batch_size
+                or scanned >= MAX_SCAN_PER_RECEIVE
+                or size >= self.config.max_pull_bytes
+            )
             if full or not moved or next_offset >= hi:
                 break
         hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
@@ -842,7 +888,7 @@ class Broker:
         """Move the delivered message to the group's dead-letter topic now."""
         prog, item = self._in_flight(group, topic, handle_text, client_id)
         try:
-            msg = self._load(item)
+            msg = self._load(item, topic, ReceiptHandle.decode(handle_text).queue_id)
             if msg is not None:
                 self._to_dlq(group, msg, item.attempt)
             del prog.inflight[item.queue_offset]

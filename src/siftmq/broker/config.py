@@ -79,6 +79,7 @@ class BrokerConfig:
     push_long_polling_s: float = 20.0
     max_batch_size: int = 64  # messages per receive (each one is then in flight)
     max_pull_batch_size: int = 1024  # messages per offset pull
+    max_pull_bytes: int = 8 * MIB  # stored bytes per offset pull (at least one message)
     max_delivery_attempts: int = 16
     retry_backoff_s: tuple[float, ...] = field(default=DEFAULT_RETRY_BACKOFF_S)
     consumer_state_flush_ms: int = 1000
@@ -106,6 +107,7 @@ class BrokerConfig:
             "max_user_properties_bytes",
             "max_batch_size",
             "max_pull_batch_size",
+            "max_pull_bytes",
             "max_delivery_attempts",
             "consumer_state_flush_ms",
             "flush_interval_ms",

@@ -82,7 +82,7 @@ class ConsumerStateTable:
         self._lock = threading.Lock()
         self._queues: dict[QueueKey, QueueProgress] = {}
         self._dirty = False
-        for key, item in read_json(self._path, {}).items():
+        for key, item in read_json(self._path, {}, strict=True).items():
             group, topic, qid = key.split("\t")
             prog = QueueProgress(int(item["pop"]))
             for off, clo, size, attempt, visible, nonce in item.get("inflight", []):
@@ -113,7 +113,7 @@ class ConsumerStateTable:
 
     def save(self) -> None:
         """Write the snapshot (each queue copied under its own lock)."""
-        self._dirty = False
+        self._dirty = False  # cleared first: a change during the write marks it dirty again
         snapshot: dict[str, object] = {}
         for (group, topic, qid), prog in self.items():
             with prog.lock:
@@ -124,4 +124,8 @@ class ConsumerStateTable:
                         for i in prog.inflight.values()
                     ],
                 }
-        write_json(self._path, snapshot)
+        try:
+            write_json(self._path, snapshot)
+        except OSError:
+            self._dirty = True  # retried by the next housekeeping pass
+            raise

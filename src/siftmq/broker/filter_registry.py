@@ -209,9 +209,11 @@ class FilterRegistry:
             for reg in regs:
                 try:
                     matched = reg.compiled.matches_batch(batch)
-                except Exception:  # a filter bug must not stop dispatch; exact evaluation still runs
+                except (
+                    Exception
+                ):  # a filter bug must not stop dispatch: set the bits, so reads evaluate exactly
                     _log.exception("evaluating %s#%s at dispatch failed", reg.group, reg.topic)
-                    continue
+                    matched = np.ones(len(rows), dtype=np.bool_)
                 if not matched.any():
                     continue
                 for p in reg.positions:

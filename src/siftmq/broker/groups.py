@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ class GroupSubscription:
     version: int
     holders: set[str] = field(default_factory=set)
     pinned: bool = False  # set through the admin API: members cannot replace it
+    # an entry loaded at start-up counts as held until its members had time to come back
+    restored_until: float = 0.0
 
     def describe(self) -> str:
         return f"{self.kind} {self.expression!r}"
@@ -70,7 +73,12 @@ class GroupManager:
     """All groups. Thread-safe; persisted on change."""
 
     def __init__(
-        self, config_dir: Path, *, compat_groups: Iterable[str] = (), broadcasting_groups: Iterable[str] = ()
+        self,
+        config_dir: Path,
+        *,
+        compat_groups: Iterable[str] = (),
+        broadcasting_groups: Iterable[str] = (),
+        restore_grace_s: float = 30.0,
     ) -> None:
         self._path = config_dir / "groups.json"
         self._lock = threading.Lock()
@@ -79,7 +87,12 @@ class GroupManager:
             info = GroupInfo(name, item.get("mode", "clustering"), item.get("consistency", "strict"))
             for topic, sub in item.get("subscriptions", {}).items():
                 info.subscriptions[topic] = GroupSubscription(
-                    topic, sub["kind"], sub["expression"], int(sub["version"]), pinned=bool(sub.get("pinned"))
+                    topic,
+                    sub["kind"],
+                    sub["expression"],
+                    int(sub["version"]),
+                    pinned=bool(sub.get("pinned")),
+                    restored_until=time.monotonic() + restore_grace_s,
                 )
             self._groups[name] = info
         for name in compat_groups:
@@ -132,7 +145,14 @@ class GroupManager:
             if current is not None:
                 current.holders &= live | {client_id}
             same = current is not None and (current.kind, current.expression) == (kind, expression)
-            if current is None or same or (not current.pinned and not (current.holders - {client_id})):
+            restored = current is not None and current.restored_until > time.monotonic()
+            unheld = (
+                current is not None
+                and not current.pinned
+                and not restored
+                and not (current.holders - {client_id})
+            )
+            if current is None or same or unheld:
                 if not same:
                     version = current.version + 1 if current is not None else 1
                     current = info.subscriptions[topic] = GroupSubscription(topic, kind, expression, version)
@@ -141,7 +161,14 @@ class GroupManager:
                 current.holders.add(client_id)
                 return current
             others = sorted(current.holders - {client_id})
-            holder_text = "set through the admin API" if current.pinned else f"held by {', '.join(others)}"
+            if current.pinned:
+                holder_text = "set through the admin API"
+            elif others:
+                holder_text = f"held by {', '.join(others)}"
+            else:
+                holder_text = (
+                    "held by its members from before the broker restarted, who have not come back yet"
+                )
             what = (
                 f"group {group!r} subscribes topic {topic!r} with {current.describe()} ({holder_text}), "
                 f"but client {client_id or '<anonymous>'} asks for {kind} {expression!r}"

@@ -82,7 +82,7 @@ async def receive_long_polling(
         remaining = deadline - time.monotonic()
         if deliveries or remaining <= 0:
             return deliveries
-        due = broker.next_redelivery_ms(group, topic, client_id)
+        due = await asyncio.to_thread(broker.next_redelivery_ms, group, topic, client_id)
         if due is not None:
             remaining = min(remaining, max(due - time.time() * 1000, 0) / 1000 + 0.005)
         await notifier.wait(topic, seen, max(remaining, 0.001))

@@ -23,7 +23,7 @@ class OffsetTable:
         self._lock = threading.Lock()
         self._offsets: dict[OffsetKey, int] = {}
         self._dirty = False
-        for key, offset in read_json(self._path, {}).items():
+        for key, offset in read_json(self._path, {}, strict=True).items():
             group, topic, qid = key.split("\t")
             self._offsets[(group, topic, int(qid))] = int(offset)
 
@@ -44,4 +44,8 @@ class OffsetTable:
         with self._lock:
             snapshot = {f"{g}\t{t}\t{q}": o for (g, t, q), o in self._offsets.items()}
             self._dirty = False
-        write_json(self._path, snapshot)
+        try:
+            write_json(self._path, snapshot)
+        except OSError:
+            self._dirty = True
+            raise

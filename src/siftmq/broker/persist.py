@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from siftmq.errors import ConfigError
+
 _log = logging.getLogger(__name__)
 
 
@@ -32,15 +34,24 @@ def write_json(path: Path, data: Any) -> None:
         os.close(dir_fd)
 
 
-def read_json(path: Path, default: Any) -> Any:
-    """The JSON in ``path``; ``default`` when it does not exist. A corrupt file is kept aside and logged."""
+def read_json(path: Path, default: Any, *, strict: bool = False) -> Any:
+    """The JSON in ``path``; ``default`` when it does not exist.
+
+    A corrupt file is kept aside and logged, or with ``strict`` (consumer progress, where starting
+    from nothing could skip messages) a :class:`ConfigError` that stops the broker from starting.
+    """
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         return default
     try:
         return json.loads(raw)
-    except ValueError:
+    except ValueError as exc:
+        if strict:
+            raise ConfigError(
+                f"{path} is not valid JSON ({exc}); restore it from a backup, or remove it to let every "
+                "group start again from the queue rules (messages may be skipped or delivered twice)"
+            ) from exc
         aside = path.with_name(path.name + ".corrupt")
         os.replace(path, aside)
         _log.error("%s is not valid JSON; moved to %s and starting from defaults", path, aside)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -57,6 +58,11 @@ class BrokerStats:
     def filters(self) -> dict[tuple[str, str], FilterStats]:
         with self._lock:
             return dict(self._filters)
+
+    def snapshot(self, counter: Counter[Any]) -> dict[Any, int]:
+        """A copy of one counter, taken under the lock (safe to iterate while sends go on)."""
+        with self._lock:
+            return dict(counter)
 
     def count(self, counter: Counter[str] | Counter[tuple[str, str]], key: object, n: int = 1) -> None:
         with self._lock:

@@ -13,7 +13,7 @@ from typing import Final
 from siftmq.errors import BadRequestError
 
 MAX_TOPIC_LENGTH: Final = 127
-MAX_GROUP_LENGTH: Final = 255
+MAX_GROUP_LENGTH: Final = 122  # %DLQ%<group> must be a valid topic (127)
 MAX_TAG_LENGTH: Final = 255
 MAX_KEY_LENGTH: Final = 255
 MAX_KEYS: Final = 32
@@ -89,6 +89,9 @@ def check_group(group: str) -> None:
             "[%|a-zA-Z0-9_-]",
             status="ILLEGAL_CONSUMER_GROUP",
         )
+
+
+MAX_EXPRESSION_LENGTH: Final = 65_536
 
 
 def check_tag(tag: str) -> None:

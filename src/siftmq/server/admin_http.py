@@ -178,7 +178,9 @@ def create_app(broker: Broker) -> FastAPI:
 
     @app.get("/topics/{name}/queues/{queue_id}/messages/{offset}")
     async def message_at(name: str, queue_id: int, offset: int) -> dict[str, Any]:
-        result = await call(broker.pull, "%ADMIN%", Subscription(name, "TAG", "*"), queue_id, offset, 1)
+        if broker.topics.get(name) is None:
+            raise NotFoundError(f"topic {name!r} does not exist", status="TOPIC_NOT_FOUND")
+        result = await call(broker.store.get_messages, "", name, queue_id, offset, 1, None)
         if not result.messages or result.messages[0].queue_offset != offset:
             raise NotFoundError(f"no message at {name}:{queue_id}@{offset}", status="MESSAGE_NOT_FOUND")
         return message_json(result.messages[0])
@@ -209,19 +211,20 @@ class BrokerCollector(Collector):
         sent_bytes = CounterMetricFamily("siftmq_message_bytes_sent", "Body bytes stored, by topic",
                                          labels=["topic"])  # fmt: skip
         dups = CounterMetricFamily("siftmq_duplicate_sends", "Sends recognised as retries", labels=["topic"])
-        for topic, n in stats.sends.items():
+        sent_bytes_by_topic = stats.snapshot(stats.send_bytes)
+        for topic, n in stats.snapshot(stats.sends).items():
             sends.add_metric([topic], n)
-            sent_bytes.add_metric([topic], stats.send_bytes[topic])
-        for topic, n in stats.duplicates.items():
+            sent_bytes.add_metric([topic], sent_bytes_by_topic.get(topic, 0))
+        for topic, n in stats.snapshot(stats.duplicates).items():
             dups.add_metric([topic], n)
         deliveries = CounterMetricFamily("siftmq_messages_delivered", "Deliveries", labels=["group", "topic"])
-        for (group, topic), n in stats.deliveries.items():
+        for (group, topic), n in stats.snapshot(stats.deliveries).items():
             deliveries.add_metric([group, topic], n)
         acks = CounterMetricFamily("siftmq_messages_acked", "Acknowledgements", labels=["group", "topic"])
-        for (group, topic), n in stats.acks.items():
+        for (group, topic), n in stats.snapshot(stats.acks).items():
             acks.add_metric([group, topic], n)
         dlq = CounterMetricFamily("siftmq_dead_letters", "Messages moved to %DLQ%<group>", labels=["group"])
-        for group, n in stats.dead_letters.items():
+        for group, n in stats.snapshot(stats.dead_letters).items():
             dlq.add_metric([group], n)
         work = CounterMetricFamily(
             "siftmq_filter_work", "Filter work by stage", labels=["group", "topic", "stage"]
@@ -241,7 +244,7 @@ class BrokerCollector(Collector):
         )
         for info in self.broker.groups.all():
             inconsistent.add_metric([info.name], info.inconsistencies)
-            for topic in info.subscriptions:
+            for topic in list(info.subscriptions):
                 if self.broker.topics.get(topic) is not None:
                     rows = self.broker.lag(info.name, topic, max_scan=200_000)
                     lag.add_metric([info.name, topic], sum(int(str(r["matching_lag"])) for r in rows))

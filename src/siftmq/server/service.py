@@ -17,7 +17,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from siftmq.broker.broker import Broker
+from siftmq.broker.broker import MAX_BATCH_MESSAGES, Broker
 from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, receive_long_polling
 from siftmq.broker.model import Subscription
 from siftmq.errors import BadRequestError
@@ -43,6 +43,14 @@ def _peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """The client's address as gRPC reports it (``ipv4:127.0.0.1:53211``), without the scheme."""
     peer = str(context.peer() or "")
     return peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+
+
+def _client_type(value: int) -> str:
+    """The client type's name (unknown numbers from newer clients are named, not an error)."""
+    try:
+        return pb.ClientType.Name(value)
+    except ValueError:
+        return f"CLIENT_TYPE_{value}"
 
 
 def _seconds(seconds: float) -> Duration:
@@ -105,7 +113,7 @@ class MessagingService:
         group = convert.topic_name(request.group) if request.HasField("group") else None
         try:
             self.broker.heartbeat(
-                _client_id(context), pb.ClientType.Name(request.client_type), group, address=_peer(context)
+                _client_id(context), _client_type(request.client_type), group, address=_peer(context)
             )
         except Exception as exc:
             return pb.HeartbeatResponse(status=status_of(exc, call="Heartbeat"))
@@ -133,7 +141,7 @@ class MessagingService:
             yield pb.TelemetryCommand(status=reply_status, settings=self._reply_settings(settings))
 
     def _apply_settings(self, client_id: str, settings: pb.Settings, address: str) -> None:
-        client_type = pb.ClientType.Name(settings.client_type)
+        client_type = _client_type(settings.client_type)
         if settings.WhichOneof("pub_sub") != "subscription":
             self.broker.heartbeat(client_id, client_type, None, address=address)
             return
@@ -179,15 +187,29 @@ class MessagingService:
 
     async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
         try:
-            msgs = [convert.outgoing_message(m, self.config.max_body_size) for m in request.messages]
-            results = await self._call(self.broker.send_many, msgs)
+            results = await self._call(self._send, request)
         except Exception as exc:
             st = status_of(exc, call="SendMessage")
             return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)])
+        st = ok()
         entries = [
-            pb.SendResultEntry(status=ok(), message_id=r.message_id, offset=r.queue_offset) for r in results
+            pb.SendResultEntry(status=st, message_id=r.message_id, offset=r.queue_offset) for r in results
         ]
         return pb.SendMessageResponse(status=ok(), entries=entries)
+
+    def _send(self, request: pb.SendMessageRequest) -> list[Any]:
+        """Decode (bounded: count first, then the decompressed total) and store, in a worker thread."""
+        if len(request.messages) > MAX_BATCH_MESSAGES:
+            raise BadRequestError(
+                f"{len(request.messages)} messages in one request exceed the limit {MAX_BATCH_MESSAGES}"
+            )
+        budget = self.config.max_body_size * 4
+        msgs = []
+        for m in request.messages:
+            msg = convert.outgoing_message(m, min(self.config.max_body_size, budget))
+            budget -= len(msg.body)
+            msgs.append(msg)
+        return self.broker.send_many(msgs)
 
     # ------------------------------------------------------------------------------------ receive
 
