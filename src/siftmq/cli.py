@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from siftmq.admin_cli import admin_app
+from siftmq.demo_cli import demo_app
 from siftmq.errors import FilterError, FilterEvaluationError
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
 filter_app = typer.Typer(no_args_is_help=True, help="Check and evaluate TAG and SQL92 filter expressions.")
 app.add_typer(filter_app, name="filter")
 app.add_typer(admin_app, name="admin")
+app.add_typer(demo_app, name="demo")
 
 _out = Console(highlight=False, soft_wrap=True)
 _err = Console(stderr=True, highlight=False, soft_wrap=True)

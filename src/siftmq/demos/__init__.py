@@ -1,0 +1,1 @@
+"""Runnable demos of the seeds' scenarios (``siftmq demo ...``), built on ``siftmq.client``."""

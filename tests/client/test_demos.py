@@ -1,0 +1,37 @@
+"""``siftmq demo consistency``: seed 004 end to end (embedded broker, siftmq client)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from siftmq.demos import consistency
+
+pytestmark = pytest.mark.integration
+
+
+def test_consistency_demo_outcomes() -> None:
+    strict, compat = asyncio.run(consistency.run())
+    assert strict.policy == "strict" and strict.lost == []
+    assert sorted(strict.consumed["ConsumerForTagA"]) == [f"MsgStr{i}" for i in range(4)]
+    assert "inconsistent subscription" in strict.refused["ConsumerForTagB"]
+    # compat: RocketMQ's outcome in seed 004 — A consumes nothing, B only the tagB messages of its queues
+    assert compat.policy == "compat" and compat.refused == {}
+    assert compat.consumed["ConsumerForTagA"] == []
+    assert sorted(compat.consumed["ConsumerForTagB"]) == ["MsgStr6", "MsgStr7"]
+    assert compat.lost == [f"MsgStr{i}" for i in range(6)]
+
+
+def test_consistency_demo_command() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "siftmq", "demo", "consistency"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "strict mode" in proc.stdout and "compat mode" in proc.stdout and "lost: none" in proc.stdout
