@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 
@@ -35,3 +36,29 @@ def test_consistency_demo_command() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "strict mode" in proc.stdout and "compat mode" in proc.stdout and "lost: none" in proc.stdout
+
+
+def test_trade_demo_every_system_gets_exactly_its_messages() -> None:
+    from siftmq.demos.embedded import embedded_broker
+    from siftmq.demos.trade import SYSTEMS, run
+
+    with embedded_broker() as endpoint:
+        reports = asyncio.run(run(endpoint, 600))
+    assert [r.system for r in reports] == list(SYSTEMS)
+    for r in reports:
+        assert r.received == r.expected and r.wrong == 0, r.system.name
+        assert r.body_bytes == r.expected * 256
+    assert reports[3].expected == 600  # real-time computing takes everything
+
+
+def test_trade_demo_command() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "siftmq", "demo", "trade", "--count", "300"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "order tracking" in proc.stdout and "bytes on the wire" in proc.stdout
