@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from siftmq.admin_cli import admin_app
+from siftmq.client_cli import consume, produce
 from siftmq.demo_cli import demo_app
 from siftmq.errors import FilterError, FilterEvaluationError
 
@@ -20,6 +21,8 @@ filter_app = typer.Typer(no_args_is_help=True, help="Check and evaluate TAG and 
 app.add_typer(filter_app, name="filter")
 app.add_typer(admin_app, name="admin")
 app.add_typer(demo_app, name="demo")
+app.command("produce")(produce)
+app.command("consume")(consume)
 
 _out = Console(highlight=False, soft_wrap=True)
 _err = Console(stderr=True, highlight=False, soft_wrap=True)

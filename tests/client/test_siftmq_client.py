@@ -162,3 +162,66 @@ def test_push_consumer_retries_a_failed_message(start_broker: Any) -> None:
         assert seen["4"][:2] == [1, 2]
 
     run(scenario())
+
+
+def test_produce_and_consume_commands(start_broker: Any) -> None:
+    import json
+    import subprocess
+    import sys
+
+    broker = start_broker()
+    base = [sys.executable, "-m", "siftmq"]
+    sent = subprocess.run(
+        [
+            *base,
+            "produce",
+            "CliTopic",
+            "--count",
+            "5",
+            "--tag",
+            "Pay",
+            "--prop",
+            "price=42",
+            "--body",
+            "hello {i}",
+            "--endpoint",
+            broker.endpoint,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert len(sent.stdout.split()) == 5
+    got = subprocess.run(
+        [
+            *base,
+            "consume",
+            "CliTopic",
+            "--sql",
+            "price = 42",
+            "--count",
+            "5",
+            "--json",
+            "--wait",
+            "1",
+            "--endpoint",
+            broker.endpoint,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 0, got.stderr
+    records = [json.loads(line) for line in got.stdout.splitlines()]
+    assert sorted(r["body"] for r in records) == [f"hello {i}" for i in range(5)]
+    bad = subprocess.run(
+        [*base, "consume", "CliTopic", "--sql", "price >", "--endpoint", broker.endpoint],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 1 and "^" in bad.stderr
