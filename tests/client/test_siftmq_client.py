@@ -225,3 +225,20 @@ def test_produce_and_consume_commands(start_broker: Any) -> None:
         timeout=120,
     )
     assert bad.returncode == 1 and "^" in bad.stderr
+
+
+def test_blocking_wrapper(start_broker: Any) -> None:
+    from siftmq.client import blocking
+
+    broker = start_broker()
+    with blocking.Producer(broker.endpoint) as producer:
+        receipt = producer.send("BlockTopic", b"hi", tag="Pay")
+        assert receipt.message_id
+        with pytest.raises(RemoteError):
+            producer.send("BlockTopic", b"x", tag="A|B")
+    subs = {"BlockTopic": FilterExpression.tag("Pay")}
+    with blocking.SimpleConsumer(broker.endpoint, "blocking-g", subs, await_duration=1) as consumer:
+        [m] = consumer.receive(16, 30)
+        assert m.body == b"hi" and m.message_id == receipt.message_id
+        consumer.ack(m)
+        assert consumer.receive(16, 30) == []
