@@ -1,139 +1,15 @@
-"""Fixtures for broker tests: a real ``siftmq broker`` subprocess on port 0 with a temporary data dir."""
+"""The ``start_broker`` fixture: ``start_broker(name, flush=..., config={...})`` gives a running broker."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-READY_TIMEOUT_S = 60
-
-
-class BrokerProcess:
-    """``python -m siftmq broker`` in a subprocess; ``endpoint`` is ``127.0.0.1:<port>`` once ready."""
-
-    def __init__(
-        self,
-        data_dir: Path,
-        *,
-        flush: str = "async",
-        config: dict[str, object] | None = None,
-        listen: str = "127.0.0.1:0",
-    ) -> None:
-        self.data_dir = data_dir
-        self.flush = flush
-        self.listen = listen
-        self.config_path: Path | None = None
-        if config:
-            self.config_path = data_dir.parent / f"{data_dir.name}.toml"
-            self.config_path.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in config.items()))
-        self.proc: subprocess.Popen[str] | None = None
-        self.endpoint = ""
-        self.port = 0
-        self.admin_url = ""
-        self.output: list[str] = []
-
-    def start(self) -> BrokerProcess:
-        cmd = [
-            sys.executable,
-            "-m",
-            "siftmq",
-            "broker",
-            "--data-dir",
-            str(self.data_dir),
-            "--listen",
-            self.listen,
-            "--flush",
-            self.flush,
-            "--admin-listen",
-            "127.0.0.1:0",
-        ]
-        if self.config_path is not None:
-            cmd += ["--config", str(self.config_path)]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.output.append(line.rstrip("\n"))
-                if "ready on" in line and not ready.is_set():
-                    self.endpoint = line.split("ready on ", 1)[1].split()[0]
-                    self.port = int(self.endpoint.rsplit(":", 1)[1])
-                    if "admin http://" in line:
-                        self.admin_url = "http://" + line.split("admin http://", 1)[1].split(",")[0]
-                    ready.set()
-
-        self._pump = threading.Thread(target=pump, daemon=True)
-        self._pump.start()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not ready.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError("broker did not become ready:\n" + "\n".join(self.output[-50:]))
-        return self
-
-    def stop(self, timeout: float = 30) -> int:
-        """SIGTERM and wait; returns the exit code."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        self._close_pipe()
-        return code
-
-    def kill(self) -> None:
-        """SIGKILL (a crash)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-        self._close_pipe()
-
-    def _close_pipe(self) -> None:
-        if self.proc is not None and self.proc.stdout is not None:
-            self._pump.join(10)
-            self.proc.stdout.close()
-
-    def log(self) -> str:
-        return "\n".join(self.output)
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return str(value)
+from siftmq.testing import broker_starter
 
 
 @pytest.fixture
 def start_broker(tmp_path: Path) -> Iterator[object]:
-    """``start_broker(**kw)`` starts a broker (stopped at the end of the test)."""
-    started: list[BrokerProcess] = []
-
-    def start(name: str = "data", **kwargs: object) -> BrokerProcess:
-        broker = BrokerProcess(tmp_path / name, **kwargs)  # type: ignore[arg-type]
-        started.append(broker)
-        return broker.start()
-
-    yield start
-    for broker in started:
-        try:
-            broker.stop(30)
-        except subprocess.TimeoutExpired:
-            broker.kill()
+    yield from broker_starter(tmp_path)

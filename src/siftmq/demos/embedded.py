@@ -28,7 +28,7 @@ def embedded_broker(settings: dict[str, object] | None = None) -> Iterator[str]:
         ]
         if settings:
             config = Path(tmp) / "siftmq.toml"
-            config.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in settings.items()))
+            config.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items()))
             cmd += ["--config", str(config)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
@@ -48,11 +48,12 @@ def embedded_broker(settings: dict[str, object] | None = None) -> Iterator[str]:
                 proc.stdout.close()
 
 
-def _toml(value: object) -> str:
+def toml_value(value: object) -> str:
+    """A Python value as a TOML value (bool, str, number, list)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return str(value)
