@@ -49,7 +49,7 @@ from siftmq.broker.validation import (
     check_topic,
     check_user_properties,
 )
-from siftmq.errors import BadRequestError, FilterError, NotFoundError, UnsupportedError
+from siftmq.errors import BadRequestError, CorruptRecordError, FilterError, NotFoundError, UnsupportedError
 from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
 from siftmq.store import (
     GetMessageStatus,
@@ -616,9 +616,14 @@ class Broker:
     def _load(self, item: InFlight, topic: str, queue_id: int) -> StoredMessage | None:
         """The in-flight message, or None when its record is gone (retention) or is not it any more.
 
-        A read error other than "not there" propagates, so the entry stays in flight for later.
+        A corrupt record counts as gone; any other read error propagates, so the entry stays in
+        flight for later.
         """
-        msg = self.store.look_message_by_offset(item.commit_log_offset, item.size)
+        try:
+            msg = self.store.look_message_by_offset(item.commit_log_offset, item.size)
+        except CorruptRecordError:  # unreadable for good: delivering it again can never succeed
+            _log.exception("in-flight %s:%d@%d cannot be read; dropped", topic, queue_id, item.queue_offset)
+            return None
         if msg is not None and (msg.topic, msg.queue_id, msg.queue_offset) != (
             topic,
             queue_id,
