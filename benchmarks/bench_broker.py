@@ -18,15 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import FilterType
+
+from siftmq.testing import running_broker
 
 BODY = os.urandom(1024)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -39,33 +38,6 @@ def cpu_seconds(pid: int) -> float:
 
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
-
-
-def start_broker(data_dir: Path, flush: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "siftmq",
-            "broker",
-            "--data-dir",
-            str(data_dir),
-            "--listen",
-            "127.0.0.1:0",
-            "--flush",
-            flush,
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "ready on" in line:
-            return proc, line.split("ready on ", 1)[1].split()[0]
-    raise RuntimeError("broker did not start")
 
 
 def send_phase(endpoint: str, topic: str, total: int, threads: int) -> tuple[float, list[float]]:
@@ -139,41 +111,38 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--flush", choices=("async", "sync"), default="async")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="siftmq-bench-") as tmp:
-        proc, endpoint = start_broker(Path(tmp) / "data", args.flush)
-        try:
-            topic = "BenchTopic"
-            cpu0, client0 = cpu_seconds(proc.pid), cpu_seconds(os.getpid())
-            elapsed, lat = send_phase(endpoint, topic, args.messages, args.threads)
-            cpu_send = cpu_seconds(proc.pid) - cpu0
-            client_send = cpu_seconds(os.getpid()) - client0
-            print(
-                f"send ({args.flush}, {args.threads} producer threads, 1 KiB): "
-                f"{args.messages / elapsed:,.0f} msg/s, p50 {percentile(lat, 50) * 1000:.2f} ms, "
-                f"p99 {percentile(lat, 99) * 1000:.2f} ms, broker CPU {cpu_send / args.messages * 1e6:,.0f} "
-                f"s per million (client CPU {client_send / args.messages * 1e6:,.0f})"
+    with running_broker(flush=args.flush) as broker:
+        assert broker.proc is not None
+        proc, endpoint = broker.proc, broker.endpoint
+        topic = "BenchTopic"
+        cpu0, client0 = cpu_seconds(proc.pid), cpu_seconds(os.getpid())
+        elapsed, lat = send_phase(endpoint, topic, args.messages, args.threads)
+        cpu_send = cpu_seconds(proc.pid) - cpu0
+        client_send = cpu_seconds(os.getpid()) - client0
+        print(
+            f"send ({args.flush}, {args.threads} producer threads, 1 KiB): "
+            f"{args.messages / elapsed:,.0f} msg/s, p50 {percentile(lat, 50) * 1000:.2f} ms, "
+            f"p99 {percentile(lat, 99) * 1000:.2f} ms, broker CPU {cpu_send / args.messages * 1e6:,.0f} "
+            f"s per million (client CPU {client_send / args.messages * 1e6:,.0f})"
+        )
+        expected = (args.messages + 9) // 10
+        for name, expr in (
+            ("TAG Sel", FilterExpression("Sel")),
+            ("SQL92 sel = 1 AND size > 0", FilterExpression("sel = 1 AND size > 0", FilterType.SQL)),
+        ):
+            cpu0 = cpu_seconds(proc.pid)
+            elapsed, lat, got, body_bytes = receive_phase(
+                endpoint, topic, f"bench-{len(name)}", expr, expected
             )
-            expected = (args.messages + 9) // 10
-            for name, expr in (
-                ("TAG Sel", FilterExpression("Sel")),
-                ("SQL92 sel = 1 AND size > 0", FilterExpression("sel = 1 AND size > 0", FilterType.SQL)),
-            ):
-                cpu0 = cpu_seconds(proc.pid)
-                elapsed, lat, got, body_bytes = receive_phase(
-                    endpoint, topic, f"bench-{len(name)}", expr, expected
-                )
-                cpu = cpu_seconds(proc.pid) - cpu0
-                print(
-                    f"receive {name} (10% selective): {got:,} of {expected:,} matched, "
-                    f"{got / elapsed:,.0f} matched msg/s, "
-                    f"receive call p50 {percentile(lat, 50) * 1000:.1f} ms, "
-                    f"p99 {percentile(lat, 99) * 1000:.1f} ms, broker CPU {cpu / args.messages * 1e6:,.0f} s "
-                    f"per million scanned, delivered bytes per matched byte "
-                    f"{body_bytes / (expected * len(BODY)):.2f}"
-                )
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            cpu = cpu_seconds(proc.pid) - cpu0
+            print(
+                f"receive {name} (10% selective): {got:,} of {expected:,} matched, "
+                f"{got / elapsed:,.0f} matched msg/s, "
+                f"receive call p50 {percentile(lat, 50) * 1000:.1f} ms, "
+                f"p99 {percentile(lat, 99) * 1000:.1f} ms, broker CPU {cpu / args.messages * 1e6:,.0f} s "
+                f"per million scanned, delivered bytes per matched byte "
+                f"{body_bytes / (expected * len(BODY)):.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -11,40 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 from siftmq.client import FilterExpression, Producer, PullConsumer
+from siftmq.testing import running_broker
 
 BODY = os.urandom(1024)
-
-
-def start_broker(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "siftmq",
-            "broker",
-            "--data-dir",
-            str(data_dir),
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "ready on" in line:
-            return proc, line.split("ready on ", 1)[1].split()[0]
-    raise RuntimeError("broker did not start")
 
 
 async def bench(endpoint: str, total: int, batch: int) -> None:
@@ -90,13 +62,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=256)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="siftmq-bench-") as tmp:
-        proc, endpoint = start_broker(Path(tmp) / "data")
-        try:
-            asyncio.run(bench(endpoint, args.messages, args.batch))
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with running_broker() as broker:
+        asyncio.run(bench(broker.endpoint, args.messages, args.batch))
 
 
 if __name__ == "__main__":

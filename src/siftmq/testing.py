@@ -1,24 +1,37 @@
-"""Test helpers: a real ``siftmq broker`` subprocess on port 0 with a temporary data dir.
+"""Helpers for tests, demos and benchmarks: real brokers, in a subprocess or in-process.
 
-Used by siftmq's own tests (``tests/*/conftest.py``) and usable by applications' tests:
-``BrokerProcess(tmp_path / "data").start()`` waits for the ready line; ``endpoint`` and
-``admin_url`` are then set; ``stop()`` sends SIGTERM, ``kill()`` SIGKILL.
+``BrokerProcess(tmp_path / "data").start()`` runs ``siftmq broker`` on port 0 and waits for the
+ready line; ``endpoint`` and ``admin_url`` are then set; ``stop()`` sends SIGTERM, ``kill()``
+SIGKILL. ``running_broker()`` does the same in a temporary directory for a ``with`` block;
+``open_broker()`` starts an in-process :class:`~siftmq.broker.Broker` for unit tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-
-from siftmq.demos.embedded import toml_value
+from typing import Any
 
 READY_TIMEOUT_S = 60
+
+
+def toml_value(value: object) -> str:
+    """A Python value as a TOML value (bool, str, number, list)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return str(value)
 
 
 class BrokerProcess:
@@ -131,3 +144,32 @@ def broker_starter(tmp_path: Path) -> Iterator[object]:
             broker.stop(30)
         except subprocess.TimeoutExpired:
             broker.kill()
+
+
+@contextlib.contextmanager
+def running_broker(
+    config: dict[str, object] | None = None, *, flush: str = "async"
+) -> Iterator[BrokerProcess]:
+    """A started :class:`BrokerProcess` on a temporary data directory, stopped and removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="siftmq-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", flush=flush, config=config).start()
+        try:
+            yield broker
+        finally:
+            try:
+                broker.stop(30)
+            except subprocess.TimeoutExpired:
+                broker.kill()
+
+
+def open_broker(data_dir: Path, **overrides: Any) -> Any:
+    """A started in-process :class:`~siftmq.broker.Broker` with test-friendly defaults.
+
+    The minimum invisible time is 50 ms and topics get 4 queues unless ``overrides`` say otherwise.
+    """
+    from siftmq.broker import Broker, BrokerConfig
+
+    settings: dict[str, Any] = {"min_invisible_time_s": 0.05, "default_queue_nums": 4, **overrides}
+    broker = Broker(BrokerConfig(data_dir=data_dir, **settings))
+    broker.start()
+    return broker

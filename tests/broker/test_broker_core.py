@@ -8,18 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from siftmq.broker import Broker, BrokerConfig, OutgoingMessage, Subscription
+from siftmq.broker import Broker, OutgoingMessage, Subscription
 from siftmq.errors import BadRequestError, FilterError, UnsupportedError
 from siftmq.hashing import java_string_hash
+from siftmq.testing import open_broker as make_broker
 
 TOPIC = "Orders"
-
-
-def make_broker(data_dir: Path, **overrides: object) -> Broker:
-    settings: dict[str, object] = {"min_invisible_time_s": 0.05, "default_queue_nums": 4, **overrides}
-    broker = Broker(BrokerConfig(data_dir=data_dir, **settings))  # type: ignore[arg-type]
-    broker.start()
-    return broker
 
 
 @pytest.fixture

@@ -9,20 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from siftmq.broker import Broker, BrokerConfig, OutgoingMessage, Subscription
+from siftmq.broker import Broker, OutgoingMessage, Subscription
 from siftmq.broker.broker import allocate_averagely
 from siftmq.broker.groups import SubscriptionConflictError
 from siftmq.errors import BadRequestError
+from siftmq.testing import open_broker as make_broker
 
 TOPIC = "SUBSCRIBE_TEST"
 GROUP = "SUBSCRIBE_TEST_CONSUMER_GROUP"
-
-
-def make_broker(data_dir: Path, **overrides: object) -> Broker:
-    settings: dict[str, object] = {"min_invisible_time_s": 0.05, "default_queue_nums": 4, **overrides}
-    broker = Broker(BrokerConfig(data_dir=data_dir, **settings))  # type: ignore[arg-type]
-    broker.start()
-    return broker
 
 
 @pytest.fixture

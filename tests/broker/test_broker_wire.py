@@ -194,18 +194,18 @@ def test_duplicate_send_is_stored_once(stub: Stub) -> None:
     assert first.entries[0].offset == second.entries[0].offset
 
 
-def test_second_broker_on_the_same_port_fails_loudly(start_broker: Any, tmp_path: Any) -> None:
-    first = start_broker("one")
-    proc = subprocess.run(
+def _broker_once(data_dir: Any, listen: str) -> subprocess.CompletedProcess[str]:
+    """``siftmq broker`` expected to fail at start-up (so it returns)."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
             "siftmq",
             "broker",
             "--data-dir",
-            str(tmp_path / "two"),
+            str(data_dir),
             "--listen",
-            first.endpoint,
+            listen,
             "--admin-listen",
             "127.0.0.1:0",
         ],
@@ -214,28 +214,18 @@ def test_second_broker_on_the_same_port_fails_loudly(start_broker: Any, tmp_path
         text=True,
         timeout=60,
     )
+
+
+def test_second_broker_on_the_same_port_fails_loudly(start_broker: Any, tmp_path: Any) -> None:
+    first = start_broker("one")
+    proc = _broker_once(tmp_path / "two", first.endpoint)
     assert proc.returncode != 0
     assert "cannot listen" in proc.stderr and "ready" not in proc.stdout
 
 
-def test_same_data_dir_twice_fails_loudly(start_broker: Any, tmp_path: Any) -> None:
+def test_same_data_dir_twice_fails_loudly(start_broker: Any) -> None:
     first = start_broker("shared")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "siftmq",
-            "broker",
-            "--data-dir",
-            str(first.data_dir),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _broker_once(first.data_dir, "127.0.0.1:0")
     assert proc.returncode != 0 and "ready" not in proc.stdout
 
 
@@ -261,9 +251,12 @@ def test_offset_pull_family_over_the_wire(stub: Stub) -> None:
         )
         assert end.status.code == pb.Code.OK
         req = pb.PullMessageRequest(
-            group=group, message_queue=queue, offset=0, batch_size=32,
+            group=group,
+            message_queue=queue,
+            offset=0,
+            batch_size=32,
             filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="Pay"),
-        )  # fmt: skip
+        )
         frames = stub("PullMessage", req)
         assert (
             frames[0].WhichOneof("content") == "status" and frames[-1].WhichOneof("content") == "next_offset"

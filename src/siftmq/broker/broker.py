@@ -431,9 +431,7 @@ class Broker:
             from_settings=False,
         )
         if (entry.kind, entry.expression) == (compiled.kind, compiled.normalized):
-            session = self.clients.get(client_id)
-            if session is not None and session.refused:
-                session.refused = None  # the group accepts it now
+            self._mark_refused(client_id, None)  # the group accepts it now
             return self._entry_filter(group, entry), None
         return self._entry_filter(group, entry), compiled
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from siftmq.broker.broker import Broker
 from siftmq.broker.model import Delivery, PullResult, Subscription
+
+T = TypeVar("T")
 
 
 class ArrivalNotifier:
@@ -53,6 +57,34 @@ class ArrivalNotifier:
                 waiters.discard(fut)
 
 
+async def _long_poll(
+    notifier: ArrivalNotifier,
+    topic: str,
+    hold_s: float,
+    attempt: Callable[[], T],
+    *,
+    done: Callable[[T], bool],
+    next_due_ms: Callable[[], int | None] | None = None,
+) -> T:
+    """Run ``attempt`` (in a worker thread) until ``done`` says so or ``hold_s`` has passed.
+
+    Between attempts it sleeps until a message arrives on ``topic`` or, with ``next_due_ms``,
+    until the earliest redelivery falls due.
+    """
+    deadline = time.monotonic() + max(hold_s, 0.0)
+    while True:
+        seen = notifier.version(topic)
+        result = await asyncio.to_thread(attempt)
+        remaining = deadline - time.monotonic()
+        if done(result) or remaining <= 0:
+            return result
+        if next_due_ms is not None:
+            due = await asyncio.to_thread(next_due_ms)
+            if due is not None:
+                remaining = min(remaining, max(due - time.time() * 1000, 0) / 1000 + 0.005)
+        await notifier.wait(topic, seen, max(remaining, 0.001))
+
+
 async def receive_long_polling(
     broker: Broker,
     notifier: ArrivalNotifier,
@@ -66,26 +98,17 @@ async def receive_long_polling(
     client_id: str = "",
 ) -> list[Delivery]:
     """:meth:`Broker.receive`, waiting up to ``hold_s`` seconds for something to deliver."""
-    deadline = time.monotonic() + max(hold_s, 0.0)
-    topic = subscription.topic
-    while True:
-        seen = notifier.version(topic)
-        deliveries = await asyncio.to_thread(
-            broker.receive,
-            group,
-            subscription,
-            client_id=client_id,
-            queue_id=queue_id,
-            batch_size=batch_size,
-            invisible_ms=invisible_ms,
-        )
-        remaining = deadline - time.monotonic()
-        if deliveries or remaining <= 0:
-            return deliveries
-        due = await asyncio.to_thread(broker.next_redelivery_ms, group, topic, client_id)
-        if due is not None:
-            remaining = min(remaining, max(due - time.time() * 1000, 0) / 1000 + 0.005)
-        await notifier.wait(topic, seen, max(remaining, 0.001))
+    receive = functools.partial(
+        broker.receive,
+        group,
+        subscription,
+        client_id=client_id,
+        queue_id=queue_id,
+        batch_size=batch_size,
+        invisible_ms=invisible_ms,
+    )
+    next_due = functools.partial(broker.next_redelivery_ms, group, subscription.topic, client_id)
+    return await _long_poll(notifier, subscription.topic, hold_s, receive, done=bool, next_due_ms=next_due)
 
 
 async def pull_long_polling(
@@ -101,19 +124,9 @@ async def pull_long_polling(
     client_id: str = "",
 ) -> PullResult:
     """:meth:`Broker.pull`, waiting up to ``hold_s`` seconds while the queue has nothing new."""
-    deadline = time.monotonic() + max(hold_s, 0.0)
-    topic = subscription.topic
-    while True:
-        seen = notifier.version(topic)
-        result = await asyncio.to_thread(
-            functools.partial(broker.pull, client_id=client_id),
-            group,
-            subscription,
-            queue_id,
-            offset,
-            batch_size,
-        )
-        remaining = deadline - time.monotonic()
-        if result.status != "NO_NEW_MESSAGE" or remaining <= 0:
-            return result
-        await notifier.wait(topic, seen, remaining)
+    pull = functools.partial(
+        broker.pull, group, subscription, queue_id, offset, batch_size, client_id=client_id
+    )
+    return await _long_poll(
+        notifier, subscription.topic, hold_s, pull, done=lambda r: r.status != "NO_NEW_MESSAGE"
+    )

@@ -215,15 +215,21 @@ class CommitLog:
             return None
         return segments[i]
 
-    def read_range(self, offset: int, length: int) -> bytes | None:
-        """Up to ``length`` bytes from ``offset``, within the segment holding it (shorter at the
-        end of its data); None when the offset is not stored (removed or beyond the end)."""
+    def _locate(self, offset: int) -> tuple[Segment, int] | None:
+        """The segment holding ``offset`` and the position in it; None when it is not stored."""
         seg = self._segment_for(offset)
         if seg is None or offset < self.min_offset:
             return None
         pos = offset - seg.start_offset
-        if pos >= seg.length:
+        return None if pos >= seg.length else (seg, pos)
+
+    def read_range(self, offset: int, length: int) -> bytes | None:
+        """Up to ``length`` bytes from ``offset``, within the segment holding it (shorter at the
+        end of its data); None when the offset is not stored (removed or beyond the end)."""
+        found = self._locate(offset)
+        if found is None:
             return None
+        seg, pos = found
         try:
             return seg.read(pos, length)
         except OSError as exc:
@@ -237,12 +243,10 @@ class CommitLog:
         ``size`` (from a ConsumeQueue entry) saves one read; it must equal the record's size.
         Raises :class:`CorruptRecordError` if the bytes there are not an intact record.
         """
-        seg = self._segment_for(offset)
-        if seg is None or offset < self.min_offset:
+        found = self._locate(offset)
+        if found is None:
             return None
-        pos = offset - seg.start_offset
-        if pos >= seg.length:
-            return None
+        seg, pos = found
         try:
             if size is None:
                 head = seg.read(pos, 8)

@@ -108,6 +108,22 @@ class BitmapDispatcher(Protocol):
         ...
 
 
+_Row = tuple[str, int, int, int, int, int, int]
+
+
+def _row(r: DispatchRequest) -> _Row:
+    """(topic, queue_id, commit_log_offset, size, tags_code, store_timestamp, queue_offset)."""
+    return (
+        r.topic,
+        r.queue_id,
+        r.commit_log_offset,
+        r.msg_size,
+        r.tags_code,
+        r.store_timestamp,
+        r.consume_queue_offset,
+    )
+
+
 class Reput:
     """Writes ConsumeQueue/ext entries for batches of records and calls the dispatchers.
 
@@ -126,18 +142,7 @@ class Reput:
         """
         if not requests:
             return []
-        rows = [
-            (
-                r.topic,
-                r.queue_id,
-                r.commit_log_offset,
-                r.msg_size,
-                r.tags_code,
-                r.store_timestamp,
-                r.consume_queue_offset,
-            )
-            for r in requests
-        ]
+        rows = [_row(r) for r in requests]
         return self._dispatch_rows(rows, requests, notify=notify)
 
     def dispatch_appended(
@@ -168,7 +173,7 @@ class Reput:
 
     def _dispatch_rows(
         self,
-        rows: list[tuple[str, int, int, int, int, int, int]],
+        rows: list[_Row],
         requests: Sequence[DispatchRequest] | None,
         *,
         notify: bool,
@@ -204,27 +209,12 @@ class Reput:
         cq: ConsumeQueue, reqs: Sequence[DispatchRequest], bitmaps: Sequence[bytes | None]
     ) -> None:
         """Write the entries of consecutive requests of one queue (truncating a stale tail)."""
-        Reput._write_rows(
-            cq,
-            [
-                (
-                    r.topic,
-                    r.queue_id,
-                    r.commit_log_offset,
-                    r.msg_size,
-                    r.tags_code,
-                    r.store_timestamp,
-                    r.consume_queue_offset,
-                )
-                for r in reqs
-            ],
-            bitmaps,
-        )
+        Reput._write_rows(cq, [_row(r) for r in reqs], bitmaps)
 
     @staticmethod
     def _write_rows(
         cq: ConsumeQueue,
-        rows: Sequence[tuple[str, int, int, int, int, int, int]],
+        rows: Sequence[_Row],
         bitmaps: Sequence[bytes | None] | None,
     ) -> None:
         first = rows[0][6]
