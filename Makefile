@@ -11,7 +11,7 @@ PROPS ?= Region=Hangzhou price=45
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 ## run: the main job: the broker on 127.0.0.1:8081 with its data under ./data (ARGS="--flush sync ...")
