@@ -79,8 +79,10 @@ def build_session(
 
 def register(session: Any) -> None:
     """Register the ``siftmq`` data source on ``session`` (a no-op until the source module exists)."""
+    import importlib
+
     try:
-        from siftmq.spark.source import SiftmqDataSource
-    except ImportError:
+        source = importlib.import_module("siftmq.spark.source")
+    except ModuleNotFoundError:
         return
-    session.dataSource.register(SiftmqDataSource)
+    session.dataSource.register(source.SiftmqDataSource)
