@@ -345,11 +345,13 @@ class Broker:
         subscriptions: Sequence[Subscription],
         *,
         address: str = "",
+        message_model: str | None = None,
     ) -> None:
         """Record a client's declared settings (Telemetry).
 
         Consumers' subscriptions are validated, checked against the group's (consistency policy) and
-        recorded; SQL92 ones are registered with the bitmap dispatcher at once.
+        recorded; SQL92 ones are registered with the bitmap dispatcher at once. A declared
+        ``message_model`` (``clustering``/``broadcasting``) must agree with the group's live members.
         """
         if group is None:
             self.clients.touch(client_id, client_type=client_type, address=address)
@@ -378,6 +380,8 @@ class Broker:
         self.clients.touch(client_id, client_type=client_type, group=group, address=address)
         members = {m.client_id: set(m.subscriptions) for m in self.clients.members(group)}
         try:
+            if message_model is not None:
+                self.groups.declare_mode(group, message_model, client_id, live=self.clients.live_ids(group))
             self.groups.check_topics(group, client_id, {sub.topic for sub, _ in compiled}, members)
         except SubscriptionConflictError as exc:
             self._mark_refused(client_id, exc.message)

@@ -247,6 +247,29 @@ class GroupManager:
             self._save_locked()
             return info
 
+    def declare_mode(self, group: str, mode: str, client_id: str, *, live: set[str]) -> None:
+        """A consumer declares the message model it consumes with (RocketMQ's heartbeat does too).
+
+        All members of a group share one model: a declaration that differs from the group's is
+        refused while other members are live, and switches the (persisted) model when none is.
+        """
+        if mode not in MODES:
+            raise BadRequestError(f"message model must be one of {', '.join(MODES)}, not {mode!r}")
+        with self._lock:
+            info = self._ensure(group)
+            if info.mode == mode:
+                return
+            others = sorted(live - {client_id})
+            if others:
+                raise SubscriptionConflictError(
+                    f"group {group!r} consumes in {info.mode} mode with {len(others)} live member(s) "
+                    f"({', '.join(others[:5])}); client {client_id!r} declared {mode}: all members of a "
+                    "group must use one message model"
+                )
+            _log.info("group %s switched from %s to %s by client %s", group, info.mode, mode, client_id)
+            info.mode = mode
+            self._save_locked()
+
     def set_subscription(self, group: str, topic: str, kind: str, expression: str) -> GroupSubscription:
         """Set the group's subscription of ``topic`` deliberately (a new version, for every member)."""
         with self._lock:

@@ -45,6 +45,7 @@ class Connection:
         self.client_id = client_id or new_client_id()
         self.namespace = namespace
         self.request_timeout = request_timeout
+        self.extra_metadata: tuple[tuple[str, str], ...] = ()
         self._channel = grpc.aio.insecure_channel(
             endpoint, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         )
@@ -57,6 +58,7 @@ class Connection:
             ("x-mq-client-version", f"siftmq-{__version__}"),
             ("x-mq-namespace", self.namespace),
             ("x-mq-request-id", uuid.uuid4().hex),
+            *self.extra_metadata,
         )
 
     def endpoints(self) -> pb.Endpoints:

@@ -23,17 +23,37 @@ from siftmq.protocol import rocketmq_v2_pb2 as pb
 
 _log = logging.getLogger(__name__)
 HEARTBEAT_S = 10.0
+MODES = ("CLUSTERING", "BROADCASTING")
+RELEASE_S = 1.0  # a stopping push consumer makes its unprocessed messages visible again this soon
 
 
 class _Consumer:
+    """What every consumer shares: subscriptions, heartbeats, the client-side re-check.
+
+    ``mode`` (``CLUSTERING`` or ``BROADCASTING``) is declared to the broker, which refuses a model
+    that differs from the one the group's live members use; ``None`` consumes with the group's model
+    (clustering unless the broker configures the group otherwise).
+    """
+
     client_type: pb.ClientType = pb.ClientType.CLIENT_TYPE_UNSPECIFIED
 
     def __init__(
-        self, endpoint: str, group: str, subscriptions: Mapping[str, FilterExpression], **options: Any
+        self,
+        endpoint: str,
+        group: str,
+        subscriptions: Mapping[str, FilterExpression],
+        *,
+        mode: str | None = None,
+        **options: Any,
     ) -> None:
         if not subscriptions:
             raise ValueError("subscribe at least one topic")
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"mode must be {' or '.join(MODES)} or None (the group's model), not {mode!r}")
+        self.mode = mode
         self.connection = Connection(endpoint, **options)
+        if mode is not None:  # declared to the broker, as RocketMQ's heartbeat declares the message model
+            self.connection.extra_metadata = (("x-siftmq-message-model", mode.lower()),)
         self.group = group
         self.subscriptions = dict(subscriptions)
         self.dropped = 0
@@ -212,35 +232,48 @@ class PushConsumer(SimpleConsumer):
         await super().stop()
 
     async def _work(self) -> None:
-        while True:
-            try:
-                batch = await self.receive(8, 60.0)
-            except RemoteError as exc:
-                _log.warning("receive for %s failed: %s", self.group, exc)
-                await asyncio.sleep(1)
-                continue
-            for m in batch:
+        pending: list[ReceivedMessage] = []
+        try:
+            while True:
                 try:
-                    result = self.listener(m)
-                    ok = await result if inspect.isawaitable(result) else result
-                except Exception:
-                    _log.exception("listener failed on %s", m.message_id)
-                    ok = False
-                try:
-                    if ok:
-                        await self.ack(m)
-                    else:
-                        delay = self.BACKOFF_S[min(m.delivery_attempt, len(self.BACKOFF_S)) - 1]
-                        await self.change_invisible_duration(m, delay)
+                    pending = list(await self.receive(8, 60.0))
                 except RemoteError as exc:
-                    _log.warning("settling %s failed: %s", m.message_id, exc)
+                    _log.warning("receive for %s failed: %s", self.group, exc)
+                    await asyncio.sleep(1)
+                    continue
+                while pending:
+                    await self._consume(pending[0])
+                    pending.pop(0)
+        except asyncio.CancelledError:
+            # stopping: hand what this worker holds back to the group instead of leaving it invisible
+            for m in pending:
+                with contextlib.suppress(RemoteError, asyncio.CancelledError):
+                    await asyncio.shield(self.change_invisible_duration(m, RELEASE_S))
+            raise
+
+    async def _consume(self, m: ReceivedMessage) -> None:
+        try:
+            result = self.listener(m)
+            ok = await result if inspect.isawaitable(result) else result
+        except Exception:
+            _log.exception("listener failed on %s", m.message_id)
+            ok = False
+        try:
+            if ok:
+                await self.ack(m)
+            else:
+                delay = self.BACKOFF_S[min(m.delivery_attempt, len(self.BACKOFF_S)) - 1]
+                await self.change_invisible_duration(m, delay)
+        except RemoteError as exc:
+            _log.warning("settling %s failed: %s", m.message_id, exc)
 
 
 class PullConsumer(_Consumer):
     """Pulls its assigned queues by offset: ``poll``, ``seek``, ``commit``.
 
-    In ``CLUSTERING`` mode the broker assigns queues and keeps the group's offsets; in
-    ``BROADCASTING`` mode the consumer reads every queue and keeps its offsets in a local file
+    In ``CLUSTERING`` mode (or ``mode=None`` in a clustering group) the broker assigns queues and
+    keeps the group's offsets; in ``BROADCASTING`` mode the consumer reads every queue and keeps its
+    offsets in a local file
     (``offset_dir``), as RocketMQ does.
     """
 
@@ -253,15 +286,12 @@ class PullConsumer(_Consumer):
         topic: str,
         expression: FilterExpression | None = None,
         *,
-        mode: str = "CLUSTERING",
+        mode: str | None = None,
         offset_dir: Path | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(endpoint, group, {topic: expression or FilterExpression.tag()}, **options)
-        if mode not in ("CLUSTERING", "BROADCASTING"):
-            raise ValueError("mode must be CLUSTERING or BROADCASTING")
+        super().__init__(endpoint, group, {topic: expression or FilterExpression.tag()}, mode=mode, **options)
         self.topic = topic
-        self.mode = mode
         self.assignment_ttl_s = 1.0  # how long a queried assignment is reused by poll()
         self._assigned: tuple[float, list[int]] | None = None
         self._offsets: dict[int, int] = {}
@@ -295,7 +325,7 @@ class PullConsumer(_Consumer):
         if qid in self._offsets:
             return self._offsets[qid]
         offset = None
-        if self.mode == "CLUSTERING":
+        if self.mode != "BROADCASTING":
             try:
                 got = await self.connection.unary(
                     "GetOffset",

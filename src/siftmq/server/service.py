@@ -30,6 +30,7 @@ _log = logging.getLogger(__name__)
 #: Time left to the client after a long poll ends, to receive the answer before its deadline.
 DEADLINE_MARGIN_S = 0.5
 PRODUCER_MAX_ATTEMPTS = 3
+MESSAGE_MODEL_HEADER = "x-siftmq-message-model"
 
 
 def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
@@ -37,6 +38,14 @@ def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
         if key == "x-mq-client-id":
             return str(value)[:256]
     return ""
+
+
+def _message_model(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """siftmq's own clients declare their message model (official v5 clients only cluster)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == MESSAGE_MODEL_HEADER:
+            return str(value)[:32].lower()
+    return None
 
 
 def _peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
@@ -129,18 +138,21 @@ class MessagingService:
         self, requests: AsyncIterator[pb.TelemetryCommand], context: Any
     ) -> AsyncIterator[pb.TelemetryCommand]:
         client_id = _client_id(context)
+        model = _message_model(context)
         async for command in requests:
             if command.WhichOneof("command") != "settings":
                 continue  # results of commands siftmq never sends
             settings = command.settings
             try:
-                await self._call(self._apply_settings, client_id, settings, _peer(context))
+                await self._call(self._apply_settings, client_id, settings, _peer(context), model)
                 reply_status = ok()
             except Exception as exc:
                 reply_status = status_of(exc, call="Telemetry")
             yield pb.TelemetryCommand(status=reply_status, settings=self._reply_settings(settings))
 
-    def _apply_settings(self, client_id: str, settings: pb.Settings, address: str) -> None:
+    def _apply_settings(
+        self, client_id: str, settings: pb.Settings, address: str, model: str | None = None
+    ) -> None:
         client_type = _client_type(settings.client_type)
         if settings.WhichOneof("pub_sub") != "subscription":
             self.broker.heartbeat(client_id, client_type, None, address=address)
@@ -150,7 +162,9 @@ class MessagingService:
         subscriptions = [
             convert.subscription_of(convert.topic_name(e.topic), e.expression) for e in sub.subscriptions
         ]
-        self.broker.subscribe(client_id, client_type, group, subscriptions, address=address)
+        self.broker.subscribe(
+            client_id, client_type, group, subscriptions, address=address, message_model=model
+        )
 
     def _reply_settings(self, settings: pb.Settings) -> pb.Settings:
         reply = pb.Settings()
