@@ -31,6 +31,7 @@ reader must not mistake our records for its own. The end-of-segment blank marker
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 import zlib
@@ -77,8 +78,9 @@ MIN_RECORD_SIZE: Final = HEADER_SIZE + 1 + 2
 _DEFAULT_HOST: Final = bytes(8)
 
 
+@functools.lru_cache(maxsize=4096)
 def encode_host(ip: str, port: int) -> bytes:
-    """8 bytes for an IPv4 ``ip`` and ``port`` (RocketMQ's born/store host layout)."""
+    """8 bytes for an IPv4 ``ip`` and ``port`` (RocketMQ's born/store host layout); cached: hosts repeat."""
     parts = ip.split(".")
     if len(parts) != 4 or not all(p.isdigit() and 0 <= int(p) <= 255 for p in parts):
         raise ValueError(f"not an IPv4 address: {ip!r}")
