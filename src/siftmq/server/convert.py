@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 from google.protobuf.duration_pb2 import Duration
@@ -120,5 +121,7 @@ def pulled_message(m: StoredMessage, topic: pb.Resource) -> pb.Message:
     return delivered_message(Delivery(m, "", 1, 0), topic)
 
 
+@functools.lru_cache(maxsize=4096)
 def _host(raw: bytes) -> str:
+    """The IPv4 part of a stored 8-byte host (cached: hosts repeat, and this runs per delivered message)."""
     return ".".join(str(b) for b in raw[:4]) if len(raw) >= 4 else ""
