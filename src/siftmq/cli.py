@@ -13,6 +13,7 @@ from siftmq.admin_cli import admin_app
 from siftmq.client_cli import consume, produce
 from siftmq.demo_cli import demo_app
 from siftmq.errors import FilterError, FilterEvaluationError
+from siftmq.spark_cli import spark_app
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="siftmq: RocketMQ-style message filtering."
@@ -21,6 +22,7 @@ filter_app = typer.Typer(no_args_is_help=True, help="Check and evaluate TAG and 
 app.add_typer(filter_app, name="filter")
 app.add_typer(admin_app, name="admin")
 app.add_typer(demo_app, name="demo")
+app.add_typer(spark_app, name="spark")
 app.command("produce")(produce)
 app.command("consume")(consume)
 

@@ -9,6 +9,13 @@ A registration has a version (bumped when the group's expression changes) and a 
 bitmaps of records stored before it say nothing about it, so those records are evaluated exactly
 (see :class:`~siftmq.broker.message_filters.SqlMessageFilter`). Registrations are kept in
 ``config/filters.json`` and dropped ``expire_s`` after the group was last seen alive.
+
+The offline ``backfill`` Spark job (``siftmq spark backfill``) computes a registration's bits for the
+records stored before its born time and then calls :meth:`FilterRegistry.record_backfill`: the
+registration gets ``backfilled_until_ms`` (kept in ``filters.json`` as ``"backfill": {"version": v,
+"until_ms": t}``) and its bitmaps are trusted for records stored up to that time too. The coverage
+belongs to one version: a new expression (a new version) starts without it, and an entry whose
+``backfill.version`` is not its ``version`` is loaded without it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import numpy as np
 from siftmq.broker.message_filters import SqlMessageFilter
 from siftmq.broker.persist import read_json, write_json
 from siftmq.broker.stats import FilterStats
-from siftmq.errors import FilterError
+from siftmq.errors import ConfigError, FilterError, NotFoundError
 from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
 from siftmq.store import DispatchRequest
 
@@ -45,13 +52,21 @@ class FilterRegistration:
     last_seen_ms: int
     positions: tuple[int, ...]
     compiled: CompiledFilter
+    #: Records stored up to this time have this version's bits (set by the backfill job); None: never.
+    backfilled_until_ms: int | None = None
 
     @property
     def bloom_key(self) -> str:
         return f"{self.group}#{self.topic}"
 
     def message_filter(self, stats: FilterStats | None = None) -> SqlMessageFilter:
-        return SqlMessageFilter(self.compiled, self.positions, self.born_time_ms, stats)
+        return SqlMessageFilter(
+            self.compiled,
+            self.positions,
+            self.born_time_ms,
+            stats,
+            backfilled_until_ms=self.backfilled_until_ms,
+        )
 
 
 class FilterRegistry:
@@ -78,6 +93,7 @@ class FilterRegistry:
             except (KeyError, TypeError, ValueError, FilterError) as exc:
                 _log.error("dropping unreadable filter registration %r: %s", item, exc)
                 continue
+            reg = replace(reg, backfilled_until_ms=_backfill_of(item, reg.version))
             self._by_key[(reg.group, reg.topic)] = reg
         self._reindex_locked()
 
@@ -127,6 +143,33 @@ class FilterRegistry:
     def get(self, group: str, topic: str) -> FilterRegistration | None:
         return self._by_key.get((group, topic))
 
+    def record_backfill(self, group: str, topic: str, *, version: int, until_ms: int) -> FilterRegistration:
+        """Record that every record of ``topic`` stored up to ``until_ms`` has the bits of version
+        ``version`` of ``group``'s registration (the backfill job calls this once they are installed).
+
+        Raises :class:`NotFoundError` if the registration is gone, and :class:`ConfigError` if its
+        version is no longer ``version`` (the expression changed meanwhile: the bits are not its).
+        """
+        with self._lock:
+            current = self._by_key.get((group, topic))
+            if current is None:
+                raise NotFoundError(
+                    f"no SQL92 filter registration {group}#{topic}", status="CONSUMER_GROUP_NOT_FOUND"
+                )
+            if current.version != version:
+                raise ConfigError(
+                    f"the registration {group}#{topic} is at version {current.version}, not {version}: "
+                    "its expression changed since the backfill read it; run the backfill again"
+                )
+            if current.backfilled_until_ms is not None:
+                until_ms = max(until_ms, current.backfilled_until_ms)
+            reg = replace(current, backfilled_until_ms=until_ms)
+            self._by_key[(group, topic)] = reg
+            self._reindex_locked()
+            self._save_locked()
+        _log.info("recorded backfill of %s#%s v%d up to %d", group, topic, version, until_ms)
+        return reg
+
     def all(self) -> list[FilterRegistration]:
         with self._lock:
             return sorted(self._by_key.values(), key=lambda r: (r.group, r.topic))
@@ -172,20 +215,7 @@ class FilterRegistry:
         self._by_topic = {t: tuple(regs) for t, regs in by_topic.items()}
 
     def _save_locked(self) -> None:
-        write_json(
-            self._path,
-            [
-                {
-                    "group": r.group,
-                    "topic": r.topic,
-                    "expression": r.expression,
-                    "version": r.version,
-                    "born_time_ms": r.born_time_ms,
-                    "last_seen_ms": r.last_seen_ms,
-                }
-                for r in self._by_key.values()
-            ],
-        )
+        write_json(self._path, [_entry(r) for r in self._by_key.values()])
         self._dirty = False
 
     # ----------------------------------------------------------------------------------- dispatching
@@ -221,6 +251,34 @@ class FilterRegistry:
             for j, i in enumerate(rows):
                 out[i] = bits[j].tobytes()
         return out
+
+
+def _entry(reg: FilterRegistration) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "group": reg.group,
+        "topic": reg.topic,
+        "expression": reg.expression,
+        "version": reg.version,
+        "born_time_ms": reg.born_time_ms,
+        "last_seen_ms": reg.last_seen_ms,
+    }
+    if reg.backfilled_until_ms is not None:
+        entry["backfill"] = {"version": reg.version, "until_ms": reg.backfilled_until_ms}
+    return entry
+
+
+def _backfill_of(item: dict[str, object], version: int) -> int | None:
+    """The backfill coverage of a stored entry, if it belongs to ``version``."""
+    backfill = item.get("backfill")
+    if not isinstance(backfill, dict):
+        return None
+    try:
+        if int(backfill["version"]) != version:
+            return None
+        return int(backfill["until_ms"])
+    except (KeyError, TypeError, ValueError):
+        _log.error("ignoring unreadable backfill coverage %r", backfill)
+        return None
 
 
 def _now_ms() -> int:

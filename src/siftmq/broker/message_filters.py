@@ -3,10 +3,16 @@
 * :class:`TagMessageFilter` — index stage: the entry's tags code is in the subscription's hash set
   (vectorized with ``numpy.isin``); CommitLog stage: the exact tag string, so a hash collision never
   reaches a client.
-* :class:`SqlMessageFilter` — index stage: when the entry's ext unit has a bitmap computed after the
-  group's registration, the group's bloom bits must all be set; otherwise (no bitmap, or a message
-  stored before the registration) the entry may match. CommitLog stage: the exact SQL92 evaluation
-  over the message's properties (``TAGS`` is the tag).
+* :class:`SqlMessageFilter` — index stage: when the entry's ext unit has a bitmap the registration
+  *covers*, the group's bloom bits must all be set; otherwise (no bitmap, or a message the bitmap says
+  nothing about) the entry may match. CommitLog stage: the exact SQL92 evaluation over the message's
+  properties (``TAGS`` is the tag).
+
+Which bitmaps a registration covers (:func:`bitmap_trusted`): those of messages stored more than
+:data:`REGISTRATION_MARGIN_MS` after its born time (live dispatch computed its bits), and — after the
+offline ``backfill`` job computed its bits for the stored history — those of messages stored up to its
+``backfilled_until_ms``. The offline ``reindex`` job uses the same rule to decide whose bits a rebuilt
+bitmap carries, so the broker and the jobs can never disagree about which bitmaps are complete.
 """
 
 from __future__ import annotations
@@ -24,6 +30,21 @@ from siftmq.store import CqExtBlock, CqExtUnit
 #: Messages stored within this many ms after a registration are evaluated exactly (clock steps,
 #: batches dispatched around the registration) rather than trusted to their bitmap.
 REGISTRATION_MARGIN_MS = 1000
+
+
+def bitmap_trusted(
+    store_timestamps: npt.NDArray[np.int64], born_time_ms: int, backfilled_until_ms: int | None
+) -> npt.NDArray[np.bool_]:
+    """Which of these messages have bitmaps that hold a registration's bits wherever it matches.
+
+    True for messages stored more than :data:`REGISTRATION_MARGIN_MS` after ``born_time_ms``, and
+    for messages stored at or before ``backfilled_until_ms`` (None: never backfilled).
+    """
+    ts = np.asarray(store_timestamps, dtype=np.int64)
+    trusted = ts > born_time_ms + REGISTRATION_MARGIN_MS
+    if backfilled_until_ms is not None:
+        trusted |= ts <= backfilled_until_ms
+    return trusted
 
 
 class TagMessageFilter:
@@ -56,9 +77,9 @@ class TagMessageFilter:
 
 
 class SqlMessageFilter:
-    """SQL92 subscription with an optional bloom registration (positions + born time)."""
+    """SQL92 subscription with an optional bloom registration (positions, born time, backfill coverage)."""
 
-    __slots__ = ("_bytes", "_masks", "born_time_ms", "compiled", "positions", "stats")
+    __slots__ = ("_bytes", "_masks", "backfilled_until_ms", "born_time_ms", "compiled", "positions", "stats")
 
     def __init__(
         self,
@@ -66,16 +87,23 @@ class SqlMessageFilter:
         positions: Sequence[int] | None,
         born_time_ms: int,
         stats: FilterStats | None = None,
+        *,
+        backfilled_until_ms: int | None = None,
     ) -> None:
         self.compiled = compiled
         self.stats = stats or FilterStats()
         self.positions = tuple(positions) if positions else ()
         self.born_time_ms = born_time_ms
+        self.backfilled_until_ms = backfilled_until_ms
         self._bytes = np.array([p >> 3 for p in self.positions], dtype=np.intp)
         self._masks = np.array([1 << (p & 7) for p in self.positions], dtype=np.uint8)
 
     def _bitmap_trusted(self, store_timestamp: int) -> bool:
-        return bool(self.positions) and store_timestamp > self.born_time_ms + REGISTRATION_MARGIN_MS
+        if not self.positions:
+            return False
+        if store_timestamp > self.born_time_ms + REGISTRATION_MARGIN_MS:
+            return True
+        return self.backfilled_until_ms is not None and store_timestamp <= self.backfilled_until_ms
 
     def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
         if ext is None or ext.filter_bitmap is None or not self._bitmap_trusted(ext.store_timestamp):
@@ -96,7 +124,7 @@ class SqlMessageFilter:
         decided = (
             ext.present[:m]
             & (ext.bitmap_lengths[:m] > 0)
-            & (ext.store_timestamps[:m] > self.born_time_ms + REGISTRATION_MARGIN_MS)
+            & bitmap_trusted(ext.store_timestamps[:m], self.born_time_ms, self.backfilled_until_ms)
         )
         if int(self._bytes.max()) >= ext.bitmaps.shape[1]:
             return np.ones(n, dtype=np.bool_)

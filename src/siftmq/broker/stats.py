@@ -42,7 +42,8 @@ class BrokerStats:
         self.sends: Counter[str] = Counter()
         self.send_bytes: Counter[str] = Counter()
         self.duplicates: Counter[str] = Counter()
-        self.deliveries: Counter[tuple[str, str]] = Counter()
+        self.deliveries: Counter[tuple[str, str]] = Counter()  # receive and pull
+        self.delivered_bytes: Counter[tuple[str, str]] = Counter()  # their body bytes
         self.acks: Counter[tuple[str, str]] = Counter()
         self.dead_letters: Counter[str] = Counter()
         self._filters: dict[tuple[str, str], FilterStats] = {}

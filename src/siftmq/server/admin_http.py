@@ -220,6 +220,13 @@ class BrokerCollector(Collector):
         deliveries = CounterMetricFamily("siftmq_messages_delivered", "Deliveries", labels=["group", "topic"])
         for (group, topic), n in stats.snapshot(stats.deliveries).items():
             deliveries.add_metric([group, topic], n)
+        delivered_bytes = CounterMetricFamily(
+            "siftmq_message_bytes_delivered",
+            "Body bytes delivered (receive and pull)",
+            labels=["group", "topic"],
+        )
+        for (group, topic), n in stats.snapshot(stats.delivered_bytes).items():
+            delivered_bytes.add_metric([group, topic], n)
         acks = CounterMetricFamily("siftmq_messages_acked", "Acknowledgements", labels=["group", "topic"])
         for (group, topic), n in stats.snapshot(stats.acks).items():
             acks.add_metric([group, topic], n)
@@ -254,4 +261,5 @@ class BrokerCollector(Collector):
         )
         clients = GaugeMetricFamily("siftmq_clients", "Live client sessions")
         clients.add_metric([], len(self.broker.clients.sessions()))
-        yield from (sends, sent_bytes, dups, deliveries, acks, dlq, work, inconsistent, lag, store, clients)
+        yield from (sends, sent_bytes, dups, deliveries, delivered_bytes, acks, dlq, work)
+        yield from (inconsistent, lag, store, clients)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from siftmq.store.commitlog import CommitLog
 from siftmq.store.consumequeue import ConsumeQueue
 from siftmq.store.dispatch import DispatchRequest, Reput
 from siftmq.store.keyindex import KeyIndex
-from siftmq.store.segment import fsync_dir
+from siftmq.store.segment import write_atomically
 
 _log = logging.getLogger(__name__)
 
@@ -55,15 +54,7 @@ class Checkpoint:
             sort_keys=True,
         )
         payload = json.dumps({"body": body, "crc": zlib.crc32(body.encode())}).encode()
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_atomically(path, payload)
 
     @classmethod
     def load(cls, path: Path) -> Checkpoint | None:

@@ -47,6 +47,19 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def write_atomically(path: Path, payload: bytes) -> None:
+    """Replace ``path`` with ``payload`` durably: write a temporary file, fsync it, rename, fsync the dir."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, payload)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 @dataclass(slots=True)
 class Segment:
     """One open segment file: ``[start_offset, start_offset + capacity)`` in its log's offsets.

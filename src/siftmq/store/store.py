@@ -8,6 +8,8 @@ Layout of ``data_dir``::
     commitlog/            CommitLog segments
     consumequeue/<topic>/<queue_id>/       ConsumeQueue segments
     consumequeue_ext/<topic>/<queue_id>/   ConsumeQueueExt segments
+    index-staging/        index files an offline job (reindex, backfill) builds; see offline.py
+    index-install.json    an offline job's install in progress; finished by the next open
 
 Threads and guarantees:
 
@@ -58,6 +60,7 @@ from siftmq.store.consumequeue_ext import ConsumeQueueExt
 from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, QueueArrival, Reput
 from siftmq.store.filtering import GetMessageResult, GetMessageStatus, MessageFilter
 from siftmq.store.keyindex import KeyIndex
+from siftmq.store.offline import finish_pending_install
 from siftmq.store.recovery import Checkpoint, recover
 from siftmq.store.segment import fsync_dir
 
@@ -148,6 +151,7 @@ class MessageStore:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_data_dir()
         try:
+            finish_pending_install(self.data_dir)  # an offline job's index install a crash interrupted
             abort = self.data_dir / "abort"
             abnormal = abort.exists()
             if abnormal:

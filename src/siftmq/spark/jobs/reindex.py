@@ -1,0 +1,607 @@
+"""``siftmq spark reindex``: rebuild a stopped broker's ConsumeQueues and ConsumeQueueExt from its CommitLog.
+
+The CommitLog is the truth; the per-queue indexes are derived from it (DESIGN.md). This job derives
+them again, in parallel, from the segment files alone, so a store whose index files were lost or
+damaged serves again after a broker restart, with the same results as before.
+
+Steps:
+
+1. :func:`~siftmq.store.offline.open_offline` holds the store's lock for the whole job (a running
+   broker makes it refuse, naming the data dir; so does a store that was not closed cleanly) and
+   finishes an index install a crash interrupted.
+2. The driver cuts the CommitLog into byte ranges at record boundaries
+   (:func:`~siftmq.store.bulk.plan_scan`); a log that does not end cleanly is refused.
+3. One Spark task per range decodes its records without bodies
+   (:func:`~siftmq.store.bulk.read_range`) and computes each record's index entry: CommitLog offset,
+   size, tags code (Java ``String.hashCode`` of the tag, 0 without one), and its ConsumeQueueExt
+   unit: store time, tags code and bitmap.
+4. The entries are shuffled by queue and sorted by queue offset
+   (``repartitionAndSortWithinPartitions``); each task writes the queues of its partition into a
+   staging tree with the store's own ConsumeQueue writers, checking that every queue's offsets are
+   consecutive (a gap or a duplicate means a damaged log: it is reported and nothing is installed).
+5. Queues that have index files but no record left in the CommitLog (retention deleted them all)
+   are carried over unchanged, so their offsets continue where they were.
+6. The new ``consumequeue/`` and ``consumequeue_ext/`` replace the old ones in one crash-safe install
+   (:func:`~siftmq.store.offline.install`), and the checkpoint is set to the end of the log.
+
+Bitmaps: the registrations in ``<data>/config/filters.json`` are evaluated with the evaluator live
+dispatch uses (``CompiledFilter.matches_batch`` over the property columns, an evaluation failure
+setting the bits). A registration's bloom bits go into a record's bitmap when its expression matches
+the record *and* the registration covers the record
+(:func:`~siftmq.broker.message_filters.bitmap_trusted`: stored more than the margin after its born
+time, or up to its backfill coverage), the rule the broker's SqlMessageFilter applies when it reads
+them. A record that no registration covers gets no bitmap. So for every registration and every
+record, the broker skips exactly the entries it skipped before; the rebuilt ConsumeQueue files are
+byte-for-byte the ones dispatch wrote, ext units carry the same store times and tags codes, and
+bitmaps differ only where no current registration reads them (records before a registration's born
+time, bits of registrations that have since been dropped or changed).
+
+The executors write the staging tree directly: run on a local master, or on a cluster whose
+executors all see the store directory at the same path.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from siftmq.broker.filter_registry import FilterRegistration, FilterRegistry
+from siftmq.broker.message_filters import bitmap_trusted
+from siftmq.errors import ConfigError, SiftError, StoreError
+from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
+from siftmq.spark.jobs.common import (
+    ProgressCallback,
+    plan_commitlog,
+    run_tracked,
+    store_dir_of,
+    worker_error,
+)
+from siftmq.store import StoreConfig, tags_code_of
+from siftmq.store.bulk import ByteRange, ScanPlan, plan_scan, read_range
+from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue, encode_entry_columns
+from siftmq.store.offline import (
+    CONSUME_QUEUE_DIR,
+    CONSUME_QUEUE_EXT_DIR,
+    JOURNAL_FILE,
+    IndexLayout,
+    IndexStaging,
+    install,
+    open_offline,
+    open_queue,
+    queue_path,
+    stored_queues,
+)
+from siftmq.store.recovery import Checkpoint
+from siftmq.store.segment import list_segment_starts
+
+#: Entries written per ``put_encoded`` call (bounds the memory of one queue writer).
+WRITE_CHUNK: Final = 8192
+#: Problems (gaps, duplicates) reported per queue.
+MAX_PROBLEMS_PER_QUEUE: Final = 5
+_EXPIRE_NEVER_S: Final = 1e12  # the jobs read registrations; they never expire them
+
+_T = TypeVar("_T")
+
+QueueKey = tuple[str, int, int]
+"""(topic, queue_id, queue_offset): the shuffle key of an index entry."""
+
+
+# ------------------------------------------------------------------------------------- store layout
+
+
+def store_paths(data_dir: Path) -> tuple[Path, Path]:
+    """The store and config directories of a broker data dir (``<data>/store``, ``<data>/config``).
+
+    Raises :class:`ConfigError` when ``data_dir`` holds no broker store.
+    """
+    return store_dir_of(data_dir), Path(data_dir) / "config"
+
+
+def checked_plan(
+    spark: Any, store_dir: Path, plan: ScanPlan | None, target_bytes: int | None, job: str
+) -> ScanPlan:
+    """``plan``, or a new plan of the whole log; refuses a log that does not end cleanly.
+
+    A ``plan`` made before the job took the store's lock is checked to still end where the log
+    ends (nothing was appended in between).
+    """
+    if plan is None:
+        plan = plan_commitlog(spark, store_dir, target_bytes=target_bytes)
+    elif plan.stop_reason is None:
+        try:
+            tail = plan_scan(store_dir, start_offset=plan.end_offset).records
+        except StoreError:
+            tail = -1
+        if tail:
+            raise StoreError(
+                f"the commit log in {store_dir} changed after it was planned (did a broker run?); "
+                f"run {job} again"
+            )
+    if plan.stop_reason is not None:
+        raise StoreError(
+            f"the commit log in {store_dir} does not end cleanly ({plan.stop_reason}); "
+            f"start the broker once so its recovery settles the log, then run {job} again"
+        )
+    return plan
+
+
+def store_layout(store_dir: Path) -> IndexLayout:
+    """The index geometry the broker opens ``store_dir`` with (its StoreConfig, its bloom filter).
+
+    Raises :class:`ConfigError` if existing ConsumeQueue files were written with another geometry.
+    """
+    layout = IndexLayout(
+        StoreConfig(data_dir=store_dir).consume_queue_entries_per_file, BloomFilter().bitmap_size
+    )
+    segment_bytes = layout.entries_per_file * CQ_STORE_UNIT_SIZE
+    for topic, queue_id in stored_queues(store_dir):
+        starts = list_segment_starts(store_dir / queue_path(CONSUME_QUEUE_DIR, topic, queue_id))
+        if any(start % segment_bytes for start in starts):
+            raise ConfigError(
+                f"the consume queue files of {topic}:{queue_id} in {store_dir} do not have "
+                f"{layout.entries_per_file} entries per file; this job cannot write that layout"
+            )
+    return layout
+
+
+# -------------------------------------------------------------------------------------- registrations
+
+
+@dataclass(frozen=True, slots=True)
+class FilterSpec:
+    """A SQL92 registration as the executors need it (picklable; compiled where it is used)."""
+
+    group: str
+    topic: str
+    expression: str
+    version: int
+    born_time_ms: int
+    backfilled_until_ms: int | None
+    positions: tuple[int, ...]
+
+    @classmethod
+    def of(cls, reg: FilterRegistration) -> FilterSpec:
+        return cls(
+            reg.group,
+            reg.topic,
+            reg.expression,
+            reg.version,
+            reg.born_time_ms,
+            reg.backfilled_until_ms,
+            reg.positions,
+        )
+
+    @property
+    def bloom_key(self) -> str:
+        return f"{self.group}#{self.topic}"
+
+    def compiled(self) -> CompiledFilter:
+        return compile_filter("SQL92", self.expression)
+
+
+def load_registry(config_dir: Path) -> FilterRegistry:
+    """The broker's SQL92 registrations, read from ``config_dir/filters.json``."""
+    return FilterRegistry(config_dir, BloomFilter(), expire_s=_EXPIRE_NEVER_S)
+
+
+def specs_by_topic(registrations: Iterable[FilterRegistration]) -> dict[str, tuple[FilterSpec, ...]]:
+    by_topic: dict[str, list[FilterSpec]] = {}
+    for reg in registrations:
+        by_topic.setdefault(reg.topic, []).append(FilterSpec.of(reg))
+    return {topic: tuple(specs) for topic, specs in by_topic.items()}
+
+
+# ------------------------------------------------------------------------------ entries (executors)
+
+
+def tags_codes(tags: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
+    """The tags code of every row (each distinct tag hashed once; 0 where there is no tag)."""
+    encoded = pc.dictionary_encode(tags)
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks()
+    codes = np.fromiter(
+        (tags_code_of(t) for t in encoded.dictionary.to_pylist()),
+        dtype=np.int64,
+        count=len(encoded.dictionary),
+    )
+    indices = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    out = np.zeros(len(indices), dtype=np.int64)
+    present = indices >= 0
+    out[present] = codes[indices[present]]
+    return out
+
+
+def filter_bitmaps(
+    batch: pa.RecordBatch,
+    specs: Sequence[FilterSpec],
+    bitmap_size: int,
+    *,
+    covers_all: str | None = None,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """Bitmaps of the rows of ``batch`` (records of one topic) for the registrations ``specs``.
+
+    Returns ``(bits, covered, hit)``: ``bits`` is ``(n, bitmap_size)``, with a registration's bloom
+    bits set in the rows it matches and covers; ``covered[i]`` tells whether any registration covers
+    row ``i`` (a row no registration covers gets no bitmap); ``hit[i]`` whether the registration of
+    the group ``covers_all`` matched row ``i``. That registration is taken to cover every row: the
+    backfill computes its bits for the history its coverage will include.
+    """
+    n = batch.num_rows
+    bits = np.zeros((n, bitmap_size), dtype=np.uint8)
+    covered = np.zeros(n, dtype=np.bool_)
+    hit = np.zeros(n, dtype=np.bool_)
+    if n == 0 or not specs:
+        return bits, covered, hit
+    compiled = [spec.compiled() for spec in specs]
+    names = sorted(set().union(*(c.properties for c in compiled)))
+    properties = batch.column("properties")
+    columns = {name: pc.map_lookup(properties, name, "last") for name in names}
+    columns["\0rows"] = pa.nulls(n, pa.string())  # keeps the row count when no property is read
+    table = pa.RecordBatch.from_pydict(columns)
+    store_timestamps = batch.column("store_timestamp").to_numpy()
+    for spec, flt in zip(specs, compiled, strict=True):
+        if spec.group == covers_all:
+            trusted = np.ones(n, dtype=np.bool_)
+        else:
+            trusted = bitmap_trusted(store_timestamps, spec.born_time_ms, spec.backfilled_until_ms)
+        if not trusted.any():
+            continue
+        covered |= trusted
+        try:
+            matched = flt.matches_batch(table)
+        except Exception:  # as live dispatch: a filter bug sets the bits, so reads evaluate exactly
+            matched = np.ones(n, dtype=np.bool_)
+        if spec.group == covers_all:
+            hit = matched.copy()
+        matched &= trusted
+        if not matched.any():
+            continue
+        for p in spec.positions:
+            if p >> 3 < bitmap_size:
+                bits[matched, p >> 3] |= np.uint8(1 << (p & 7))
+    return bits, covered, hit
+
+
+def _topic_rows(batch: pa.RecordBatch) -> dict[str, npt.NDArray[np.int64]]:
+    """Row indexes of each topic in ``batch``."""
+    encoded = pc.dictionary_encode(batch.column("topic"))
+    indices = encoded.indices.to_numpy(zero_copy_only=False)
+    return {topic: np.flatnonzero(indices == i) for i, topic in enumerate(encoded.dictionary.to_pylist())}
+
+
+def index_entries(
+    ranges: Iterable[ByteRange],
+    *,
+    specs: dict[str, tuple[FilterSpec, ...]],
+    bitmap_size: int,
+) -> Iterator[tuple[QueueKey, tuple[int, int, int, int, bytes | None]]]:
+    """The index entry of every record in ``ranges`` (a Spark task's partition of the plan).
+
+    Yields ``((topic, queue_id, queue_offset), (commit_log_offset, size, tags_code,
+    store_timestamp, bitmap))``.
+    """
+    for rng in ranges:
+        for batch in read_range(rng, with_body=False):
+            n = batch.num_rows
+            codes = tags_codes(batch.column("tags"))
+            bitmaps: list[bytes | None] = [None] * n
+            for topic, rows in _topic_rows(batch).items():
+                topic_specs = specs.get(topic)
+                if not topic_specs:
+                    continue
+                bits, covered, _hit = filter_bitmaps(batch.take(pa.array(rows)), topic_specs, bitmap_size)
+                for j in np.flatnonzero(covered).tolist():
+                    bitmaps[int(rows[j])] = bits[j].tobytes()
+            keys = zip(
+                batch.column("topic").to_pylist(),
+                batch.column("queue_id").to_numpy().tolist(),
+                batch.column("queue_offset").to_numpy().tolist(),
+                strict=True,
+            )
+            values = zip(
+                batch.column("physical_offset").to_numpy().tolist(),
+                batch.column("store_size").to_numpy().tolist(),
+                codes.tolist(),
+                batch.column("store_timestamp").to_numpy().tolist(),
+                bitmaps,
+                strict=True,
+            )
+            yield from zip(keys, values, strict=True)
+
+
+def queue_partition(key: QueueKey) -> int:
+    """The shuffle partition of an entry: by queue, stable across processes (``hash`` of a str is not)."""
+    return zlib.crc32(f"{key[0]}\0{key[1]}".encode())
+
+
+# ---------------------------------------------------------------------------------- writing (executors)
+
+
+@dataclass(slots=True)
+class QueueReport:
+    """What a writer task did with one queue (sent back to the driver)."""
+
+    topic: str
+    queue_id: int
+    first_offset: int = -1
+    next_offset: int = -1
+    records: int = 0
+    bitmaps: int = 0  # entries given a bitmap
+    matched: int = 0  # entries whose bitmap has bits set (some registration matched)
+    gaps: int = 0
+    duplicates: int = 0
+    problems: list[str] | None = None
+
+    def problem(self, text: str) -> None:
+        if self.problems is None:
+            self.problems = []
+        if len(self.problems) < MAX_PROBLEMS_PER_QUEUE:
+            self.problems.append(text)
+
+    @property
+    def ok(self) -> bool:
+        return not self.gaps and not self.duplicates
+
+
+class ConsecutiveChecker:
+    """Follows one queue's sorted offsets; reports gaps and duplicates into a :class:`QueueReport`."""
+
+    def __init__(self, report: QueueReport) -> None:
+        self.report = report
+
+    def accept(self, queue_offset: int, commit_log_offset: int) -> bool:
+        """True if ``queue_offset`` continues the queue (the first offset always does)."""
+        r = self.report
+        if r.first_offset < 0:
+            r.first_offset = r.next_offset = queue_offset
+        if queue_offset == r.next_offset:
+            r.next_offset += 1
+            r.records += 1
+            return True
+        if queue_offset < r.next_offset:
+            r.duplicates += 1
+            r.problem(
+                f"{r.topic}:{r.queue_id} offset {queue_offset} is stored twice "
+                f"(again at commit log offset {commit_log_offset})"
+            )
+        else:
+            r.gaps += 1
+            r.problem(
+                f"{r.topic}:{r.queue_id} offsets {r.next_offset}..{queue_offset - 1} are missing "
+                f"(the next record is at commit log offset {commit_log_offset})"
+            )
+            r.next_offset = queue_offset + 1
+            r.records += 1
+        return False
+
+
+def group_by_queue(
+    rows: Iterable[tuple[QueueKey, Any]],
+) -> Iterator[tuple[tuple[str, int], Iterator[tuple[int, Any]]]]:
+    """Split sorted ``((topic, queue_id, queue_offset), value)`` rows into per-queue runs of
+    ``(queue_offset, value)`` (consume each run before asking for the next)."""
+    for queue, run in itertools.groupby(rows, key=_queue_of):
+        yield queue, ((key[2], value) for key, value in run)
+
+
+def _queue_of(row: tuple[QueueKey, Any]) -> tuple[str, int]:
+    return row[0][0], row[0][1]
+
+
+class _QueueWriter:
+    """Writes one queue's entries, in chunks, with the store's ConsumeQueue (and ext) writer."""
+
+    def __init__(self, cq: ConsumeQueue) -> None:
+        self.cq = cq
+        self.first = -1
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        self.codes: list[int] = []
+        self.timestamps: list[int] = []
+        self.bitmaps: list[bytes | None] = []
+
+    def add(self, queue_offset: int, entry: tuple[int, int, int, int, bytes | None]) -> None:
+        if self.first < 0:
+            self.first = queue_offset
+        offset, size, code, ts, bitmap = entry
+        self.offsets.append(offset)
+        self.sizes.append(size)
+        self.codes.append(code)
+        self.timestamps.append(ts)
+        self.bitmaps.append(bitmap)
+        if len(self.offsets) >= WRITE_CHUNK:
+            self.write()
+
+    def write(self) -> None:
+        if not self.offsets:
+            return
+        ext = self.cq.ext
+        ext_units = ext.encode_columns(self.timestamps, self.codes, self.bitmaps) if ext is not None else None
+        self.cq.put_encoded(self.first, encode_entry_columns(self.offsets, self.sizes, self.codes), ext_units)
+        self.first += len(self.offsets)
+        for column in (self.offsets, self.sizes, self.codes, self.timestamps, self.bitmaps):
+            column.clear()
+
+    def close(self) -> None:
+        self.write()
+        self.cq.flush()
+        self.cq.close()
+
+
+def write_queues(
+    rows: Iterable[tuple[QueueKey, tuple[int, int, int, int, bytes | None]]],
+    *,
+    staging_root: str,
+    layout: IndexLayout,
+) -> Iterator[QueueReport]:
+    """Write the queues of one sorted shuffle partition into the staging tree; one report per queue.
+
+    A queue with a gap or a duplicate stops being written (the job installs nothing then) but is
+    still followed to the end, so the report counts all its problems.
+    """
+    root = Path(staging_root)
+    for (topic, queue_id), entries in group_by_queue(rows):
+        report = QueueReport(topic, queue_id)
+        checker = ConsecutiveChecker(report)
+        writer: _QueueWriter | None = _QueueWriter(open_queue(root, topic, queue_id, layout))
+        try:
+            for queue_offset, entry in entries:
+                if not checker.accept(queue_offset, entry[0]):
+                    if writer is not None:
+                        writer.cq.close()
+                        writer = None
+                    continue
+                if writer is not None:
+                    writer.add(queue_offset, entry)
+                    if entry[4] is not None:
+                        report.bitmaps += 1
+                        report.matched += any(entry[4])
+        finally:
+            if writer is not None:
+                writer.close()
+        yield report
+
+
+# ---------------------------------------------------------------------------------------- progress
+
+
+def run_action(
+    spark: Any, action: Callable[[], _T], on_progress: ProgressCallback | None, description: str
+) -> _T:
+    """Run a Spark action reporting its tasks to ``on_progress``; a siftmq error raised in a worker
+    becomes a :class:`StoreError` with the worker's message (instead of Spark's wrapped traceback)."""
+    try:
+        return run_tracked(spark, action, on_progress, description=description)
+    except SiftError:
+        raise
+    except Exception as exc:
+        found = worker_error(exc)
+        if found is None:
+            raise
+        raise StoreError(f"{description} failed in a Spark task: {found}") from exc
+
+
+# -------------------------------------------------------------------------------------------- the job
+
+
+@dataclass(frozen=True, slots=True)
+class ReindexResult:
+    """The summary of a reindex run."""
+
+    data_dir: Path
+    ranges: int
+    bytes: int
+    records: int
+    queues: int
+    carried_over: int
+    bitmaps: int
+    matched: int
+    registrations: int
+    end_offset: int
+
+
+def run_reindex(
+    spark: Any,
+    data_dir: Path,
+    *,
+    plan: ScanPlan | None = None,
+    on_progress: ProgressCallback | None = None,
+    target_bytes: int | None = None,
+    before_install: Callable[[IndexStaging], None] | None = None,
+) -> ReindexResult:
+    """Rebuild the ConsumeQueues and ConsumeQueueExt units of the stopped broker at ``data_dir``.
+
+    Raises :class:`~siftmq.errors.StoreLockedError` while a broker has the store open,
+    :class:`StoreError` for a store that was not closed cleanly or whose CommitLog is damaged (a
+    gap or a duplicate queue offset: nothing is installed then). ``before_install`` is called with
+    the complete staging tree just before it is installed (tests use it to simulate a crash).
+
+    ``plan`` (of the stopped store) is used as is, else the log is planned with ``target_bytes``
+    (None: sized for the session); ``on_progress`` gets the Spark tasks' progress.
+    """
+    store_dir, config_dir = store_paths(data_dir)
+    with open_offline(store_dir, what=f"the broker data dir {data_dir}") as offline:
+        layout = store_layout(store_dir)
+        registrations = load_registry(config_dir).all()
+        plan = checked_plan(spark, store_dir, plan, target_bytes, "reindex")
+        staging = offline.new_staging()
+        try:
+            reports = _build(
+                spark,
+                on_progress,
+                ranges=plan.ranges,
+                registrations=registrations,
+                layout=layout,
+                staging=staging,
+            )
+            bad = [r for r in reports if not r.ok]
+            if bad:
+                problems = [p for r in bad for p in (r.problems or [])]
+                raise StoreError(
+                    f"the commit log in {store_dir} is damaged: {len(bad)} queue(s) have gaps or duplicate "
+                    "offsets; nothing was installed:\n  " + "\n  ".join(problems[:20])
+                )
+            rebuilt = {(r.topic, r.queue_id) for r in reports}
+            carried = 0
+            for topic, queue_id in stored_queues(store_dir):
+                if (topic, queue_id) not in rebuilt:
+                    carried += staging.copy_from_store(queue_path(CONSUME_QUEUE_DIR, topic, queue_id))
+                    staging.copy_from_store(queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id))
+            for name in (CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR):
+                (staging.root / name).mkdir(exist_ok=True)
+            if before_install is not None:
+                before_install(staging)
+            install(
+                staging,
+                [CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR],
+                checkpoint=Checkpoint(plan.end_offset, plan.end_offset),
+            )
+        except BaseException:
+            if not (store_dir / JOURNAL_FILE).exists():
+                staging.discard()
+            raise
+    return ReindexResult(
+        data_dir=data_dir,
+        ranges=len(plan.ranges),
+        bytes=plan.bytes,
+        records=sum(r.records for r in reports),
+        queues=len(reports),
+        carried_over=carried,
+        bitmaps=sum(r.bitmaps for r in reports),
+        matched=sum(r.matched for r in reports),
+        registrations=len(registrations),
+        end_offset=plan.end_offset,
+    )
+
+
+def _build(
+    spark: Any,
+    on_progress: ProgressCallback | None,
+    *,
+    ranges: Sequence[ByteRange],
+    registrations: Sequence[FilterRegistration],
+    layout: IndexLayout,
+    staging: IndexStaging,
+) -> list[QueueReport]:
+    if not ranges:
+        return []
+    sc = spark.sparkContext
+    entries = sc.parallelize(list(ranges), len(ranges)).mapPartitions(
+        functools.partial(index_entries, specs=specs_by_topic(registrations), bitmap_size=layout.bitmap_size)
+    )
+    partitions = max(1, int(sc.defaultParallelism))
+    written = entries.repartitionAndSortWithinPartitions(partitions, queue_partition).mapPartitions(
+        functools.partial(write_queues, staging_root=str(staging.root), layout=layout)
+    )
+    reports: list[QueueReport] = run_action(spark, written.collect, on_progress, "reindex")
+    return sorted(reports, key=lambda r: (r.topic, r.queue_id))

@@ -1,0 +1,370 @@
+"""The bulk CommitLog reader (siftmq.store.bulk) against stores written by MessageStore."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from siftmq.errors import CorruptRecordError, StoreError
+from siftmq.store import Message, MessageStore, StoreConfig, bulk, codec
+from siftmq.store.segment import list_segment_starts, segment_name
+
+TOPICS = ("Orders", "Payments", "Audit")
+
+
+def small_config(data_dir: Path, **overrides: Any) -> StoreConfig:
+    """1 MiB segments, so a few thousand messages roll the CommitLog over several times."""
+    settings: dict[str, Any] = {
+        "commit_log_segment_size": 1 << 20,
+        "max_message_size": 64 * 1024,
+        "consume_queue_entries_per_file": 64,
+        "flush_interval_ms": 50,
+        **overrides,
+    }
+    return StoreConfig(data_dir, **settings)
+
+
+def message(i: int) -> Message:
+    """Message ``i``: varied topics, queues, bodies and properties (some messages have none)."""
+    props: dict[str, str] = {}
+    if i % 11:
+        props = {"TAGS": f"Tag{i % 4}", "UNIQ_KEY": f"ID{i:06d}", "price": str(i % 97), "region": "eu"}
+        if i % 3 == 0:
+            props["KEYS"] = f"k{i} order-{i // 3}"
+        if i % 5 == 0:
+            props["note"] = "ünïcødé ✓ with = and spaces"
+        if i % 13 == 0:
+            props["empty"] = ""
+    body = bytes((i + k) % 256 for k in range((i * 37) % 1500))  # 0..1499 bytes, \x01 and \x02 included
+    return Message(topic=TOPICS[i % 3], body=body, queue_id=i % 4, properties=props, born_timestamp=1_000 + i)
+
+
+def write_store(data_dir: Path, count: int = 3000, **overrides: Any) -> list[Message]:
+    messages = [message(i) for i in range(count)]
+    with MessageStore.open(small_config(data_dir, **overrides)) as store:
+        for k in range(0, count, 250):
+            store.put_messages(messages[k : k + 250])
+    return messages
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Message]]:
+    data_dir = tmp_path_factory.mktemp("bulk") / "store"
+    return data_dir, write_store(data_dir)
+
+
+def read_rows(ranges: list[bulk.ByteRange], **kwargs: Any) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for rng in ranges:
+        for batch in bulk.read_range(rng, **kwargs):
+            assert batch.schema.equals(bulk.RECORD_SCHEMA)
+            rows.extend(batch.to_pylist())
+    return rows
+
+
+def as_reference(msg: codec.StoredMessage) -> dict[str, Any]:
+    """The row :func:`bulk.read_range` must produce for a record decoded by the codec."""
+    return {
+        "topic": msg.topic,
+        "queue_id": msg.queue_id,
+        "queue_offset": msg.queue_offset,
+        "physical_offset": msg.commit_log_offset,
+        "store_size": msg.store_size,
+        "tags": msg.properties.get("TAGS"),
+        "keys": msg.properties.get("KEYS"),
+        "message_id": msg.properties.get("UNIQ_KEY"),
+        "properties": msg.properties,
+        "body": msg.body,
+        "born_timestamp": msg.born_timestamp,
+        "store_timestamp": msg.store_timestamp,
+        "reconsume_times": msg.reconsume_times,
+        "sys_flag": msg.sys_flag,
+        "flag": msg.flag,
+    }
+
+
+def normalized(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**row, "properties": dict(row["properties"])} for row in rows]
+
+
+def test_reference_reader_returns_what_was_written(written: tuple[Path, list[Message]]) -> None:
+    data_dir, messages = written
+    stored = list(bulk.iter_records(data_dir))
+    assert len(list_segment_starts(data_dir / "commitlog")) >= 3  # the log rolled over
+    assert [(m.topic, m.body, m.queue_id, m.properties) for m in stored] == [
+        (m.topic, m.body, m.queue_id, dict(m.properties)) for m in messages
+    ]
+    assert [m.commit_log_offset for m in stored] == sorted(m.commit_log_offset for m in stored)
+
+
+def test_read_range_equals_codec_decoding_across_segments(written: tuple[Path, list[Message]]) -> None:
+    data_dir, messages = written
+    plan = bulk.plan_scan(data_dir, target_bytes=256 * 1024)
+    assert plan.stop_reason is None
+    assert plan.records == len(messages)
+    assert len({r.path for r in plan.ranges}) >= 3
+    expected = [as_reference(m) for m in bulk.iter_records(data_dir)]
+    assert normalized(read_rows(list(plan.ranges), batch_rows=300)) == expected
+
+
+def test_batches_hold_at_most_batch_rows(written: tuple[Path, list[Message]]) -> None:
+    data_dir, _ = written
+    rng = bulk.plan_ranges(data_dir, target_bytes=1 << 30)[0]
+    sizes = [b.num_rows for b in bulk.read_range(rng, batch_rows=64)]
+    assert max(sizes) == 64
+    assert sum(sizes) == sum(1 for m in bulk.iter_records(data_dir) if m.commit_log_offset < rng.end)
+    by_bytes = list(bulk.read_range(rng, batch_bytes=20_000))
+    assert all(sum(b.column("store_size").to_pylist()) <= 20_000 for b in by_bytes)
+    assert sum(b.num_rows for b in by_bytes) == sum(sizes)
+    one_each = itertools.islice(bulk.read_range(rng, batch_bytes=1), 3)
+    assert [b.num_rows for b in one_each] == [1, 1, 1]  # one record at least
+
+
+def test_topics_filter_keeps_only_those_topics(written: tuple[Path, list[Message]]) -> None:
+    data_dir, _ = written
+    ranges = bulk.plan_ranges(data_dir, target_bytes=512 * 1024)
+    expected = [as_reference(m) for m in bulk.iter_records(data_dir, topics={"Payments", "Audit"})]
+    assert normalized(read_rows(ranges, topics=["Payments", "Audit", "Missing"])) == expected
+    assert read_rows(ranges, topics=["Missing", "Order"]) == []
+    assert read_rows(ranges, topics=[]) == []
+
+
+def test_without_body_every_body_is_empty_and_the_rest_equal(written: tuple[Path, list[Message]]) -> None:
+    data_dir, _ = written
+    ranges = bulk.plan_ranges(data_dir)
+    expected = [{**as_reference(m), "body": b""} for m in bulk.iter_records(data_dir, topics=["Orders"])]
+    assert normalized(read_rows(ranges, topics=["Orders"], with_body=False)) == expected
+
+
+def test_where_drops_the_rows_it_does_not_keep(written: tuple[Path, list[Message]]) -> None:
+    data_dir, _ = written
+    ranges = bulk.plan_ranges(data_dir, target_bytes=300_000)
+    seen: list[int] = []
+
+    def tag1(properties: pa.MapArray) -> Any:
+        seen.append(len(properties))
+        return pc.fill_null(pc.equal(pc.map_lookup(properties, "TAGS", "last"), "Tag1"), False)
+
+    expected = [as_reference(m) for m in bulk.iter_records(data_dir, topics=["Audit"]) if m.tags == "Tag1"]
+    assert expected
+    assert normalized(read_rows(ranges, topics=["Audit"], where=tag1)) == expected
+    assert sum(seen) == sum(
+        1 for _ in bulk.iter_records(data_dir, topics=["Audit"])
+    )  # after the topic filter
+    assert read_rows(ranges, where=lambda p: np.zeros(len(p), dtype=bool)) == []
+    with pytest.raises(ValueError, match="returned 1 values"):
+        read_rows(ranges, where=lambda p: [True])
+
+
+def test_plan_cuts_contiguous_ranges_at_record_boundaries(written: tuple[Path, list[Message]]) -> None:
+    data_dir, _ = written
+    target = 100_000
+    plan = bulk.plan_scan(data_dir, target_bytes=target)
+    records = list(bulk.iter_records(data_dir))
+    starts = list_segment_starts(data_dir / "commitlog")
+    offsets = {m.commit_log_offset for m in records}
+    segment_of = {m.commit_log_offset: max(s for s in starts if s <= m.commit_log_offset) for m in records}
+    segment_end = {
+        s: max(m.commit_log_offset + m.store_size for m in records if segment_of[m.commit_log_offset] == s)
+        for s in starts
+    }
+    largest = max(m.store_size for m in records)
+    assert plan.start_offset == 0 and len(plan.ranges) > len(starts)
+    for prev, rng in zip((None, *plan.ranges), plan.ranges, strict=False):
+        assert rng.start in offsets and segment_of[rng.start] == rng.segment_start
+        assert rng.end in offsets or rng.end == segment_end[rng.segment_start]
+        assert Path(rng.path).name == segment_name(rng.segment_start)
+        assert rng.size < target + largest
+        if prev is not None and prev.segment_start == rng.segment_start:
+            assert prev.end == rng.start and prev.size >= target
+        elif prev is not None:
+            assert prev.end == segment_end[prev.segment_start]
+    covered = [m for m in records if any(r.start <= m.commit_log_offset < r.end for r in plan.ranges)]
+    assert len(covered) == len(records) == plan.records
+    assert plan.bytes == sum(m.store_size for m in records)
+    assert plan.end_offset == segment_end[starts[-1]]
+
+
+def test_plan_with_start_and_end_offsets(written: tuple[Path, list[Message]]) -> None:
+    data_dir, _ = written
+    records = list(bulk.iter_records(data_dir))
+    start, end = records[700].commit_log_offset, records[2100].commit_log_offset
+    plan = bulk.plan_scan(data_dir, target_bytes=200_000, start_offset=start, end_offset=end)
+    assert plan.ranges[0].start == start
+    assert plan.records == 1400 and plan.stop_reason is None and plan.end_offset == end
+    rows = read_rows(list(plan.ranges), with_body=False)
+    assert [r["physical_offset"] for r in rows] == [m.commit_log_offset for m in records[700:2100]]
+    assert bulk.plan_ranges(data_dir, start_offset=plan.end_offset, end_offset=plan.end_offset) == []
+    past = bulk.plan_scan(data_dir, start_offset=records[-1].commit_log_offset + 10**6)
+    assert past.ranges == () and past.stop_reason is None
+    at_end = bulk.plan_scan(data_dir, start_offset=records[-1].commit_log_offset + records[-1].store_size)
+    assert at_end.ranges == () and at_end.stop_reason is None
+    assert len(bulk.plan_ranges(data_dir, start_offset=records[-1].commit_log_offset)) == 1
+    tail = list(bulk.iter_records(data_dir, start_offset=start))
+    assert [m.commit_log_offset for m in tail] == [m.commit_log_offset for m in records[700:]]
+
+
+def test_byte_range_is_picklable(written: tuple[Path, list[Message]]) -> None:
+    rng = bulk.plan_ranges(written[0])[0]
+    assert pickle.loads(pickle.dumps(rng)) == rng
+
+
+def last_segment(data_dir: Path) -> Path:
+    return data_dir / "commitlog" / segment_name(list_segment_starts(data_dir / "commitlog")[-1])
+
+
+@pytest.mark.parametrize("cut", [1, 7, 20, 93, -1])
+def test_torn_tail_ends_the_plan_after_the_last_complete_record(tmp_path: Path, cut: int) -> None:
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 400)
+    records = list(bulk.iter_records(data_dir))
+    last = records[-1]
+    seg = last_segment(data_dir)
+    seg_start = int(seg.name)
+    # cut the file inside the last record, as a crash in the middle of a write leaves it
+    keep = last.commit_log_offset - seg_start + (cut if cut > 0 else last.store_size - 1)
+    os.truncate(seg, keep)
+    plan = bulk.plan_scan(data_dir, target_bytes=50_000)
+    assert plan.records == len(records) - 1
+    assert plan.end_offset == last.commit_log_offset
+    assert plan.stop_reason is not None and str(last.commit_log_offset) in plan.stop_reason
+    rows = read_rows(list(plan.ranges))
+    assert normalized(rows) == [as_reference(m) for m in records[:-1]]
+    assert [m.commit_log_offset for m in bulk.iter_records(data_dir)] == [
+        m.commit_log_offset for m in records[:-1]
+    ]
+
+
+def test_zeroed_tail_stops_like_a_torn_one(tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 300)
+    seg = last_segment(data_dir)
+    with open(seg, "ab") as f:
+        f.write(bytes(4096))  # preallocated or never-written space
+    plan = bulk.plan_scan(data_dir)
+    assert plan.records == 300
+    assert plan.stop_reason is not None and "magic" in plan.stop_reason
+
+
+def flip_byte(path: Path, position: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        value = f.read(1)[0]
+        f.seek(position)
+        f.write(bytes([value ^ 0x40]))
+
+
+@pytest.mark.parametrize("where", ["body", "properties", "queue_offset", "topic"])
+def test_corrupted_byte_raises_corrupt_record_error_naming_the_offset(tmp_path: Path, where: str) -> None:
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 500)
+    records = list(bulk.iter_records(data_dir))
+    victim = next(m for m in records[200:] if m.body and m.properties)
+    seg_start = max(s for s in list_segment_starts(data_dir / "commitlog") if s <= victim.commit_log_offset)
+    rel = victim.commit_log_offset - seg_start
+    position = {
+        "body": rel + codec.HEADER_SIZE + len(victim.body) // 2,
+        "topic": rel + codec.HEADER_SIZE + len(victim.body) + 2,
+        "properties": rel + victim.store_size - 3,
+        "queue_offset": rel + 30,
+    }[where]
+    flip_byte(data_dir / "commitlog" / segment_name(seg_start), position)
+    plan = bulk.plan_scan(data_dir, target_bytes=1 << 30)
+    assert plan.records == len(records)  # the walk reads only sizes and magic codes
+    with pytest.raises(CorruptRecordError, match="CRC") as info:
+        read_rows(list(plan.ranges))
+    assert info.value.offset == victim.commit_log_offset
+    assert str(victim.commit_log_offset) in str(info.value)
+    # the topic filter does not skip the check of other topics' records
+    with pytest.raises(CorruptRecordError):
+        read_rows(list(plan.ranges), topics=[t for t in TOPICS if t != victim.topic], with_body=False)
+    with pytest.raises(CorruptRecordError) as ref:
+        list(bulk.iter_records(data_dir))
+    assert ref.value.offset == victim.commit_log_offset
+
+
+def test_corrupted_size_inside_a_planned_range_is_an_error(tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 200)
+    records = list(bulk.iter_records(data_dir))
+    plan = bulk.plan_scan(data_dir, target_bytes=1 << 30)
+    flip_byte(data_dir / "commitlog" / segment_name(0), records[50].commit_log_offset + 5)  # the magic
+    with pytest.raises(CorruptRecordError, match="magic") as info:
+        read_rows(list(plan.ranges))
+    assert info.value.offset == records[50].commit_log_offset
+
+
+def test_gap_between_segments_ends_the_plan(tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 3000)
+    starts = list_segment_starts(data_dir / "commitlog")
+    assert len(starts) >= 3
+    (data_dir / "commitlog" / segment_name(starts[1])).unlink()
+    plan = bulk.plan_scan(data_dir)
+    assert plan.stop_reason is not None and "gap" in plan.stop_reason
+    assert {r.segment_start for r in plan.ranges} == {starts[0]}
+    assert all(m.commit_log_offset < starts[1] for m in bulk.iter_records(data_dir))
+
+
+def test_log_after_retention_starts_at_the_first_segment(tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 2000)
+    starts = list_segment_starts(data_dir / "commitlog")
+    (data_dir / "commitlog" / segment_name(starts[0])).unlink()
+    plan = bulk.plan_scan(data_dir)
+    assert plan.start_offset == starts[1] == plan.ranges[0].start
+    assert plan.stop_reason is None
+    assert plan.records == sum(1 for _ in bulk.iter_records(data_dir))
+
+
+def test_reading_a_store_that_is_open_sees_what_was_put(open_store: Callable[..., MessageStore]) -> None:
+    store = open_store()
+    store.put_messages([message(i) for i in range(120)])
+    store.wait_dispatched()
+    data_dir = store.data_dir
+    before = sorted(p.name for p in data_dir.iterdir())
+    plan = bulk.plan_scan(data_dir)
+    rows = read_rows(list(plan.ranges), topics=["Orders"])
+    assert len(rows) == 40 and plan.stop_reason is None
+    store.put_messages([message(i) for i in range(120, 150)])
+    assert len(read_rows(list(plan.ranges), topics=["Orders"])) == 40  # the plan is a snapshot
+    assert bulk.plan_scan(data_dir).records == 150
+    assert sorted(p.name for p in data_dir.iterdir()) == before
+
+
+def test_missing_store_and_vanished_segment_are_store_errors(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no commit log"):
+        bulk.plan_scan(tmp_path / "nothing")
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 50)
+    rng = bulk.plan_ranges(data_dir)[0]
+    Path(rng.path).unlink()
+    with pytest.raises(StoreError, match="gone"):
+        read_rows([rng])
+
+
+def test_empty_store_plans_nothing(tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    with MessageStore.open(small_config(data_dir)):
+        pass
+    plan = bulk.plan_scan(data_dir)
+    assert plan.ranges == () and plan.records == 0 and plan.stop_reason is None
+    assert list(bulk.iter_records(data_dir)) == []
+
+
+def test_record_schema_columns() -> None:
+    assert bulk.RECORD_SCHEMA.names == [
+        "topic", "queue_id", "queue_offset", "physical_offset", "store_size", "tags", "keys", "message_id",
+        "properties", "body", "born_timestamp", "store_timestamp", "reconsume_times", "sys_flag", "flag",
+    ]  # fmt: skip
+    assert bulk.RECORD_SCHEMA.field("properties").type == pa.map_(pa.string(), pa.string())
+    assert [f.name for f in bulk.RECORD_SCHEMA if f.nullable] == ["tags", "keys", "message_id"]
