@@ -1,8 +1,9 @@
 """The Spark backend gives the scalar evaluator's decision on every row, under Spark's ANSI mode.
 
 One JVM for the module: each test builds one DataFrame and evaluates many predicates in one select,
-each both as ``to_spark_column`` and as ``F.expr(to_spark_sql(...))``; a job that raised (an ANSI
-error on some value) fails the test.
+each as ``F.expr(to_spark_sql(...))``, as ``to_spark_column`` by column name and (for many) as
+``to_spark_column`` of a Column object; a job that raised (an ANSI error on some value) fails the
+test.
 """
 
 from __future__ import annotations
