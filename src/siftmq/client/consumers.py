@@ -273,8 +273,7 @@ class PullConsumer(_Consumer):
 
     In ``CLUSTERING`` mode (or ``mode=None`` in a clustering group) the broker assigns queues and
     keeps the group's offsets; in ``BROADCASTING`` mode the consumer reads every queue and keeps its
-    offsets in a local file
-    (``offset_dir``), as RocketMQ does.
+    offsets in a local file (``offset_dir``), as RocketMQ does.
     """
 
     client_type = pb.ClientType.PULL_CONSUMER
