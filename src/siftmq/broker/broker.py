@@ -490,10 +490,7 @@ class Broker:
                 if len(rp.out) >= batch_size:
                     break
         if rp.out:
-            self.stats.count(self.stats.deliveries, (group, topic.name), len(rp.out))
-            self.stats.count(
-                self.stats.delivered_bytes, (group, topic.name), sum(len(d.message.body) for d in rp.out)
-            )
+            self.stats.delivered(group, topic.name, len(rp.out), sum(len(d.message.body) for d in rp.out))
         if own is None:
             return rp.out
         kept = [d for d in rp.out if own.matches(d.message.properties)]
@@ -711,9 +708,7 @@ class Broker:
                 self.groups.note_dropped(group, len(messages) - len(kept))
             messages = kept
         if messages:
-            self.stats.count(self.stats.deliveries, (group, topic.name), len(messages))
-            body_bytes = sum(len(m.body) for m in messages)
-            self.stats.count(self.stats.delivered_bytes, (group, topic.name), body_bytes)
+            self.stats.delivered(group, topic.name, len(messages), sum(len(m.body) for m in messages))
             return PullResult("FOUND", messages, next_offset, lo, hi)
         status = "NO_NEW_MESSAGE" if next_offset >= hi else "NO_MATCHED_MESSAGE"
         return PullResult(status, messages, next_offset, lo, hi)

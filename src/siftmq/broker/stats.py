@@ -68,3 +68,9 @@ class BrokerStats:
     def count(self, counter: Counter[str] | Counter[tuple[str, str]], key: object, n: int = 1) -> None:
         with self._lock:
             counter[key] += n  # type: ignore[index]
+
+    def delivered(self, group: str, topic: str, messages: int, body_bytes: int) -> None:
+        """Messages a receive or a pull handed out, and their body bytes."""
+        with self._lock:
+            self.deliveries[(group, topic)] += messages
+            self.delivered_bytes[(group, topic)] += body_bytes

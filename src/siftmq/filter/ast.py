@@ -47,6 +47,14 @@ class MatchOp(enum.Enum):
     STARTSWITH = "STARTSWITH"
     ENDSWITH = "ENDSWITH"
 
+    def holds(self, value: str, pattern: str) -> bool:
+        """Whether ``value`` contains, starts with or ends with ``pattern`` (Java's String methods)."""
+        if self is MatchOp.CONTAINS:
+            return pattern in value
+        if self is MatchOp.STARTSWITH:
+            return value.startswith(pattern)
+        return value.endswith(pattern)
+
 
 @dataclass(frozen=True, slots=True)
 class Literal:

@@ -23,7 +23,6 @@ from siftmq.filter.ast import (
     In,
     IsNull,
     Literal,
-    MatchOp,
     Negate,
     Not,
     Or,
@@ -211,13 +210,7 @@ class ScalarCompiler(ExprVisitor[Fn]):
             v = operand(p)
             if type(v) is not str:
                 return False
-            if op is MatchOp.CONTAINS:
-                hit = pattern in v
-            elif op is MatchOp.STARTSWITH:
-                hit = v.startswith(pattern)
-            else:
-                hit = v.endswith(pattern)
-            return hit is not negated
+            return op.holds(v, pattern) is not negated
 
         return match
 

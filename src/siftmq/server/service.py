@@ -33,19 +33,22 @@ PRODUCER_MAX_ATTEMPTS = 3
 MESSAGE_MODEL_HEADER = "x-siftmq-message-model"
 
 
-def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+def _header(context: grpc.aio.ServicerContext[Any, Any], name: str, limit: int) -> str | None:
+    """A request metadata value (at most ``limit`` characters), or None when absent."""
     for key, value in context.invocation_metadata() or ():
-        if key == "x-mq-client-id":
-            return str(value)[:256]
-    return ""
+        if key == name:
+            return str(value)[:limit]
+    return None
+
+
+def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    return _header(context, "x-mq-client-id", 256) or ""
 
 
 def _message_model(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     """siftmq's own clients declare their message model (official v5 clients only cluster)."""
-    for key, value in context.invocation_metadata() or ():
-        if key == MESSAGE_MODEL_HEADER:
-            return str(value)[:32].lower()
-    return None
+    model = _header(context, MESSAGE_MODEL_HEADER, 32)
+    return model.lower() if model is not None else None
 
 
 def _peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:

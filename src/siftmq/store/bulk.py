@@ -161,6 +161,24 @@ def _file_size(path: Path) -> int:
         return 0
 
 
+def _segments_from(store_dir: Path, start_offset: int) -> Iterator[tuple[int, int | None, Path, int, int]]:
+    """The CommitLog segments holding ``start_offset`` and after, in order: (start offset, the next
+    segment's start or None, path, file size, position of ``start_offset`` in it or 0).
+
+    Raises :class:`StoreError` when ``store_dir`` has no CommitLog directory.
+    """
+    directory = commit_log_dir(store_dir)
+    if not directory.is_dir():
+        raise StoreError(f"{store_dir} holds no commit log (no {directory.name}/ directory)")
+    starts = list_segment_starts(directory)
+    for i, seg_start in enumerate(starts):
+        next_start = starts[i + 1] if i + 1 < len(starts) else None
+        if next_start is not None and next_start <= start_offset:
+            continue
+        path = directory / segment_name(seg_start)
+        yield seg_start, next_start, path, _file_size(path), max(0, start_offset - seg_start)
+
+
 def plan_scan(
     store_dir: Path,
     *,
@@ -179,26 +197,18 @@ def plan_scan(
     """
     if target_bytes < 1:
         raise ValueError("target_bytes must be positive")
-    directory = commit_log_dir(store_dir)
-    if not directory.is_dir():
-        raise StoreError(f"{store_dir} holds no commit log (no {directory.name}/ directory)")
-    starts = list_segment_starts(directory)
     limit = end_offset if end_offset is not None else 1 << 62
     ranges: list[ByteRange] = []
     records = 0
     total = 0
     stop: str | None = None
     last_end = start_offset
-    planned_start = max(start_offset, starts[0]) if starts else start_offset
-    for i, seg_start in enumerate(starts):
+    segments = list(_segments_from(store_dir, start_offset))
+    planned_start = max(start_offset, segments[0][0]) if segments else start_offset
+    for seg_start, next_start, path, size, first_pos in segments:
+        pos = first_pos
         if seg_start >= limit:
             break
-        next_start = starts[i + 1] if i + 1 < len(starts) else None
-        if next_start is not None and next_start <= start_offset:
-            continue
-        path = directory / segment_name(seg_start)
-        size = _file_size(path)
-        pos = max(0, start_offset - seg_start)
         if pos > size:  # in the segment's unused tail (after its blank marker) or past the log's end
             continue
         seg_ranges, pos, n, reason = _walk_segment(
@@ -598,18 +608,9 @@ def iter_records(
     stops (blank markers end a segment, the first incomplete header ends the log) and raises
     :class:`CorruptRecordError` for a complete record that fails its checks.
     """
-    directory = commit_log_dir(store_dir)
-    if not directory.is_dir():
-        raise StoreError(f"{store_dir} holds no commit log (no {directory.name}/ directory)")
     wanted = None if topics is None else set(topics)
-    starts = list_segment_starts(directory)
-    for i, seg_start in enumerate(starts):
-        next_start = starts[i + 1] if i + 1 < len(starts) else None
-        if next_start is not None and next_start <= start_offset:
-            continue
-        path = directory / segment_name(seg_start)
-        size = _file_size(path)
-        pos = max(0, start_offset - seg_start)
+    for seg_start, next_start, path, size, first_pos in _segments_from(store_dir, start_offset):
+        pos = first_pos
         if size - pos < 8:
             return
         with open(path, "rb") as f:

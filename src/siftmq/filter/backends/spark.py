@@ -611,13 +611,7 @@ def _sem_match(op: MatchOp, pattern: str, negated: bool) -> Semantics:
         value = operand()
         if type(value) is not str:
             return False
-        if op is MatchOp.CONTAINS:
-            hit = pattern in value
-        elif op is MatchOp.STARTSWITH:
-            hit = value.startswith(pattern)
-        else:
-            hit = value.endswith(pattern)
-        return hit is not negated
+        return op.holds(value, pattern) is not negated
 
     return match
 
