@@ -78,8 +78,9 @@ def test_committed_stubs_match_the_proto(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools")
     generate.generate(tmp_path)
     here = Path(ours.__file__).parent
-    for suffix in (".py", ".pyi"):
-        fresh = tmp_path / "siftmq" / "protocol" / f"rocketmq_v2_pb2{suffix}"
-        assert filecmp.cmp(fresh, here / f"rocketmq_v2_pb2{suffix}", shallow=False), (
-            f"rocketmq_v2_pb2{suffix} is stale: run python -m siftmq.protocol.generate"
-        )
+    for name in ("rocketmq_v2_pb2", "siftmq_batch_pb2"):
+        for suffix in (".py", ".pyi"):
+            fresh = tmp_path / "siftmq" / "protocol" / f"{name}{suffix}"
+            assert filecmp.cmp(fresh, here / f"{name}{suffix}", shallow=False), (
+                f"{name}{suffix} is stale: run python -m siftmq.protocol.generate"
+            )

@@ -242,3 +242,113 @@ def test_blocking_wrapper(start_broker: Any) -> None:
         assert m.body == b"hi" and m.message_id == receipt.message_id
         consumer.ack(m)
         assert consumer.receive(16, 30) == []
+
+
+def _fields(m: ReceivedMessage) -> tuple[Any, ...]:
+    """What a delivery must carry whichever way it travelled (not its per-delivery receipt handle)."""
+    return (m.topic, m.body, m.message_id, m.tag, m.keys, dict(m.properties), m.queue_id, m.queue_offset,
+            m.delivery_attempt, m.born_timestamp_ms, m.store_timestamp_ms)  # fmt: skip
+
+
+def test_batch_extension_and_standard_frames_deliver_the_same(start_broker: Any) -> None:
+    broker = start_broker()
+    expr = FilterExpression.sql92("price >= 200")
+
+    async def pulled(group: str, *, batch: bool) -> list[ReceivedMessage]:
+        async with PullConsumer(broker.endpoint, group, "ExtTopic", expr) as c:
+            if not batch:
+                c.connection.batch_extension = False  # as against a broker without the extension
+            got = [m for _ in range(4) for m in await c.poll(64)]
+            assert c.connection.batch_extension is batch
+            return got
+
+    async def received(group: str, *, batch: bool) -> list[ReceivedMessage]:
+        async with SimpleConsumer(broker.endpoint, group, {"ExtTopic": expr}, await_duration=1) as c:
+            if not batch:
+                c.connection.batch_extension = False
+            got: list[ReceivedMessage] = []
+            while batch_got := await c.receive(16, 30):
+                got += batch_got
+                await c.ack_many(batch_got)
+            assert c.connection.batch_extension is batch
+            return got
+
+    async def scenario() -> None:
+        await _produce(broker.endpoint, "ExtTopic", 48)
+        one_frame = await pulled("ext-pull-a", batch=True)
+        frames = await pulled("ext-pull-b", batch=False)
+        assert sorted(int(m.properties["i"]) for m in one_frame) == list(range(20, 48))
+        assert sorted(map(_fields, one_frame)) == sorted(map(_fields, frames))
+        one_frame = await received("ext-recv-a", batch=True)
+        frames = await received("ext-recv-b", batch=False)
+        assert sorted(int(m.properties["i"]) for m in one_frame) == list(range(20, 48))
+        assert sorted(map(_fields, one_frame)) == sorted(map(_fields, frames))
+        assert all(m.receipt_handle for m in one_frame + frames)
+
+    run(scenario())
+
+
+def test_client_falls_back_when_the_broker_has_no_batch_extension(start_broker: Any) -> None:
+    broker = start_broker(config={"batch_extension": False})
+
+    async def scenario() -> None:
+        await _produce(broker.endpoint, "NoExtTopic", 16)
+        async with PullConsumer(
+            broker.endpoint, "noext-pull", "NoExtTopic", FilterExpression.tag("Pay")
+        ) as c:
+            got = [m for _ in range(3) for m in await c.poll(32)]
+            assert c.connection.batch_extension is False
+        assert sorted(int(m.properties["i"]) for m in got) == [0, 4, 8, 12]
+        subs = {"NoExtTopic": FilterExpression.tag("Pay")}
+        async with SimpleConsumer(broker.endpoint, "noext-recv", subs, await_duration=1) as s:
+            got = await s.receive(16, 30)
+            assert s.connection.batch_extension is False
+            await s.ack_many(got)
+        assert sorted(int(m.properties["i"]) for m in got) == [0, 4, 8, 12]
+
+    run(scenario())
+
+
+def test_poll_buffers_and_commit_resumes_at_the_first_unreturned_message(
+    start_broker: Any, tmp_path: Path
+) -> None:
+    broker = start_broker()
+
+    async def drain(c: PullConsumer, want: int, size: int) -> list[int]:
+        got: list[int] = []
+        for _ in range(50):  # the broker dispatches sends to the queues in the background
+            got += [int(m.properties["i"]) for m in await c.poll(min(size, want - len(got)), timeout=0.2)]
+            if len(got) >= want:
+                break
+        return got
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            for first in range(0, 80, 10):  # one queue per request: 8 queues of 10
+                await producer.send_many(
+                    [
+                        producer.message("BufTopic", b"x", properties={"i": str(i)})
+                        for i in range(first, first + 10)
+                    ]
+                )
+        for mode, group in ((None, "buffered"), ("BROADCASTING", "buffered-bc")):
+            first = PullConsumer(broker.endpoint, group, "BufTopic", mode=mode, offset_dir=tmp_path)
+            await first.start()
+            try:
+                head = await drain(first, 15, 5)  # each poll pulls every queue: most stay buffered
+                assert len(head) == 15 and len(set(head)) == 15
+                await first.commit()
+            finally:
+                await first.stop()
+            again = PullConsumer(
+                broker.endpoint, group, "BufTopic", mode=mode, offset_dir=tmp_path,
+                client_id=first.connection.client_id,
+            )  # fmt: skip
+            await again.start()
+            try:
+                rest = await drain(again, 65, 64)
+            finally:
+                await again.stop()
+            assert sorted(head + rest) == list(range(80)), mode  # nothing skipped, nothing twice
+
+    run(scenario())

@@ -80,6 +80,9 @@ class BrokerConfig:
     max_batch_size: int = 64  # messages per receive (each one is then in flight)
     max_pull_batch_size: int = 1024  # messages per offset pull
     max_pull_bytes: int = 8 * MIB  # stored bytes per offset pull (at least one message)
+    # siftmq's batch extension (one frame per pull/receive answer); siftmq clients fall back to the
+    # standard one-message-per-frame calls when it is off
+    batch_extension: bool = True
     max_delivery_attempts: int = 16
     retry_backoff_s: tuple[float, ...] = field(default=DEFAULT_RETRY_BACKOFF_S)
     consumer_state_flush_ms: int = 1000

@@ -6,7 +6,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -14,11 +15,20 @@ import grpc
 from siftmq import __version__
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
-from siftmq.protocol.service import RPCS, Rpc
+from siftmq.protocol.service import BATCH_RPCS, RPCS, Rpc
 
-_RPC = {r.name: r for r in RPCS}
+_RPC = {r.name: r for r in (*RPCS, *BATCH_RPCS)}
 _SUCCESS = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 _counter = iter(range(1 << 62))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A pull's or receive's answer however it travelled: status, messages, next offset (pull only)."""
+
+    status: pb.Status | None
+    messages: Sequence[pb.Message]
+    next_offset: int | None = None
 
 
 def new_client_id() -> str:
@@ -46,6 +56,8 @@ class Connection:
         self.namespace = namespace
         self.request_timeout = request_timeout
         self.extra_metadata: tuple[tuple[str, str], ...] = ()
+        #: whether the broker serves siftmq's batch extension (None: not asked yet)
+        self.batch_extension: bool | None = None
         self._channel = grpc.aio.insecure_channel(
             endpoint, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         )
@@ -105,6 +117,47 @@ class Connection:
         except grpc.aio.AioRpcError as exc:
             raise _transport_error(name, exc) from None
         return frames
+
+    async def _batch(self, name: str, request: Any, timeout: float) -> Any | None:
+        """The batch extension's answer, or None when the broker does not offer it (remembered)."""
+        if self.batch_extension is False:
+            return None
+        try:
+            response = await self._method(_RPC[name], request)(
+                request, timeout=timeout, metadata=self.metadata()
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.batch_extension = False
+                return None
+            raise _transport_error(name, exc) from None
+        self.batch_extension = True
+        return response
+
+    async def pull(self, request: pb.PullMessageRequest, *, timeout: float) -> Answer:
+        """PullMessage: one frame through siftmq's extension when offered, else the standard stream."""
+        batch = await self._batch("PullMessages", request, timeout)
+        if batch is not None:
+            return Answer(batch.status, batch.messages, batch.next_offset)
+        frames = await self.stream("PullMessage", request, timeout=timeout)
+        which = [(f.WhichOneof("content"), f) for f in frames]
+        return Answer(
+            next((f.status for w, f in which if w == "status"), None),
+            [f.message for w, f in which if w == "message"],
+            next((f.next_offset for w, f in which if w == "next_offset"), None),
+        )
+
+    async def receive(self, request: pb.ReceiveMessageRequest, *, timeout: float) -> Answer:
+        """ReceiveMessage: one frame through siftmq's extension when offered, else the standard stream."""
+        batch = await self._batch("ReceiveMessages", request, timeout)
+        if batch is not None:
+            return Answer(batch.status, batch.messages)
+        frames = await self.stream("ReceiveMessage", request, timeout=timeout)
+        which = [(f.WhichOneof("content"), f) for f in frames]
+        return Answer(
+            next((f.status for w, f in which if w == "status"), None),
+            [f.message for w, f in which if w == "message"],
+        )
 
     async def telemetry(self, settings: pb.Settings) -> pb.TelemetryCommand:
         """Send the client's settings and wait for the broker's reply (the stream is then closed)."""

@@ -8,15 +8,16 @@ dropped (acknowledged so it does not come back) and counted in ``dropped``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from siftmq.client.connection import Connection
+from siftmq.client.connection import Connection, check
 from siftmq.client.model import FilterExpression, ReceivedMessage
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -24,6 +25,7 @@ from siftmq.protocol import rocketmq_v2_pb2 as pb
 _log = logging.getLogger(__name__)
 HEARTBEAT_S = 10.0
 MODES = ("CLUSTERING", "BROADCASTING")
+_PULL_ANSWERS = (pb.Code.OK, pb.Code.MESSAGE_NOT_FOUND, pb.Code.ILLEGAL_OFFSET)  # statuses of a served pull
 RELEASE_S = 1.0  # a stopping push consumer makes its unprocessed messages visible again this soon
 
 
@@ -104,8 +106,18 @@ class _Consumer:
             )
         await self.connection.close()
 
-    def _recheck(self, topic: str, m: ReceivedMessage) -> bool:
-        return self.subscriptions[topic].matches(m)
+    def _accept(
+        self, topic: str, messages: Sequence[pb.Message]
+    ) -> tuple[list[ReceivedMessage], list[ReceivedMessage]]:
+        """Decoded messages that pass the client-side re-check, and those dropped (counted)."""
+        expression = self.subscriptions[topic]
+        accepted: list[ReceivedMessage] = []
+        dropped: list[ReceivedMessage] = []
+        for proto in messages:
+            m = ReceivedMessage.from_proto(proto)
+            (accepted if expression.matches(m) else dropped).append(m)
+        self.dropped += len(dropped)
+        return accepted, dropped
 
 
 class SimpleConsumer(_Consumer):
@@ -140,36 +152,36 @@ class SimpleConsumer(_Consumer):
         )
         request.invisible_duration.FromMilliseconds(int(invisible_duration * 1000))
         request.long_polling_timeout.FromMilliseconds(int(self.await_duration * 1000))
-        frames = await self.connection.stream(
-            "ReceiveMessage", request, timeout=self.await_duration + self.connection.request_timeout
+        answer = await self.connection.receive(
+            request, timeout=self.await_duration + self.connection.request_timeout
         )
-        out = []
-        for frame in frames:
-            which = frame.WhichOneof("content")
-            if which == "status" and frame.status.code != pb.Code.MESSAGE_NOT_FOUND:
-                from siftmq.client.connection import check
-
-                check("ReceiveMessage", frame.status)
-            elif which == "message":
-                msg = ReceivedMessage.from_proto(frame.message)
-                if self._recheck(topic, msg):
-                    out.append(msg)
-                else:
-                    self.dropped += 1
-                    await self.ack(msg)
+        if answer.status is not None and answer.status.code != pb.Code.MESSAGE_NOT_FOUND:
+            check("ReceiveMessage", answer.status)
+        out, dropped = self._accept(topic, answer.messages)
+        if dropped:
+            await self.ack_many(dropped)
         return out
 
     async def ack(self, message: ReceivedMessage) -> None:
-        await self.connection.unary(
-            "AckMessage",
-            pb.AckMessageRequest(
-                group=self.connection.resource(self.group),
-                topic=self.connection.resource(message.topic),
-                entries=[
-                    pb.AckMessageEntry(message_id=message.message_id, receipt_handle=message.receipt_handle)
-                ],
-            ),
-        )
+        await self.ack_many([message])
+
+    async def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """Acknowledge messages in one request per topic; raises if any entry failed."""
+        by_topic: dict[str, list[ReceivedMessage]] = {}
+        for m in messages:
+            by_topic.setdefault(m.topic, []).append(m)
+        for topic, group in by_topic.items():
+            await self.connection.unary(
+                "AckMessage",
+                pb.AckMessageRequest(
+                    group=self.connection.resource(self.group),
+                    topic=self.connection.resource(topic),
+                    entries=[
+                        pb.AckMessageEntry(message_id=m.message_id, receipt_handle=m.receipt_handle)
+                        for m in group
+                    ],
+                ),
+            )
 
     async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
         """Make the message visible again in ``seconds`` (0 = now); returns it with its new handle."""
@@ -293,7 +305,8 @@ class PullConsumer(_Consumer):
         self.topic = topic
         self.assignment_ttl_s = 1.0  # how long a queried assignment is reused by poll()
         self._assigned: tuple[float, list[int]] | None = None
-        self._offsets: dict[int, int] = {}
+        self._offsets: dict[int, int] = {}  # where each queue's next pull starts
+        self._buffered: dict[int, collections.deque[ReceivedMessage]] = {}  # pulled, not yet returned
         self._offset_file = (
             offset_dir or Path.home() / ".siftmq" / "offsets"
         ) / f"{group}@{self.connection.client_id}.json"
@@ -348,68 +361,94 @@ class PullConsumer(_Consumer):
         return offset
 
     def seek(self, queue_id: int, offset: int) -> None:
-        """Read ``queue_id`` from ``offset`` on the next poll."""
+        """Read ``queue_id`` from ``offset`` on the next poll (what was buffered from it is dropped)."""
+        self._buffered.pop(queue_id, None)
         self._offsets[queue_id] = offset
 
-    async def poll(self, max_messages: int = 32, timeout: float = 0.0) -> list[ReceivedMessage]:
-        """Messages from the assigned queues (one pull each), waiting up to ``timeout`` for new ones."""
-        out: list[ReceivedMessage] = []
-        queues = await self._cached_assignment()
-        for qid in queues:
-            if len(out) >= max_messages:
-                break
-            request = pb.PullMessageRequest(
-                group=self.connection.resource(self.group),
-                message_queue=self._queue(qid),
-                offset=await self._position(qid),
-                batch_size=max_messages - len(out),
-                filter_expression=self.subscriptions[self.topic].to_proto(),
-            )
-            request.long_polling_timeout.FromMilliseconds(int(timeout * 1000 / max(len(queues), 1)))
-            frames = await self.connection.stream(
-                "PullMessage", request, timeout=timeout + self.connection.request_timeout
-            )
-            status = frames[0].status if frames and frames[0].HasField("status") else None
-            if status is not None and status.code == pb.Code.PRECONDITION_FAILED:
-                self._assigned = None  # the queue moved to another member: ask again next time
-                continue
-            if status is not None and status.code not in (
-                pb.Code.OK,
-                pb.Code.MESSAGE_NOT_FOUND,
-                pb.Code.ILLEGAL_OFFSET,
-            ):
-                from siftmq.client.connection import check
+    def _resume_offset(self, qid: int) -> int:
+        """Where this queue continues after a restart: its first message not yet returned by poll."""
+        buffered = self._buffered.get(qid)
+        return buffered[0].queue_offset if buffered else self._offsets[qid]
 
-                check("PullMessage", status)
-            for frame in frames:
-                if frame.HasField("message"):
-                    msg = ReceivedMessage.from_proto(frame.message)
-                    if self._recheck(self.topic, msg):
-                        out.append(msg)
-                    else:
-                        self.dropped += 1
-                elif frame.WhichOneof("content") == "next_offset":
-                    self._offsets[qid] = frame.next_offset
+    async def poll(self, max_messages: int = 32, timeout: float = 0.0) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` from the assigned queues, waiting up to ``timeout`` for new ones.
+
+        Queues with nothing buffered are pulled concurrently, one request each (answered in one
+        frame when the broker offers siftmq's batch extension); what does not fit into this poll
+        stays buffered for the next, and :meth:`commit` stores the offset of the first message not
+        yet returned, so nothing buffered is skipped after a restart. Not safe to call concurrently.
+        """
+        queues = await self._cached_assignment()
+        for qid in [q for q in self._buffered if q not in queues]:
+            self._offsets[qid] = self._resume_offset(qid)  # rebalanced away: its new owner reads them
+            del self._buffered[qid]
+        if sum(map(len, self._buffered.values())) < max_messages:
+            empty = [q for q in queues if not self._buffered.get(q)]
+            await asyncio.gather(*(self._fetch(q, max_messages, 0.0) for q in empty))
+            if timeout > 0 and not any(self._buffered.values()) and empty:
+                await self._long_poll(empty, max_messages, timeout)
+        out: list[ReceivedMessage] = []
+        for qid in queues:
+            buffered = self._buffered.get(qid)
+            while buffered and len(out) < max_messages:
+                out.append(buffered.popleft())
         return out
+
+    async def _long_poll(self, queues: list[int], max_messages: int, timeout: float) -> None:
+        """Hold a pull on every queue; the first to find messages ends the wait (the rest are cancelled)."""
+        pending = {asyncio.ensure_future(self._fetch(q, max_messages, timeout)) for q in queues}
+        try:
+            while pending and not any(self._buffered.values()):
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()
+        finally:
+            for task in pending:  # a cancelled pull moved no offset: nothing is skipped
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _fetch(self, qid: int, batch_size: int, hold: float) -> None:
+        """One pull of queue ``qid``; re-checked messages are buffered and its position advanced."""
+        request = pb.PullMessageRequest(
+            group=self.connection.resource(self.group),
+            message_queue=self._queue(qid),
+            offset=await self._position(qid),
+            batch_size=batch_size,
+            filter_expression=self.subscriptions[self.topic].to_proto(),
+        )
+        request.long_polling_timeout.FromMilliseconds(int(hold * 1000))
+        answer = await self.connection.pull(request, timeout=hold + self.connection.request_timeout)
+        status = answer.status
+        if status is not None and status.code == pb.Code.PRECONDITION_FAILED:
+            self._assigned = None  # the queue moved to another member: ask again next time
+            return
+        if status is not None and status.code not in _PULL_ANSWERS:
+            check("PullMessage", status)
+        accepted, _ = self._accept(self.topic, answer.messages)
+        if accepted:
+            self._buffered.setdefault(qid, collections.deque()).extend(accepted)
+        if answer.next_offset is not None:
+            self._offsets[qid] = answer.next_offset
 
     async def commit(self) -> None:
         """Store the current positions: on the broker (clustering) or in the local file (broadcasting)."""
         if self.mode == "BROADCASTING":
             self._offset_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._offset_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self._offsets))
+            tmp.write_text(json.dumps({qid: self._resume_offset(qid) for qid in self._offsets}))
             tmp.replace(self._offset_file)
             return
         owned = set(await self.assignment())
-        for qid, offset in list(self._offsets.items()):
+        for qid in list(self._offsets):
             if qid in owned:
                 await self.connection.unary(
                     "UpdateOffset",
                     pb.UpdateOffsetRequest(
                         group=self.connection.resource(self.group),
                         message_queue=self._queue(qid),
-                        offset=offset,
+                        offset=self._resume_offset(qid),
                     ),
                 )
             else:
+                self._buffered.pop(qid, None)
                 del self._offsets[qid]  # rebalanced away: its new owner continues from the group's offset

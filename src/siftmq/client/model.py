@@ -35,6 +35,9 @@ class FilterExpression:
 
     def matches(self, message: ReceivedMessage) -> bool:
         """The client's second check: the exact tag, or the SQL92 expression over the properties."""
+        tag_filter = self.compiled.tag_filter
+        if tag_filter is not None:
+            return tag_filter.matches_tag(message.tag)
         props: dict[str, str] = dict(message.properties)
         if message.tag is not None:
             props["TAGS"] = message.tag
@@ -65,17 +68,18 @@ class ReceivedMessage:
     @classmethod
     def from_proto(cls, m: pb.Message) -> ReceivedMessage:
         sp = m.system_properties
-        return cls(
-            topic=m.topic.name,
-            body=m.body,
-            message_id=sp.message_id,
-            tag=sp.tag if sp.HasField("tag") else None,
-            keys=tuple(sp.keys),
-            properties=dict(m.user_properties),
-            queue_id=sp.queue_id,
-            queue_offset=sp.queue_offset,
-            delivery_attempt=sp.delivery_attempt or 1,
-            born_timestamp_ms=sp.born_timestamp.ToMilliseconds(),
-            store_timestamp_ms=sp.store_timestamp.ToMilliseconds(),
-            receipt_handle=sp.receipt_handle,
+        born, stored = sp.born_timestamp, sp.store_timestamp
+        return cls(  # positional and plain arithmetic: this runs once per received message
+            m.topic.name,
+            m.body,
+            sp.message_id,
+            sp.tag if sp.HasField("tag") else None,
+            tuple(sp.keys),
+            dict(m.user_properties),
+            sp.queue_id,
+            sp.queue_offset,
+            sp.delivery_attempt or 1,
+            born.seconds * 1000 + born.nanos // 1_000_000,
+            stored.seconds * 1000 + stored.nanos // 1_000_000,
+            sp.receipt_handle,
         )

@@ -14,6 +14,9 @@ from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 
 _seq = iter(range(1 << 62))
+# enum attribute lookups go through a slow Python wrapper: resolve the per-message ones once
+_IDENTITY = pb.Encoding.IDENTITY
+_NORMAL = pb.MessageType.NORMAL
 _PREFIX = f"01{os.getpid() & 0xFFFF:04X}{os.urandom(4).hex().upper()}"
 
 
@@ -59,21 +62,23 @@ class Producer:
         keys: Sequence[str] = (),
         properties: Mapping[str, str] | None = None,
     ) -> pb.Message:
-        sp = pb.SystemProperties(
-            message_id=new_message_id(),
-            body_encoding=pb.Encoding.IDENTITY,
-            message_type=pb.MessageType.NORMAL,
-            keys=list(keys),
-        )
-        sp.born_timestamp.FromNanoseconds(time.time_ns())
-        if tag is not None:
-            sp.tag = tag
-        return pb.Message(
-            topic=self.connection.resource(topic),
-            body=body,
-            system_properties=sp,
-            user_properties=dict(properties or {}),
-        )
+        born = time.time_ns()
+        sp: dict[str, Any] = {  # built from dicts in C: several times faster than part by part
+            "message_id": new_message_id(),
+            "body_encoding": _IDENTITY,
+            "message_type": _NORMAL,
+            "born_timestamp": {"seconds": born // 1_000_000_000, "nanos": born % 1_000_000_000},
+            "tag": tag,  # None leaves it unset
+        }
+        if keys:
+            sp["keys"] = list(keys)
+        fields: dict[str, Any] = {"topic": self._topic(topic), "body": body, "system_properties": sp}
+        if properties:
+            fields["user_properties"] = dict(properties)
+        return pb.Message(**fields)
+
+    def _topic(self, topic: str) -> dict[str, str]:
+        return {"resource_namespace": self.connection.namespace, "name": topic}
 
     async def send(
         self,

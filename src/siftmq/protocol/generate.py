@@ -1,7 +1,7 @@
-"""Regenerate the protobuf modules of ``siftmq.protocol`` from ``rocketmq_v2.proto``.
+"""Regenerate the protobuf modules of ``siftmq.protocol`` from its ``.proto`` files.
 
 Run ``python -m siftmq.protocol.generate`` (needs the dev extra: grpcio-tools). The generated
-``rocketmq_v2_pb2.py`` and ``.pyi`` are committed, so running the broker never needs grpcio-tools;
+``*_pb2.py`` and ``.pyi`` modules are committed, so running the broker never needs grpcio-tools;
 a test checks that the committed files match a fresh generation.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-PROTO = "siftmq/protocol/rocketmq_v2.proto"
+PROTOS = ("siftmq/protocol/rocketmq_v2.proto", "siftmq/protocol/siftmq_batch.proto")
 
 
 def source_root() -> Path:
@@ -19,7 +19,7 @@ def source_root() -> Path:
 
 
 def generate(out_dir: Path) -> None:
-    """Write ``siftmq/protocol/rocketmq_v2_pb2.py(i)`` under ``out_dir``."""
+    """Write ``siftmq/protocol/<name>_pb2.py(i)`` for every proto under ``out_dir``."""
     from grpc_tools import protoc  # dev-only dependency
 
     root = source_root()
@@ -29,10 +29,10 @@ def generate(out_dir: Path) -> None:
         f"-I{_well_known_include()}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
-        str(root / PROTO),
+        *(str(root / proto) for proto in PROTOS),
     ]
     if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed on {PROTO}")
+        raise RuntimeError(f"protoc failed on {', '.join(PROTOS)}")
 
 
 def _well_known_include() -> str:
@@ -43,7 +43,7 @@ def _well_known_include() -> str:
 
 def main() -> int:
     generate(source_root())
-    print(f"generated from {PROTO}")
+    print(f"generated from {', '.join(PROTOS)}")
     return 0
 
 

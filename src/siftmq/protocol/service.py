@@ -1,7 +1,9 @@
-"""The RPCs of ``apache.rocketmq.v2.MessagingService``: wire paths, message types and call shapes.
+"""The RPCs siftmq serves: wire paths, message types and call shapes.
 
-Our protobuf package is ``siftmq.protocol.v2``; the method paths here are the protocol's, so the
-official clients reach these handlers unchanged.
+``apache.rocketmq.v2.MessagingService`` is RocketMQ's protocol: our protobuf package is
+``siftmq.protocol.v2`` but the method paths here are the protocol's, so the official clients reach
+these handlers unchanged. ``siftmq.v1.BatchMessagingService`` is siftmq's own extension (see
+``siftmq_batch.proto``): pull and receive answered in one frame, used by siftmq's client when offered.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from typing import Final, Literal
 from google.protobuf.message import Message
 
 from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 
 SERVICE_NAME: Final = "apache.rocketmq.v2.MessagingService"
+BATCH_SERVICE_NAME: Final = "siftmq.v1.BatchMessagingService"
 
 Shape = Literal["unary_unary", "unary_stream", "stream_stream"]
 
@@ -24,10 +28,11 @@ class Rpc:
     shape: Shape
     request: type[Message] | None  # None: not decoded (calls siftmq does not serve)
     response: type[Message]
+    service: str = SERVICE_NAME
 
     @property
     def path(self) -> str:
-        return f"/{SERVICE_NAME}/{self.name}"
+        return f"/{self.service}/{self.name}"
 
 
 RPCS: Final[tuple[Rpc, ...]] = (
@@ -63,4 +68,16 @@ RPCS: Final[tuple[Rpc, ...]] = (
     ),
     Rpc("RecallMessage", "unary_unary", None, pb.StatusOnlyResponse),
     Rpc("SyncLiteSubscription", "unary_unary", None, pb.StatusOnlyResponse),
+)
+
+#: siftmq's extension: the requests of PullMessage and ReceiveMessage, every message in one answer.
+BATCH_RPCS: Final[tuple[Rpc, ...]] = (
+    Rpc("PullMessages", "unary_unary", pb.PullMessageRequest, batch_pb.PullBatchResponse, BATCH_SERVICE_NAME),
+    Rpc(
+        "ReceiveMessages",
+        "unary_unary",
+        pb.ReceiveMessageRequest,
+        batch_pb.ReceiveBatchResponse,
+        BATCH_SERVICE_NAME,
+    ),
 )

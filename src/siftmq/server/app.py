@@ -18,7 +18,7 @@ from siftmq.broker.broker import Broker
 from siftmq.broker.config import BrokerConfig, parse_listen
 from siftmq.broker.long_polling import ArrivalNotifier
 from siftmq.errors import SiftError
-from siftmq.protocol.service import RPCS, SERVICE_NAME, Rpc
+from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from siftmq.server.service import MessagingService
 
 _log = logging.getLogger(__name__)
@@ -32,11 +32,13 @@ class BindError(SiftError):
     code = "BIND_FAILED"
 
 
-def _handler(service: MessagingService) -> grpc.GenericRpcHandler:
-    handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for rpc in RPCS:
-        handlers[rpc.name] = _method_handler(service, rpc)
-    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+def _handlers(service: MessagingService, *, batch_extension: bool) -> tuple[grpc.GenericRpcHandler, ...]:
+    """RocketMQ's MessagingService, and siftmq's batch extension unless it is turned off."""
+    services = [(SERVICE_NAME, RPCS)] + ([(BATCH_SERVICE_NAME, BATCH_RPCS)] if batch_extension else [])
+    return tuple(
+        grpc.method_handlers_generic_handler(name, {rpc.name: _method_handler(service, rpc) for rpc in rpcs})
+        for name, rpcs in services
+    )
 
 
 def _method_handler(service: MessagingService, rpc: Rpc) -> grpc.RpcMethodHandler:
@@ -69,7 +71,9 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
                 ("grpc.max_send_message_length", -1),
             ]
         )
-        server.add_generic_rpc_handlers((_handler(MessagingService(broker, notifier)),))
+        server.add_generic_rpc_handlers(
+            _handlers(MessagingService(broker, notifier), batch_extension=config.batch_extension)
+        )
         host, _ = parse_listen(config.listen)
         try:
             port = server.add_insecure_port(config.listen)

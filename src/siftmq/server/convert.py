@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -13,9 +14,10 @@ from siftmq.broker.validation import qualified_name
 from siftmq.errors import BadRequestError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.store import StoredMessage
+from siftmq.store.codec import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 
 #: Properties the broker keeps in the system part of a delivered message, not the user part.
-SYSTEM_PROPERTIES = frozenset({"TAGS", "KEYS", "UNIQ_KEY", PROPERTY_BORN_HOST})
+SYSTEM_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_BORN_HOST})
 FILTER_TYPES = {pb.FilterType.TAG: "TAG", pb.FilterType.SQL: "SQL92"}
 # enum attribute lookups go through a slow Python wrapper: resolve the per-message ones once
 _GZIP = pb.Encoding.GZIP
@@ -35,10 +37,6 @@ def duration_ms(d: Duration) -> int:
 
 def timestamp_ms(t: Timestamp) -> int:
     return t.seconds * 1000 + t.nanos // 1_000_000
-
-
-def ms_timestamp(ms: int) -> Timestamp:
-    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
 def subscription_of(topic: str, expression: pb.FilterExpression) -> Subscription:
@@ -83,42 +81,64 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return out
 
 
-def delivered_message(delivery: Delivery, topic: pb.Resource) -> pb.Message:
-    m: StoredMessage = delivery.message
+def message_fields(
+    m: StoredMessage,
+    topic: pb.Resource,
+    *,
+    message_id: str | None = None,
+    receipt_handle: str = "",
+    delivery_attempt: int = 1,
+    invisible_ms: int = 0,
+) -> dict[str, Any]:
+    """A delivered message as ``pb.Message`` constructor arguments.
+
+    Plain dicts, not message objects, and no empty parts: protobuf builds nested messages from dicts
+    in C, several times faster than building each part as an object. This runs once per delivered
+    message. The invisible duration travels with a receipt handle only (pulled messages have none).
+    """
     props = m.properties
-    sp = pb.SystemProperties(
+    born, stored = m.born_timestamp, m.store_timestamp
+    sp: dict[str, Any] = {
+        "message_id": message_id or props.get(PROPERTY_UNIQ_KEY) or m.offset_msg_id,
+        "body_digest": {"type": _CRC32, "checksum": f"{m.body_crc & 0xFFFFFFFF:08X}"},
+        "body_encoding": _IDENTITY,
+        "message_type": _NORMAL,
+        "born_timestamp": {"seconds": born // 1000, "nanos": born % 1000 * 1_000_000},
+        "born_host": props.get(PROPERTY_BORN_HOST) or _host(m.born_host),
+        "store_timestamp": {"seconds": stored // 1000, "nanos": stored % 1000 * 1_000_000},
+        "store_host": _host(m.store_host),
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "delivery_attempt": delivery_attempt,
+        "tag": props.get(PROPERTY_TAGS),  # None leaves the optional field unset
+    }
+    if receipt_handle:
+        sp["receipt_handle"] = receipt_handle
+        sp["invisible_duration"] = {"seconds": invisible_ms // 1000, "nanos": invisible_ms % 1000 * 1_000_000}
+    keys = props.get(PROPERTY_KEYS)
+    if keys:
+        sp["keys"] = keys.split()  # stored space-separated; keys never hold whitespace
+    fields = {
+        "topic": {"resource_namespace": topic.resource_namespace, "name": topic.name},
+        "system_properties": sp,
+        "body": m.body,
+    }
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES and k[:2] != "__"}
+    if user:
+        fields["user_properties"] = user
+    return fields
+
+
+def delivery_fields(delivery: Delivery, topic: pb.Resource) -> dict[str, Any]:
+    """A receive's delivery (with its receipt handle and attempt) as ``pb.Message`` arguments."""
+    return message_fields(
+        delivery.message,
+        topic,
         message_id=delivery.message_id,
-        body_digest=pb.Digest(type=_CRC32, checksum=f"{m.body_crc & 0xFFFFFFFF:08X}"),
-        body_encoding=_IDENTITY,
-        message_type=_NORMAL,
-        born_timestamp=ms_timestamp(m.born_timestamp),
-        born_host=props.get(PROPERTY_BORN_HOST) or _host(m.born_host),
-        store_timestamp=ms_timestamp(m.store_timestamp),
-        store_host=_host(m.store_host),
-        queue_id=m.queue_id,
-        queue_offset=m.queue_offset,
-        invisible_duration=Duration(
-            seconds=delivery.invisible_ms // 1000, nanos=(delivery.invisible_ms % 1000) * 1_000_000
-        ),
+        receipt_handle=delivery.receipt_handle,
         delivery_attempt=delivery.delivery_attempt,
+        invisible_ms=delivery.invisible_ms,
     )
-    if delivery.receipt_handle:
-        sp.receipt_handle = delivery.receipt_handle
-    if m.tags is not None:
-        sp.tag = m.tags
-    sp.keys.extend(m.keys)
-    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES and not k.startswith("__")}
-    return pb.Message(
-        topic=pb.Resource(resource_namespace=topic.resource_namespace, name=topic.name),
-        user_properties=user,
-        system_properties=sp,
-        body=m.body,
-    )
-
-
-def pulled_message(m: StoredMessage, topic: pb.Resource) -> pb.Message:
-    """A message of an offset pull: no receipt handle, delivery attempt 1."""
-    return delivered_message(Delivery(m, "", 1, 0), topic)
 
 
 @functools.lru_cache(maxsize=4096)

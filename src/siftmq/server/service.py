@@ -22,8 +22,10 @@ from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, recei
 from siftmq.broker.model import Subscription
 from siftmq.errors import BadRequestError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.server import convert
 from siftmq.server.status import ok, status, status_of
+from siftmq.store import StoredMessage
 
 _log = logging.getLogger(__name__)
 
@@ -63,6 +65,12 @@ def _client_type(value: int) -> str:
         return pb.ClientType.Name(value)
     except ValueError:
         return f"CLIENT_TYPE_{value}"
+
+
+def _now() -> Timestamp:
+    now = Timestamp()
+    now.FromNanoseconds(time.time_ns())
+    return now
 
 
 def _seconds(seconds: float) -> Duration:
@@ -259,10 +267,8 @@ class MessagingService:
         ]
         return pb.QueryAssignmentResponse(status=ok(), assignments=assignments)
 
-    async def ReceiveMessage(
-        self, request: pb.ReceiveMessageRequest, context: Any
-    ) -> AsyncIterator[pb.ReceiveMessageResponse]:
-        deliveries = []
+    async def _receive(self, request: pb.ReceiveMessageRequest, context: Any) -> tuple[pb.Status, list[Any]]:
+        """A receive's status and deliveries (as frames by ReceiveMessage, at once by the batch call)."""
         try:
             group = convert.topic_name(request.group)
             topic = convert.topic_name(request.message_queue.topic)
@@ -288,16 +294,31 @@ class MessagingService:
                 hold_s=hold,
                 client_id=_client_id(context),
             )
-            st = ok() if deliveries else status("MESSAGE_NOT_FOUND", "no matching message")
         except Exception as exc:
-            st = status_of(exc, call="ReceiveMessage")
+            return status_of(exc, call="ReceiveMessage"), []
+        return (ok() if deliveries else status("MESSAGE_NOT_FOUND", "no matching message")), deliveries
+
+    async def ReceiveMessage(
+        self, request: pb.ReceiveMessageRequest, context: Any
+    ) -> AsyncIterator[pb.ReceiveMessageResponse]:
+        st, deliveries = await self._receive(request, context)
         yield pb.ReceiveMessageResponse(status=st)
+        topic = request.message_queue.topic
         for delivery in deliveries:
-            message = convert.delivered_message(delivery, request.message_queue.topic)
-            yield pb.ReceiveMessageResponse(message=message)
-        now = Timestamp()
-        now.FromNanoseconds(time.time_ns())
-        yield pb.ReceiveMessageResponse(delivery_timestamp=now)
+            yield pb.ReceiveMessageResponse(message=convert.delivery_fields(delivery, topic))
+        yield pb.ReceiveMessageResponse(delivery_timestamp=_now())
+
+    async def ReceiveMessages(
+        self, request: pb.ReceiveMessageRequest, context: Any
+    ) -> batch_pb.ReceiveBatchResponse:
+        """siftmq's batch extension: ReceiveMessage's answer in one frame."""
+        st, deliveries = await self._receive(request, context)
+        topic = request.message_queue.topic
+        return batch_pb.ReceiveBatchResponse(
+            status=st,
+            messages=[convert.delivery_fields(d, topic) for d in deliveries],
+            delivery_timestamp=_now(),
+        )
 
     async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
         group = convert.topic_name(request.group)
@@ -363,11 +384,10 @@ class MessagingService:
 
     # ------------------------------------------------------------------------------- offset pull
 
-    async def PullMessage(
+    async def _pull(
         self, request: pb.PullMessageRequest, context: Any
-    ) -> AsyncIterator[pb.PullMessageResponse]:
-        messages = []
-        next_offset = request.offset
+    ) -> tuple[pb.Status, list[StoredMessage], int]:
+        """A pull's status, messages and next offset (as frames by PullMessage, at once by the batch call)."""
         try:
             group = convert.topic_name(request.group)
             topic = convert.topic_name(request.message_queue.topic)
@@ -384,26 +404,40 @@ class MessagingService:
                 hold_s=hold,
                 client_id=_client_id(context),
             )
-            messages, next_offset = result.messages, result.next_offset
-            if result.status == "FOUND":
-                st = ok()
-            elif result.status == "ILLEGAL_OFFSET":
-                st = status(
-                    "ILLEGAL_OFFSET",
-                    f"offset {request.offset} is outside {result.min_offset}.."
-                    f"{result.max_offset}; resume at {result.next_offset}",
-                )
-            else:
-                st = status(
-                    "MESSAGE_NOT_FOUND",
-                    "no matching message" if result.status == "NO_MATCHED_MESSAGE" else "no new message",
-                )
         except Exception as exc:
-            st = status_of(exc, call="PullMessage")
+            return status_of(exc, call="PullMessage"), [], request.offset
+        if result.status == "FOUND":
+            st = ok()
+        elif result.status == "ILLEGAL_OFFSET":
+            st = status(
+                "ILLEGAL_OFFSET",
+                f"offset {request.offset} is outside {result.min_offset}.."
+                f"{result.max_offset}; resume at {result.next_offset}",
+            )
+        else:
+            st = status(
+                "MESSAGE_NOT_FOUND",
+                "no matching message" if result.status == "NO_MATCHED_MESSAGE" else "no new message",
+            )
+        return st, result.messages, result.next_offset
+
+    async def PullMessage(
+        self, request: pb.PullMessageRequest, context: Any
+    ) -> AsyncIterator[pb.PullMessageResponse]:
+        st, messages, next_offset = await self._pull(request, context)
         yield pb.PullMessageResponse(status=st)
+        topic = request.message_queue.topic
         for msg in messages:
-            yield pb.PullMessageResponse(message=convert.pulled_message(msg, request.message_queue.topic))
+            yield pb.PullMessageResponse(message=convert.message_fields(msg, topic))
         yield pb.PullMessageResponse(next_offset=next_offset)
+
+    async def PullMessages(self, request: pb.PullMessageRequest, context: Any) -> batch_pb.PullBatchResponse:
+        """siftmq's batch extension: PullMessage's answer in one frame."""
+        st, messages, next_offset = await self._pull(request, context)
+        topic = request.message_queue.topic
+        return batch_pb.PullBatchResponse(
+            status=st, messages=[convert.message_fields(m, topic) for m in messages], next_offset=next_offset
+        )
 
     async def UpdateOffset(self, request: pb.UpdateOffsetRequest, context: Any) -> pb.UpdateOffsetResponse:
         try:
