@@ -226,6 +226,7 @@ class Broker:
             )
         if len({m.topic for m in msgs}) != 1:
             raise BadRequestError("a batch must hold messages of one topic")
+        check_topic(msgs[0].topic, for_send=True)
         if len({m.message_id for m in msgs}) != len(msgs):
             raise BadRequestError("a batch holds the same message id twice", status="ILLEGAL_MESSAGE_ID")
         prepared = [self._prepare(m) for m in msgs]
@@ -266,8 +267,7 @@ class Broker:
         return [r for r in results if r is not None]
 
     def _prepare(self, msg: OutgoingMessage) -> tuple[dict[str, str], bytes]:
-        """Check one message; its stored properties and born host."""
-        check_topic(msg.topic, for_send=True)
+        """Check one message (its topic is checked once per batch); its stored properties and born host."""
         check_message_id(msg.message_id)
         if msg.message_group is not None:
             raise UnsupportedError(
@@ -1096,6 +1096,8 @@ def allocate_averagely(queues: list[int], members: list[str], member: str) -> li
 
 
 def _host_bytes(host: str) -> bytes | None:
+    if not host:
+        return None
     try:
         return encode_host(host, 0)
     except (ValueError, OSError):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from siftmq.filter import CompiledFilter, compile_filter
 from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol.fields import map_to_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ class ReceivedMessage:
             sp.message_id,
             sp.tag if sp.HasField("tag") else None,
             tuple(sp.keys),
-            dict(m.user_properties),
+            map_to_dict(m.user_properties),
             sp.queue_id,
             sp.queue_offset,
             sp.delivery_attempt or 1,

@@ -13,6 +13,7 @@ from siftmq.broker.model import PROPERTY_BORN_HOST, Delivery, OutgoingMessage, S
 from siftmq.broker.validation import qualified_name
 from siftmq.errors import BadRequestError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol.fields import map_to_dict
 from siftmq.store import StoredMessage
 from siftmq.store.codec import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 
@@ -28,7 +29,10 @@ _NORMAL = pb.MessageType.NORMAL
 
 
 def topic_name(resource: pb.Resource) -> str:
-    return qualified_name(resource.resource_namespace, resource.name)
+    return _qualified(resource.resource_namespace, resource.name)
+
+
+_qualified = functools.lru_cache(maxsize=4096)(qualified_name)  # per sent message: names repeat
 
 
 def duration_ms(d: Duration) -> int:
@@ -50,23 +54,24 @@ def subscription_of(topic: str, expression: pb.FilterExpression) -> Subscription
 def outgoing_message(msg: pb.Message, max_body_size: int) -> OutgoingMessage:
     sp = msg.system_properties
     body = msg.body
-    if sp.body_encoding == _GZIP:
+    encoding = sp.body_encoding
+    if encoding == _GZIP:
         body = _gunzip(body, max_body_size)
-    elif sp.body_encoding not in _PLAIN:
-        raise BadRequestError(f"unknown body encoding {sp.body_encoding}")
-    return OutgoingMessage(
-        topic=topic_name(msg.topic),
-        body=body,
-        message_id=sp.message_id,
-        tag=sp.tag if sp.HasField("tag") else None,
-        keys=list(sp.keys),
-        user_properties=dict(msg.user_properties),
-        born_timestamp_ms=timestamp_ms(sp.born_timestamp),
-        born_host=sp.born_host,
-        message_group=sp.message_group if sp.HasField("message_group") else None,
-        delivery_timestamp_ms=(
-            timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None
-        ),
+    elif encoding not in _PLAIN:
+        raise BadRequestError(f"unknown body encoding {encoding}")
+    keys = sp.keys
+    born = sp.born_timestamp
+    return OutgoingMessage(  # positional, in field order: this runs once per message sent
+        topic_name(msg.topic),
+        body,
+        sp.message_id,
+        sp.tag if sp.HasField("tag") else None,
+        list(keys) if len(keys) else [],
+        map_to_dict(msg.user_properties),
+        born.seconds * 1000 + born.nanos // 1_000_000,
+        sp.born_host,
+        sp.message_group if sp.HasField("message_group") else None,
+        timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
     )
 
 

@@ -323,22 +323,24 @@ class MessagingService:
     async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.topic)
-        entries = []
-        first_error: pb.Status | None = None
-        for entry in request.entries:
-            try:
-                await self._call(
-                    self.broker.ack, group, topic, entry.receipt_handle, client_id=_client_id(context)
-                )
-                st = ok()
-            except Exception as exc:
-                st = status_of(exc, call="AckMessage")
-                first_error = first_error or st
-            entries.append(
-                pb.AckMessageResultEntry(
-                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=st
-                )
-            )
+        client_id = _client_id(context)
+
+        def ack_each() -> list[pb.Status]:  # every entry in one worker-thread hop
+            statuses = []
+            for entry in request.entries:
+                try:
+                    self.broker.ack(group, topic, entry.receipt_handle, client_id=client_id)
+                    statuses.append(ok())
+                except Exception as exc:
+                    statuses.append(status_of(exc, call="AckMessage"))
+            return statuses
+
+        statuses = await self._call(ack_each)
+        entries = [
+            pb.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
+            for e, st in zip(request.entries, statuses, strict=True)
+        ]
+        first_error = next((st for st in statuses if st.code != pb.Code.OK), None)
         if not request.entries:
             first_error = status("BAD_REQUEST", "AckMessage has no entries")
         if first_error is not None and len(entries) > 1 and any(e.status.code == pb.Code.OK for e in entries):
