@@ -352,3 +352,34 @@ def test_poll_buffers_and_commit_resumes_at_the_first_unreturned_message(
             assert sorted(head + rest) == list(range(80)), mode  # nothing skipped, nothing twice
 
     run(scenario())
+
+
+def test_seek_drops_what_was_prefetched(start_broker: Any) -> None:
+    broker = start_broker()
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            for first in range(0, 80, 10):  # one queue per request: 8 queues of 10
+                await producer.send_many(
+                    [
+                        producer.message("SeekTopic", b"x", properties={"i": str(i)})
+                        for i in range(first, first + 10)
+                    ]
+                )
+        async with PullConsumer(broker.endpoint, "seekers", "SeekTopic") as c:
+            seen: list[int] = []
+            for _ in range(50):
+                seen += [int(m.properties["i"]) for m in await c.poll(3, timeout=0.2)]
+                if len(seen) >= 12:
+                    break
+            assert len(seen) >= 12 and len(set(seen)) == len(seen)
+            for qid in await c.assignment():  # pulls of every queue are in flight or buffered now
+                c.seek(qid, 0)
+            again: list[int] = []
+            for _ in range(50):
+                again += [int(m.properties["i"]) for m in await c.poll(7, timeout=0.2)]
+                if len(again) >= 80:
+                    break
+            assert sorted(again) == list(range(80))  # from the start again, each exactly once
+
+    run(scenario())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -345,3 +346,45 @@ def test_entry_pointing_at_a_foreign_record_is_corruption(open_store: Opener) ->
     cq1.put_entries(0, [(a.commit_log_offset, a.size + 1, 0)], None)
     with pytest.raises(CorruptRecordError, match="differs from index size"):
         store.get_messages("g", "T", 1, 0, 1)
+
+
+def test_mapped_reads_match_preads_and_grow_with_the_segment(open_store: Opener) -> None:
+    # a segment is read through a map once an eighth of it (here 128 KiB) was written past the map;
+    # the tail beyond the map is read with pread, and the map is made again as the segment grows
+    store = open_store()
+    store.put_messages([msg(body=bytes([i % 251]) * 1000, TAGS="A") for i in range(100)])
+    seg = store.commit_log.segments()[-1]
+    assert seg.read_mapped(0, 100) is None  # under 128 KiB written: not mapped yet
+    store.put_messages([msg(body=bytes([i % 251]) * 1000, TAGS="A") for i in range(100, 300)])
+    assert seg.read_mapped(0, 100) == seg.read(0, 100)
+    assert seg.read_map is not None
+    mapped = seg.read_map[1]
+    store.put_messages([msg(body=bytes([i % 251]) * 1000, TAGS="B") for i in range(300, 500)])
+    assert seg.read_mapped(mapped, 10) == seg.read(mapped, 10)  # made again, larger
+    assert seg.read_map[1] > mapped
+    store.put_message(msg(body=b"tail", TAGS="B"))  # beyond the map: read with pread
+    got: list[int] = []
+    offset = 0
+    while True:
+        res = store.get_messages("g", "T", 0, offset, 32, VectorTagFilter("B"))
+        got += [m.queue_offset for m in res.messages]
+        for m in res.messages:
+            assert m.body == (b"tail" if m.queue_offset == 500 else bytes([m.queue_offset % 251]) * 1000)
+        if res.status not in (S.FOUND, S.NO_MATCHED_MESSAGE):
+            break
+        offset = res.next_begin_offset
+    assert got == list(range(300, 501))
+
+
+def test_corrupt_record_in_a_mapped_segment_is_detected(open_store: Opener) -> None:
+    from siftmq.errors import CorruptRecordError
+
+    store = open_store()
+    recs = store.put_messages([msg(body=bytes([i % 251]) * 1000) for i in range(300)])
+    seg = store.commit_log.segments()[-1]
+    victim = recs[150]
+    os.pwrite(seg.fd, b"\xff", victim.commit_log_offset + 100)  # one body byte: the CRC fails
+    assert seg.read_mapped(0, 8) is not None
+    assert store.get_messages("g", "T", 0, 149, 1).messages[0].queue_offset == 149
+    with pytest.raises(CorruptRecordError, match="CRC mismatch"):
+        store.get_messages("g", "T", 0, 150, 1)

@@ -307,6 +307,8 @@ class PullConsumer(_Consumer):
         self._assigned: tuple[float, list[int]] | None = None
         self._offsets: dict[int, int] = {}  # where each queue's next pull starts
         self._buffered: dict[int, collections.deque[ReceivedMessage]] = {}  # pulled, not yet returned
+        self._fetching: dict[int, asyncio.Future[None]] = {}  # the pull in flight per queue
+        self._generation: dict[int, int] = {}  # bumped by seek/rebalance: an older pull's answer is dropped
         self._offset_file = (
             offset_dir or Path.home() / ".siftmq" / "offsets"
         ) / f"{group}@{self.connection.client_id}.json"
@@ -362,8 +364,16 @@ class PullConsumer(_Consumer):
 
     def seek(self, queue_id: int, offset: int) -> None:
         """Read ``queue_id`` from ``offset`` on the next poll (what was buffered from it is dropped)."""
-        self._buffered.pop(queue_id, None)
+        self._forget(queue_id)
         self._offsets[queue_id] = offset
+
+    def _forget(self, qid: int) -> None:
+        """Drop a queue's buffered messages and disown its pull in flight (its answer is discarded)."""
+        self._buffered.pop(qid, None)
+        self._generation[qid] = self._generation.get(qid, 0) + 1
+        task = self._fetching.pop(qid, None)
+        if task is not None:
+            task.cancel()
 
     def _resume_offset(self, qid: int) -> int:
         """Where this queue continues after a restart: its first message not yet returned by poll."""
@@ -373,42 +383,72 @@ class PullConsumer(_Consumer):
     async def poll(self, max_messages: int = 32, timeout: float = 0.0) -> list[ReceivedMessage]:
         """Up to ``max_messages`` from the assigned queues, waiting up to ``timeout`` for new ones.
 
-        Queues with nothing buffered are pulled concurrently, one request each (answered in one
-        frame when the broker offers siftmq's batch extension); what does not fit into this poll
-        stays buffered for the next, and :meth:`commit` stores the offset of the first message not
-        yet returned, so nothing buffered is skipped after a restart. Not safe to call concurrently.
+        Every queue with nothing buffered is pulled, concurrently (answered in one frame when the
+        broker offers siftmq's batch extension); what does not fit into this poll stays buffered, and
+        before returning, the queues this poll emptied are pulled again in the background (as
+        RocketMQ's consumers prefetch), so the next poll finds messages waiting. :meth:`commit`
+        stores the offset of the first message not yet returned: nothing buffered is skipped after a
+        restart. Not safe to call concurrently.
         """
+        self._reap()  # a background pull that failed raises here
         queues = await self._cached_assignment()
-        for qid in [q for q in self._buffered if q not in queues]:
+        for qid in [q for q in (*self._buffered, *self._fetching) if q not in queues]:
             self._offsets[qid] = self._resume_offset(qid)  # rebalanced away: its new owner reads them
-            del self._buffered[qid]
+            self._forget(qid)
         if sum(map(len, self._buffered.values())) < max_messages:
-            empty = [q for q in queues if not self._buffered.get(q)]
-            await asyncio.gather(*(self._fetch(q, max_messages, 0.0) for q in empty))
-            if timeout > 0 and not any(self._buffered.values()) and empty:
-                await self._long_poll(empty, max_messages, timeout)
+            self._prefetch(queues, max_messages)
+            await asyncio.gather(*self._fetching.values(), return_exceptions=True)
+            self._reap()
+            if timeout > 0 and not any(self._buffered.values()):
+                await self._long_poll(queues, max_messages, timeout)
         out: list[ReceivedMessage] = []
         for qid in queues:
             buffered = self._buffered.get(qid)
             while buffered and len(out) < max_messages:
                 out.append(buffered.popleft())
+        self._prefetch(queues, max_messages)
         return out
+
+    def _prefetch(self, queues: list[int], batch_size: int) -> None:
+        """Start a pull (no waiting) on every queue with nothing buffered and no pull in flight."""
+        for qid in queues:
+            if not self._buffered.get(qid) and qid not in self._fetching:
+                self._fetching[qid] = asyncio.ensure_future(self._fetch(qid, batch_size, 0.0))
+
+    def _reap(self) -> None:
+        """Forget finished pulls; raise the first failure among them."""
+        failure: BaseException | None = None
+        for qid, task in list(self._fetching.items()):
+            if task.done():
+                del self._fetching[qid]
+                if not task.cancelled() and task.exception() is not None and failure is None:
+                    failure = task.exception()
+        if failure is not None:
+            raise failure
 
     async def _long_poll(self, queues: list[int], max_messages: int, timeout: float) -> None:
         """Hold a pull on every queue; the first to find messages ends the wait (the rest are cancelled)."""
-        pending = {asyncio.ensure_future(self._fetch(q, max_messages, timeout)) for q in queues}
+        for qid in queues:
+            if qid not in self._fetching:
+                self._fetching[qid] = asyncio.ensure_future(self._fetch(qid, max_messages, timeout))
+        pending = set(self._fetching.values())
         try:
             while pending and not any(self._buffered.values()):
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    task.result()
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                self._reap()
         finally:
-            for task in pending:  # a cancelled pull moved no offset: nothing is skipped
-                task.cancel()
+            for qid, task in list(self._fetching.items()):
+                if task in pending:  # a cancelled pull moved no offset: nothing is skipped
+                    task.cancel()
+                    del self._fetching[qid]
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def _fetch(self, qid: int, batch_size: int, hold: float) -> None:
-        """One pull of queue ``qid``; re-checked messages are buffered and its position advanced."""
+        """One pull of queue ``qid``; re-checked messages are buffered and its position advanced.
+
+        The answer is dropped when the queue was sought or rebalanced away meanwhile.
+        """
+        generation = self._generation.get(qid, 0)
         request = pb.PullMessageRequest(
             group=self.connection.resource(self.group),
             message_queue=self._queue(qid),
@@ -418,6 +458,8 @@ class PullConsumer(_Consumer):
         )
         request.long_polling_timeout.FromMilliseconds(int(hold * 1000))
         answer = await self.connection.pull(request, timeout=hold + self.connection.request_timeout)
+        if self._generation.get(qid, 0) != generation:
+            return
         status = answer.status
         if status is not None and status.code == pb.Code.PRECONDITION_FAILED:
             self._assigned = None  # the queue moved to another member: ask again next time
@@ -429,6 +471,13 @@ class PullConsumer(_Consumer):
             self._buffered.setdefault(qid, collections.deque()).extend(accepted)
         if answer.next_offset is not None:
             self._offsets[qid] = answer.next_offset
+
+    async def stop(self) -> None:
+        tasks = list(self._fetching.values())
+        for qid in list(self._fetching):
+            self._forget(qid)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await super().stop()
 
     async def commit(self) -> None:
         """Store the current positions: on the broker (clustering) or in the local file (broadcasting)."""
@@ -450,5 +499,5 @@ class PullConsumer(_Consumer):
                     ),
                 )
             else:
-                self._buffered.pop(qid, None)
+                self._forget(qid)
                 del self._offsets[qid]  # rebalanced away: its new owner continues from the group's offset

@@ -308,15 +308,36 @@ def prepare(message: Message, *, max_body_size: int) -> EncodedParts:
         0,
         message.sys_flag,
         message.born_timestamp,
-        bytes(born_host),
+        born_host if type(born_host) is bytes else bytes(born_host),
         0,
-        bytes(store_host),
+        store_host if type(store_host) is bytes else bytes(store_host),
         message.reconsume_times,
         message.prepared_transaction_offset,
         body_length,
     )
-    record = bytearray(b"".join((header, body, topic_prefix, _U16.pack(properties_length), properties_bytes)))
-    return EncodedParts(message, topic_prefix[1:], properties_bytes, body_crc, size, record, properties)
+    record = _EMPTY.join((header, body, topic_prefix, _U16.pack(properties_length), properties_bytes))
+    parts: EncodedParts = _new_parts(EncodedParts)
+    _set_parts_message(parts, message)
+    _set_parts_topic_bytes(parts, topic_prefix[1:])
+    _set_parts_properties_bytes(parts, properties_bytes)
+    _set_parts_body_crc(parts, body_crc)
+    _set_parts_size(parts, size)
+    _set_parts_record(parts, record)
+    _set_parts_properties(parts, properties)
+    return parts
+
+
+_EMPTY: Final = bytearray()  # bytearray().join gives a bytearray without copying the joined bytes
+_new_parts: Final = object.__new__
+(
+    _set_parts_message,
+    _set_parts_topic_bytes,
+    _set_parts_properties_bytes,
+    _set_parts_body_crc,
+    _set_parts_size,
+    _set_parts_record,
+    _set_parts_properties,
+) = (EncodedParts.__dict__[f.name].__set__ for f in fields(EncodedParts))
 
 
 def finish_record(record: bytearray, queue_offset: int, physical_offset: int, store_timestamp: int) -> None:
@@ -523,6 +544,24 @@ def decode_for_queue(
     is called with the decoded properties first, and a record it rejects returns None without
     building a :class:`StoredMessage`.
     """
+    return decode_entry(
+        data, pos, offset, size, max_record_size, topic, topic.encode(), queue_id, queue_offset, accept
+    )
+
+
+def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per candidate of a pull
+    data: bytes,
+    pos: int,
+    offset: int,
+    size: int,
+    max_record_size: int,
+    topic: str,
+    topic_bytes: bytes,
+    queue_id: int,
+    queue_offset: int,
+    accept: Callable[[dict[str, str]], bool] | None,
+) -> StoredMessage | None:
+    """:func:`decode_for_queue` with positional arguments and the topic's bytes given."""
     if len(data) - pos < MIN_RECORD_SIZE:
         check_record(data, pos, offset, max_record_size=max_record_size)  # raises
     (
@@ -554,45 +593,61 @@ def decode_for_queue(
         # the precise error; when only the size differs, check_record passes
         check_record(data, pos, offset, max_record_size=max_record_size)
         raise CorruptRecordError(f"record size {total_size} differs from index size {size}", offset=offset)
-    if zlib.crc32(memoryview(data)[pos + _CRC_FROM : end]) != record_crc:
+    # a small record's bytes are copied faster than a memoryview is made
+    covered = (
+        data[pos + _CRC_FROM : end] if total_size <= _COPY_TO_CRC else memoryview(data)[pos + _CRC_FROM : end]
+    )
+    if zlib.crc32(covered) != record_crc:
         raise CorruptRecordError("record CRC mismatch", offset=offset)
     body_start = pos + HEADER_SIZE
     body_end = body_start + body_length
     if body_length < 0 or body_end + 3 > end:
         raise CorruptRecordError("inconsistent record fields (body length)", offset=offset)
     topic_end = body_end + 1 + data[body_end]
-    if topic_end + 2 > end or _U16.unpack_from(data, topic_end)[0] != end - topic_end - 2:
+    if topic_end + 2 > end or (data[topic_end] << 8 | data[topic_end + 1]) != end - topic_end - 2:
         raise CorruptRecordError("inconsistent record fields (topic or properties length)", offset=offset)
-    record_topic = data[body_end + 1 : topic_end]
-    if record_queue_id != queue_id or record_queue_offset != queue_offset or record_topic != topic.encode():
+    if (
+        record_queue_id != queue_id
+        or record_queue_offset != queue_offset
+        or topic_end - body_end - 1 != len(topic_bytes)
+        or not data.startswith(topic_bytes, body_end + 1)
+    ):
+        record_topic = data[body_end + 1 : topic_end]
         raise CorruptRecordError(
             f"consume queue {topic}:{queue_id} entry {queue_offset} points at a record of "
             f"{record_topic.decode('utf-8', 'replace')}:{record_queue_id}@{record_queue_offset}",
             offset=offset,
         )
-    try:
-        properties = decode_properties(data[topic_end + 2 : end])
-    except UnicodeDecodeError as exc:
-        raise CorruptRecordError(f"inconsistent record fields ({exc})", offset=offset) from exc
+    properties: dict[str, str] = {}
+    if topic_end + 2 < end:
+        try:
+            for item in data[topic_end + 2 : end].decode("utf-8").split(PROPERTY_SEPARATOR):
+                name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+                if sep:
+                    properties[name] = value
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError(f"inconsistent record fields ({exc})", offset=offset) from exc
     if accept is not None and not accept(properties):
         return None
-    return _new_stored_message(
-        (
-            topic,
-            data[body_start:body_end],
-            queue_id,
-            queue_offset,
-            offset,
-            total_size,
-            properties,
-            flag,
-            sys_flag,
-            born_timestamp,
-            born_host,
-            store_timestamp,
-            store_host,
-            reconsume_times,
-            prepared_transaction_offset,
-            body_crc,
-        )
-    )
+    msg: StoredMessage = _new_message(StoredMessage)
+    _set_topic(msg, topic)
+    _set_body(msg, data[body_start:body_end])
+    _set_queue_id(msg, queue_id)
+    _set_queue_offset(msg, queue_offset)
+    _set_commit_log_offset(msg, offset)
+    _set_store_size(msg, total_size)
+    _set_properties(msg, properties)
+    _set_flag(msg, flag)
+    _set_sys_flag(msg, sys_flag)
+    _set_born_timestamp(msg, born_timestamp)
+    _set_born_host(msg, born_host)
+    _set_store_timestamp(msg, store_timestamp)
+    _set_store_host(msg, store_host)
+    _set_reconsume_times(msg, reconsume_times)
+    _set_prepared_transaction_offset(msg, prepared_transaction_offset)
+    _set_body_crc(msg, body_crc)
+    return msg
+
+
+_new_message: Final = object.__new__
+_COPY_TO_CRC: Final = 4096

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import bisect
 import logging
+import struct
 import threading
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -28,6 +30,11 @@ from siftmq.store.segment import Segment, list_segment_starts
 _log = logging.getLogger(__name__)
 
 _SCAN_CHUNK = 4 * 1024 * 1024
+# codec.finish_record, inlined by the one-record append
+_pack_positions = struct.Struct(">qq").pack_into  # queue_offset, physical_offset at 24
+_pack_timestamp = struct.Struct(">q").pack_into  # store_timestamp at 60
+_pack_crc = struct.Struct(">I").pack_into  # record_crc at 8, of bytes [12, total_size)
+_crc32 = zlib.crc32
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +142,8 @@ class CommitLog:
         segment touched. Raises :class:`StoreError` if the write fails; then nothing of the batch
         is visible and no queue offset was consumed.
         """
+        if len(batch) == 1:
+            return [self._append_one(batch[0], store_timestamp)]
         results: list[AppendedRecord] = []
         assigned: dict[tuple[str, int], int] = {}  # queue offsets, published after the write
         queue_offsets = self.queue_offsets
@@ -175,6 +184,32 @@ class CommitLog:
         queue_offsets.update(assigned)
         return results
 
+    def _append_one(self, parts: EncodedParts, store_timestamp: int) -> AppendedRecord:
+        """:meth:`append` of one record."""
+        size = parts.size
+        if size > self.max_record_size:
+            raise MessageTooLargeError(f"record of {size} bytes exceeds the limit {self.max_record_size}")
+        segments = self._segments
+        seg = segments[-1] if segments else self._new_segment(0)
+        physical = seg.start_offset + seg.length
+        message = parts.message
+        key = (message.topic, message.queue_id)
+        queue_offset = self.queue_offsets.get(key, 0)
+        record = parts.record
+        try:
+            if physical + size > seg.start_offset + seg.capacity - codec.BLANK_MARKER_SIZE:
+                seg.write(codec.encode_blank(seg.start_offset + seg.capacity - physical))
+                seg = self._new_segment(seg.start_offset + self.segment_size)
+                physical = seg.start_offset
+            _pack_positions(record, 24, queue_offset, physical)
+            _pack_timestamp(record, 60, store_timestamp)
+            _pack_crc(record, 8, _crc32(memoryview(record)[12:]))
+            seg.write(record)
+        except OSError as exc:
+            raise StoreError(f"commit log write failed: {exc}") from exc
+        self.queue_offsets[key] = queue_offset + 1
+        return _new_appended_record(key[0], key[1], queue_offset, physical, size, store_timestamp)
+
     @staticmethod
     def _write(seg: Segment, chunks: list[bytes | bytearray]) -> None:
         seg.write(b"".join(chunks))
@@ -214,6 +249,13 @@ class CommitLog:
         if i < 0:
             return None
         return segments[i]
+
+    def segment_holding(self, offset: int) -> Segment | None:
+        """The segment whose range holds ``offset``; None when that is not stored (removed or beyond)."""
+        seg = self._segment_for(offset)
+        if seg is None or offset < self.min_offset or offset - seg.start_offset >= seg.capacity:
+            return None
+        return seg
 
     def _locate(self, offset: int) -> tuple[Segment, int] | None:
         """The segment holding ``offset`` and the position in it; None when it is not stored."""

@@ -72,48 +72,60 @@ class LazyCqExtBlock(CqExtBlock):
     """A :class:`CqExtBlock` whose units are read from the file on first use of a field.
 
     get_messages hands one to ``match_consume_queue_block``, so filters that look only at the
-    tags codes (tag subscriptions) do not pay for reading and checking the extension units.
-    Reading it when the units are gone meanwhile (retention) gives an empty block.
+    tags codes (tag subscriptions) do not pay for reading and checking the extension units, and
+    each field is computed only when used. Reading it when the units are gone meanwhile
+    (retention) gives an empty block.
     """
 
-    __slots__ = ("_count", "_ext", "_loaded", "_queue_offset")
+    __slots__ = ("_count", "_ext", "_present", "_queue_offset", "_units")
     _ext: ConsumeQueueExt
     _queue_offset: int
     _count: int
-    _loaded: CqExtBlock | None
+    _units: npt.NDArray[np.void] | None
+    _present: npt.NDArray[np.bool_] | None
 
     def __init__(self, ext: ConsumeQueueExt, queue_offset: int, count: int) -> None:
-        object.__setattr__(self, "_ext", ext)
-        object.__setattr__(self, "_queue_offset", queue_offset)
-        object.__setattr__(self, "_count", count)
-        object.__setattr__(self, "_loaded", None)
+        _set_lazy_ext(self, ext)
+        _set_lazy_queue_offset(self, queue_offset)
+        _set_lazy_count(self, count)
+        _set_lazy_units(self, None)
+        _set_lazy_present(self, None)
 
-    def _load(self) -> CqExtBlock:
-        loaded = self._loaded
-        if loaded is None:
-            loaded = self._ext.read_block(self._queue_offset, self._count) or self._ext.empty_block()
-            object.__setattr__(self, "_loaded", loaded)
-        return loaded
+    def _load(self) -> npt.NDArray[np.void]:
+        units = self._units
+        if units is None:
+            units = self._ext.read_units(self._queue_offset, self._count)
+            _set_lazy_units(self, units)
+        return units
 
     @property
     def store_timestamps(self) -> npt.NDArray[np.int64]:
-        return self._load().store_timestamps
+        return self._load()["store_timestamp"]
 
     @property
     def tags_codes(self) -> npt.NDArray[np.int64]:
-        return self._load().tags_codes
+        return self._load()["tags_code"]
 
     @property
     def bitmap_lengths(self) -> npt.NDArray[np.uint16]:
-        return self._load().bitmap_lengths
+        return self._load()["bitmap_length"]
 
     @property
     def bitmaps(self) -> npt.NDArray[np.uint8]:
-        return self._load().bitmaps
+        return self._load()["bitmap"]
 
     @property
     def present(self) -> npt.NDArray[np.bool_]:
-        return self._load().present
+        present = self._present
+        if present is None:
+            present = self._ext.present_of(self._load())
+            _set_lazy_present(self, present)
+        return present
+
+
+_set_lazy_count, _set_lazy_ext, _set_lazy_present, _set_lazy_queue_offset, _set_lazy_units = (
+    getattr(LazyCqExtBlock, name).__set__ for name in LazyCqExtBlock.__slots__
+)
 
 
 class ConsumeQueueExt:
@@ -193,7 +205,24 @@ class ConsumeQueueExt:
             return None
         arr = np.frombuffer(data, dtype=self._dtype)
         # read-only views of the file data (big-endian): no copy unless a filter computes with them
-        ts = arr["store_timestamp"]
-        lengths = arr["bitmap_length"]
-        present = (ts != 0) & (lengths <= self.bitmap_size)
-        return CqExtBlock(ts, arr["tags_code"], lengths, arr["bitmap"], present)
+        return CqExtBlock(
+            arr["store_timestamp"],
+            arr["tags_code"],
+            arr["bitmap_length"],
+            arr["bitmap"],
+            self.present_of(arr),
+        )
+
+    def read_units(self, queue_offset: int, count: int) -> npt.NDArray[np.void]:
+        """The units of ``count`` consecutive offsets as a structured array (empty if none is stored)."""
+        data = None
+        if queue_offset >= self.log.min_index:
+            data = self.log.read(queue_offset, count, within_segment=False)
+        return np.frombuffer(data or b"", dtype=self._dtype)
+
+    def present_of(self, units: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+        """Which of the structured ``units`` hold data."""
+        present: npt.NDArray[np.bool_] = (units["store_timestamp"] != 0) & (
+            units["bitmap_length"] <= self.bitmap_size
+        )
+        return present

@@ -44,10 +44,17 @@ class KeyIndex:
         Batches may arrive slightly out of CommitLog order (sync mode indexes after the group
         commit); the maps stay ordered: the newest offset wins, key lists stay sorted.
         """
+        keyed = [
+            (rec, props)
+            for rec, props in zip(records, properties, strict=True)
+            if PROPERTY_UNIQ_KEY in props or PROPERTY_KEYS in props
+        ]
+        if not keyed:
+            return
         with self._lock:
             by_uniq_key = self._by_uniq_key
             by_key = self._by_key
-            for rec, props in zip(records, properties, strict=True):
+            for rec, props in keyed:
                 offset = rec.commit_log_offset
                 uniq_key = props.get(PROPERTY_UNIQ_KEY)
                 if uniq_key and by_uniq_key.get(uniq_key, -1) < offset:

@@ -1,13 +1,20 @@
 """Fixed-size segment files named by their 20-digit zero-padded start offset.
 
-Segments use plain positional file I/O (``os.pwrite``/``os.pread``); no mmap, so a file's
-length is exactly the bytes written and a torn tail is simply a short file. Both the CommitLog
-(byte offsets) and the ConsumeQueue (byte offsets of 20-byte entries) are made of segments.
+Segments are written with positional file I/O (``os.pwrite``), never through a map, so a
+file's length is exactly the bytes written and a torn tail is simply a short file. Both the
+CommitLog (byte offsets) and the ConsumeQueue (byte offsets of 20-byte entries) are made of segments.
+
+Reads use ``os.pread``; the CommitLog also reads through :meth:`Segment.read_mapped`, a read-only
+map of the file's first bytes (made when enough was written, extended in steps), which slices a
+record out without a system call. A map is only ever made of bytes the file already has, and a
+file is cut shorter (:meth:`Segment.truncate`) only while nobody reads it (recovery), so a map
+never covers a hole past the end of its file.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import re
 from dataclasses import dataclass, field
@@ -18,6 +25,7 @@ _log = logging.getLogger(__name__)
 
 NAME_DIGITS: Final = 20
 _NAME_RE: Final = re.compile(r"^\d{20}$")
+MAP_STEP: Final = 4 * 1024 * 1024  # read_mapped maps again once this many more bytes were written
 
 
 def segment_name(start_offset: int) -> str:
@@ -73,6 +81,8 @@ class Segment:
     fd: int = -1
     length: int = 0
     dirty: bool = field(default=False)
+    # (map, mapped length): a read-only map of the file's first bytes, replaced as a whole
+    read_map: tuple[mmap.mmap, int] | None = None
 
     @property
     def path(self) -> Path:
@@ -118,6 +128,27 @@ class Segment:
             return b""
         return os.pread(self.fd, size, pos)
 
+    def read_mapped(self, pos: int, size: int) -> bytes | None:
+        """``size`` bytes at ``pos`` sliced from the read map; None when they are not mapped.
+
+        The map is made (or made again, larger) when at least :data:`MAP_STEP` bytes (an eighth
+        of a smaller segment) that it does not cover were written; until then the caller reads
+        with :meth:`read`. A page not in the page cache is read from disk holding the GIL.
+        """
+        mapped = self.read_map
+        if mapped is not None and pos + size <= mapped[1]:
+            return mapped[0][pos : pos + size]
+        length = self.length
+        unmapped = length - (0 if mapped is None else mapped[1])
+        if unmapped < min(MAP_STEP, self.capacity >> 3) or unmapped <= 0 or pos + size > length:
+            return None
+        try:
+            mm = mmap.mmap(self.fd, length, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # closed meanwhile (retention), or cannot map: read instead
+            return None
+        self.read_map = (mm, length)  # the old map goes when its last reader drops it
+        return mm[pos : pos + size]
+
     def flush(self) -> None:
         """fdatasync the file if it was written since the last flush."""
         if self.dirty:
@@ -125,13 +156,15 @@ class Segment:
             os.fdatasync(self.fd)
 
     def truncate(self, length: int) -> None:
-        """Cut the file to ``length`` bytes and make it durable."""
+        """Cut the file to ``length`` bytes and make it durable (nobody may read it meanwhile)."""
+        self.read_map = None
         os.ftruncate(self.fd, length)
         os.fsync(self.fd)
         self.length = length
 
     def close(self) -> None:
-        """Close the file descriptor."""
+        """Close the file descriptor (a map goes when its last reader drops it)."""
+        self.read_map = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -47,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
+from typing import Final
 
 import numpy as np
 
@@ -62,7 +63,7 @@ from siftmq.store.filtering import GetMessageResult, GetMessageStatus, MessageFi
 from siftmq.store.keyindex import KeyIndex
 from siftmq.store.offline import finish_pending_install
 from siftmq.store.recovery import Checkpoint, recover
-from siftmq.store.segment import fsync_dir
+from siftmq.store.segment import Segment, fsync_dir
 
 _log = logging.getLogger(__name__)
 
@@ -74,6 +75,22 @@ _REPUT_SMALL_BACKLOG = 64  # puts pending below which the reput thread lingers
 _MAX_DISPATCH_LAG = 32 * 1024 * 1024  # CommitLog bytes appended but not dispatched before appenders help
 _READ_GAP = 16 * 1024  # candidates at most this far apart are read with one pread (a copy is cheaper)
 _READ_SPAN = 256 * 1024  # most bytes read at once for a run of candidates
+_CANDIDATE_CHUNK = 64  # index candidates converted to Python ints at once (more if needed)
+
+_make_result: Final = codec.frozen_slots_constructor(GetMessageResult)
+
+
+def _new_result(  # noqa: PLR0917 - the fields, in order
+    status: GetMessageStatus,
+    next_begin_offset: int,
+    min_offset: int,
+    max_offset: int,
+    messages: list[StoredMessage],
+    scanned: int,
+) -> GetMessageResult:
+    """``GetMessageResult(...)`` minus the frozen ``__init__`` (see ``codec.frozen_slots_constructor``)."""
+    return _make_result((status, next_begin_offset, min_offset, max_offset, messages, scanned))
+
 
 MessageArrivingListener = Callable[[str, int, int], None]
 """Called with ``(topic, queue_id, max_offset)`` when entries were dispatched to that queue."""
@@ -636,15 +653,17 @@ class MessageStore:
         *,
         bounds: tuple[int, int],
     ) -> GetMessageResult:
-        """Read the records of the index candidates; runs of nearby ones with one pread each."""
+        """Read the records of the index candidates: each sliced from its segment's read map, or
+        (not mapped yet) runs of nearby ones with one pread each."""
         min_offset, max_offset = bounds
         n = len(entries)
         candidates = self._index_candidates(cq, entries, offset, message_filter)
-        cand_index: list[int] = candidates.tolist()
-        cand_offset: list[int] = entries["commit_log_offset"][candidates].tolist()
-        cand_size: list[int] = entries["size"][candidates].tolist()
+        count = len(candidates)
+        if count == 0:
+            return _new_result(GetMessageStatus.NO_MATCHED_MESSAGE, offset + n, min_offset, max_offset, [], n)
         accept = message_filter.is_matched_by_commit_log if message_filter is not None else None
         status = GetMessageStatus.NO_MATCHED_MESSAGE
+        found = GetMessageStatus.FOUND
         messages: list[StoredMessage] = []
         total = 0
         next_phy_file_start = -1
@@ -655,69 +674,89 @@ class MessageStore:
         commit_log = self.commit_log
         segment_size = commit_log.segment_size
         max_record_size = commit_log.max_record_size
-        decode = codec.decode_for_queue
+        decode = codec.decode_entry
         topic, queue_id = cq.topic, cq.queue_id
+        topic_bytes = topic.encode()
+        seg: Segment | None = None  # the segment of the previous candidate
+        seg_start = seg_end = 0
         span = b""  # the bytes of [span_start, span_end) of the CommitLog
         span_start = span_end = 0
-        count = len(cand_index)
-        for j in range(count):
-            idx = cand_index[j]
-            phy = cand_offset[j]
-            size = cand_size[j]
-            if phy < next_phy_file_start:
-                continue
-            if messages and (len(messages) >= max_msgs or total + size > max_bytes):
-                scanned = idx
-                break
-            plausible = 0 < size <= max_record_size
-            if not plausible or phy < span_start or phy + size > span_end:
-                # read this record and the following candidates that are close by, at once
-                end = phy + size if plausible else phy + 1
-                segment_end = phy - phy % segment_size + segment_size
-                k = j + 1
-                while plausible and k < count:
-                    nxt = cand_offset[k]
-                    nxt_end = nxt + cand_size[k]
-                    if not end <= nxt < nxt_end <= min(segment_end, phy + _READ_SPAN, nxt + max_record_size):
-                        break
-                    if nxt - end > _READ_GAP:
-                        break
-                    end = nxt_end
-                    k += 1
-                data = commit_log.read_range(phy, end - phy)
-                if data is None:
-                    if not messages:
-                        status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                        removing_at = idx
-                    next_phy_file_start = commit_log.roll_next_file(phy)
+        # candidates as Python ints, a chunk at a time (an unfiltered pull needs only the first few)
+        chunk = count if count <= _CANDIDATE_CHUNK else max(_CANDIDATE_CHUNK, 2 * max_msgs)
+        done = 0
+        while done < count:
+            chunk_index: list[int] = candidates[done : done + chunk].tolist()
+            chunk_rows: list[tuple[int, int, int]] = entries[candidates[done : done + chunk]].tolist()
+            done += len(chunk_index)
+            chunk = _CANDIDATE_CHUNK * 4
+            stop = False
+            count_here = len(chunk_index)
+            for j in range(count_here):
+                idx = chunk_index[j]
+                phy, size, _tags_code = chunk_rows[j]
+                if phy < next_phy_file_start:
                     continue
-                if not plausible:
-                    raise CorruptRecordError(f"implausible record size {size}", offset=phy)
-                span, span_start, span_end = data, phy, phy + len(data)
-            msg = decode(
-                span,
-                phy - span_start,
-                phy,
-                size,
-                max_record_size=max_record_size,
-                topic=topic,
-                queue_id=queue_id,
-                queue_offset=offset + idx,
-                accept=accept,
-            )
-            if msg is None:  # rejected by the exact (CommitLog) stage of the filter
-                continue
-            messages.append(msg)
-            total += size
-            status = GetMessageStatus.FOUND
-            next_phy_file_start = -1
-        if status is GetMessageStatus.MESSAGE_WAS_REMOVING and len(candidates) < n:
+                if messages and (len(messages) >= max_msgs or total + size > max_bytes):
+                    scanned = idx
+                    stop = True
+                    break
+                plausible = 0 < size <= max_record_size
+                data = None
+                if plausible:
+                    if not seg_start <= phy < seg_end:
+                        seg = commit_log.segment_holding(phy)
+                        if seg is not None:
+                            seg_start = seg.start_offset
+                            seg_end = seg_start + seg.capacity
+                    if seg is not None and phy - seg_start + size <= seg.length:
+                        data = seg.read_mapped(phy - seg_start, size)
+                if data is not None:
+                    buf, at = data, 0
+                else:
+                    if not plausible or phy < span_start or phy + size > span_end:
+                        # read this record and the following candidates that are close by, at once
+                        end = phy + size if plausible else phy + 1
+                        segment_end = phy - phy % segment_size + segment_size
+                        k = j + 1
+                        while plausible and k < count_here:
+                            nxt, nxt_size, _ = chunk_rows[k]
+                            nxt_end = nxt + nxt_size
+                            span_limit = min(segment_end, phy + _READ_SPAN, nxt + max_record_size)
+                            if not end <= nxt < nxt_end <= span_limit:
+                                break
+                            if nxt - end > _READ_GAP:
+                                break
+                            end = nxt_end
+                            k += 1
+                        read = commit_log.read_range(phy, end - phy)
+                        if read is None:
+                            if not messages:
+                                status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                                removing_at = idx
+                            next_phy_file_start = commit_log.roll_next_file(phy)
+                            continue
+                        if not plausible:
+                            raise CorruptRecordError(f"implausible record size {size}", offset=phy)
+                        span, span_start, span_end = read, phy, phy + len(read)
+                    buf, at = span, phy - span_start
+                msg = decode(
+                    buf, at, phy, size, max_record_size, topic, topic_bytes, queue_id, offset + idx, accept
+                )
+                if msg is None:  # rejected by the exact (CommitLog) stage of the filter
+                    continue
+                messages.append(msg)
+                total += size
+                status = found
+                next_phy_file_start = -1
+            if stop:
+                break
+        if status is GetMessageStatus.MESSAGE_WAS_REMOVING and count < n:
             # RocketMQ flips to NO_MATCHED_MESSAGE when an index-rejected entry follows
             rejected = np.ones(n, dtype=bool)
             rejected[candidates] = False
             if rejected[removing_at + 1 : scanned].any():
                 status = GetMessageStatus.NO_MATCHED_MESSAGE
-        return GetMessageResult(status, offset + scanned, min_offset, max_offset, messages, scanned)
+        return _new_result(status, offset + scanned, min_offset, max_offset, messages, scanned)
 
     def _index_candidates(
         self, cq: ConsumeQueue, entries: np.ndarray, offset: int, message_filter: MessageFilter | None
@@ -730,10 +769,13 @@ class MessageStore:
         match_block = getattr(message_filter, "match_consume_queue_block", None)
         if match_block is not None:
             lazy_ext = cq.ext.lazy_block(offset, n) if cq.ext is not None else None
-            mask = np.asarray(match_block(tags_codes, lazy_ext), dtype=bool)
+            mask = match_block(tags_codes, lazy_ext)
+            if type(mask) is not np.ndarray or mask.dtype != np.bool_:
+                mask = np.asarray(mask, dtype=bool)
             if mask.shape != (n,):
                 raise ValueError(f"match_consume_queue_block returned shape {mask.shape}, expected ({n},)")
-            return np.flatnonzero(mask)
+            found: np.ndarray = mask.nonzero()[0]
+            return found
         ext_block = cq.ext.read_block(offset, n) if cq.ext is not None else None
         have_ext = 0 if ext_block is None else len(ext_block.present)
         keep = [
