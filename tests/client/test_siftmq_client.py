@@ -309,6 +309,15 @@ def test_client_falls_back_when_the_broker_has_no_batch_extension(start_broker: 
     run(scenario())
 
 
+async def _spread(endpoint: str, topic: str) -> None:
+    """80 messages (property i = 0..79), 10 on each of 8 queues: one queue per request."""
+    async with Producer(endpoint) as producer:
+        for first in range(0, 80, 10):
+            await producer.send_many(
+                [producer.message(topic, b"x", properties={"i": str(i)}) for i in range(first, first + 10)]
+            )
+
+
 def test_poll_buffers_and_commit_resumes_at_the_first_unreturned_message(
     start_broker: Any, tmp_path: Path
 ) -> None:
@@ -323,14 +332,7 @@ def test_poll_buffers_and_commit_resumes_at_the_first_unreturned_message(
         return got
 
     async def scenario() -> None:
-        async with Producer(broker.endpoint) as producer:
-            for first in range(0, 80, 10):  # one queue per request: 8 queues of 10
-                await producer.send_many(
-                    [
-                        producer.message("BufTopic", b"x", properties={"i": str(i)})
-                        for i in range(first, first + 10)
-                    ]
-                )
+        await _spread(broker.endpoint, "BufTopic")
         for mode, group in ((None, "buffered"), ("BROADCASTING", "buffered-bc")):
             first = PullConsumer(broker.endpoint, group, "BufTopic", mode=mode, offset_dir=tmp_path)
             await first.start()
@@ -358,14 +360,7 @@ def test_seek_drops_what_was_prefetched(start_broker: Any) -> None:
     broker = start_broker()
 
     async def scenario() -> None:
-        async with Producer(broker.endpoint) as producer:
-            for first in range(0, 80, 10):  # one queue per request: 8 queues of 10
-                await producer.send_many(
-                    [
-                        producer.message("SeekTopic", b"x", properties={"i": str(i)})
-                        for i in range(first, first + 10)
-                    ]
-                )
+        await _spread(broker.endpoint, "SeekTopic")
         async with PullConsumer(broker.endpoint, "seekers", "SeekTopic") as c:
             seen: list[int] = []
             for _ in range(50):
