@@ -83,6 +83,9 @@ class BrokerConfig:
     # siftmq's batch extension (one frame per pull/receive answer); siftmq clients fall back to the
     # standard one-message-per-frame calls when it is off
     batch_extension: bool = True
+    # threads that serve pull and receive reads: CPU-bound reads in many threads lose time fighting
+    # over the GIL (measured 2026-11-22: broker CPU per pulled message ~32 us with 1, ~38 us with 64)
+    read_threads: int = 1
     max_delivery_attempts: int = 16
     retry_backoff_s: tuple[float, ...] = field(default=DEFAULT_RETRY_BACKOFF_S)
     consumer_state_flush_ms: int = 1000
@@ -111,6 +114,7 @@ class BrokerConfig:
             "max_batch_size",
             "max_pull_batch_size",
             "max_pull_bytes",
+            "read_threads",
             "max_delivery_attempts",
             "consumer_state_flush_ms",
             "flush_interval_ms",

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import TypeVar
 
 from siftmq.broker.broker import Broker
@@ -65,21 +66,23 @@ async def _long_poll(
     *,
     done: Callable[[T], bool],
     next_due_ms: Callable[[], int | None] | None = None,
+    executor: Executor | None = None,
 ) -> T:
-    """Run ``attempt`` (in a worker thread) until ``done`` says so or ``hold_s`` has passed.
+    """Run ``attempt`` (in ``executor``, else the loop's default) until ``done`` or ``hold_s`` has passed.
 
     Between attempts it sleeps until a message arrives on ``topic`` or, with ``next_due_ms``,
     until the earliest redelivery falls due.
     """
     deadline = time.monotonic() + max(hold_s, 0.0)
+    loop = asyncio.get_running_loop()
     while True:
         seen = notifier.version(topic)
-        result = await asyncio.to_thread(attempt)
+        result = await loop.run_in_executor(executor, attempt)
         remaining = deadline - time.monotonic()
         if done(result) or remaining <= 0:
             return result
         if next_due_ms is not None:
-            due = await asyncio.to_thread(next_due_ms)
+            due = await loop.run_in_executor(executor, next_due_ms)
             if due is not None:
                 remaining = min(remaining, max(due - time.time() * 1000, 0) / 1000 + 0.005)
         await notifier.wait(topic, seen, max(remaining, 0.001))
@@ -96,6 +99,7 @@ async def receive_long_polling(
     invisible_ms: int | None,
     hold_s: float,
     client_id: str = "",
+    executor: Executor | None = None,
 ) -> list[Delivery]:
     """:meth:`Broker.receive`, waiting up to ``hold_s`` seconds for something to deliver."""
     receive = functools.partial(
@@ -108,7 +112,9 @@ async def receive_long_polling(
         invisible_ms=invisible_ms,
     )
     next_due = functools.partial(broker.next_redelivery_ms, group, subscription.topic, client_id)
-    return await _long_poll(notifier, subscription.topic, hold_s, receive, done=bool, next_due_ms=next_due)
+    return await _long_poll(
+        notifier, subscription.topic, hold_s, receive, done=bool, next_due_ms=next_due, executor=executor
+    )
 
 
 async def pull_long_polling(
@@ -122,11 +128,17 @@ async def pull_long_polling(
     batch_size: int,
     hold_s: float,
     client_id: str = "",
+    executor: Executor | None = None,
 ) -> PullResult:
     """:meth:`Broker.pull`, waiting up to ``hold_s`` seconds while the queue has nothing new."""
     pull = functools.partial(
         broker.pull, group, subscription, queue_id, offset, batch_size, client_id=client_id
     )
     return await _long_poll(
-        notifier, subscription.topic, hold_s, pull, done=lambda r: r.status != "NO_NEW_MESSAGE"
+        notifier,
+        subscription.topic,
+        hold_s,
+        pull,
+        done=lambda r: r.status != "NO_NEW_MESSAGE",
+        executor=executor,
     )

@@ -59,6 +59,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
     """Run a broker until SIGTERM/SIGINT; prints the ready line once it accepts calls."""
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(RPC_THREADS, thread_name_prefix="siftmq-rpc"))
+    reads = ThreadPoolExecutor(config.read_threads, thread_name_prefix="siftmq-read")
     broker = Broker(config)
     broker.start()
     try:
@@ -72,7 +73,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             ]
         )
         server.add_generic_rpc_handlers(
-            _handlers(MessagingService(broker, notifier), batch_extension=config.batch_extension)
+            _handlers(MessagingService(broker, notifier, reads), batch_extension=config.batch_extension)
         )
         host, _ = parse_listen(config.listen)
         try:
@@ -103,6 +104,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             await admin.stop()
         await server.stop(SHUTDOWN_GRACE_S)
     finally:
+        reads.shutdown(cancel_futures=True)
         broker.close()
     print("siftmq broker stopped", flush=True)
 

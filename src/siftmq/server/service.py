@@ -11,6 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
 from typing import Any
 
 import grpc
@@ -33,6 +34,7 @@ _log = logging.getLogger(__name__)
 DEADLINE_MARGIN_S = 0.5
 PRODUCER_MAX_ATTEMPTS = 3
 MESSAGE_MODEL_HEADER = "x-siftmq-message-model"
+_OK_FIELDS: dict[str, Any] = {"code": pb.Code.OK, "message": "OK"}  # ok() as constructor arguments
 
 
 def _header(context: grpc.aio.ServicerContext[Any, Any], name: str, limit: int) -> str | None:
@@ -82,10 +84,14 @@ def _seconds(seconds: float) -> Duration:
 class MessagingService:
     """One instance per server; ``notifier`` drives long polling."""
 
-    def __init__(self, broker: Broker, notifier: ArrivalNotifier) -> None:
+    def __init__(
+        self, broker: Broker, notifier: ArrivalNotifier, read_executor: Executor | None = None
+    ) -> None:
         self.broker = broker
         self.notifier = notifier
         self.config = broker.config
+        #: where pulls and receives read (few threads: CPU-bound reads in many threads fight over the GIL)
+        self.read_executor = read_executor
 
     @staticmethod
     async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -216,11 +222,11 @@ class MessagingService:
         except Exception as exc:
             st = status_of(exc, call="SendMessage")
             return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)])
-        st = ok()
+        # entries as dicts: protobuf builds them in C, twice as fast as objects
         entries = [
-            pb.SendResultEntry(status=st, message_id=r.message_id, offset=r.queue_offset) for r in results
+            {"status": _OK_FIELDS, "message_id": r.message_id, "offset": r.queue_offset} for r in results
         ]
-        return pb.SendMessageResponse(status=ok(), entries=entries)
+        return pb.SendMessageResponse(status=_OK_FIELDS, entries=entries)
 
     def _send(self, request: pb.SendMessageRequest) -> list[Any]:
         """Decode (bounded: count first, then the decompressed total) and store, in a worker thread."""
@@ -293,6 +299,7 @@ class MessagingService:
                 invisible_ms=invisible,
                 hold_s=hold,
                 client_id=_client_id(context),
+                executor=self.read_executor,
             )
         except Exception as exc:
             return status_of(exc, call="ReceiveMessage"), []
@@ -405,6 +412,7 @@ class MessagingService:
                 batch_size=request.batch_size or 32,
                 hold_s=hold,
                 client_id=_client_id(context),
+                executor=self.read_executor,
             )
         except Exception as exc:
             return status_of(exc, call="PullMessage"), [], request.offset
