@@ -60,6 +60,8 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(RPC_THREADS, thread_name_prefix="siftmq-rpc"))
     reads = ThreadPoolExecutor(config.read_threads, thread_name_prefix="siftmq-read")
+    send_threads = config.send_threads or (1 if config.flush == "async" else RPC_THREADS)
+    sends = ThreadPoolExecutor(send_threads, thread_name_prefix="siftmq-send")
     broker = Broker(config)
     broker.start()
     try:
@@ -72,9 +74,8 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
                 ("grpc.max_send_message_length", -1),
             ]
         )
-        server.add_generic_rpc_handlers(
-            _handlers(MessagingService(broker, notifier, reads), batch_extension=config.batch_extension)
-        )
+        service = MessagingService(broker, notifier, reads, sends)
+        server.add_generic_rpc_handlers(_handlers(service, batch_extension=config.batch_extension))
         host, _ = parse_listen(config.listen)
         try:
             port = server.add_insecure_port(config.listen)
@@ -105,6 +106,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
         await server.stop(SHUTDOWN_GRACE_S)
     finally:
         reads.shutdown(cancel_futures=True)
+        sends.shutdown()
         broker.close()
     print("siftmq broker stopped", flush=True)
 

@@ -85,13 +85,19 @@ class MessagingService:
     """One instance per server; ``notifier`` drives long polling."""
 
     def __init__(
-        self, broker: Broker, notifier: ArrivalNotifier, read_executor: Executor | None = None
+        self,
+        broker: Broker,
+        notifier: ArrivalNotifier,
+        read_executor: Executor | None = None,
+        send_executor: Executor | None = None,
     ) -> None:
         self.broker = broker
         self.notifier = notifier
         self.config = broker.config
-        #: where pulls and receives read (few threads: CPU-bound reads in many threads fight over the GIL)
+        # where pulls/receives read and sends append (None: the loop's default pool); few threads,
+        # since CPU-bound work in many threads loses time fighting over the GIL
         self.read_executor = read_executor
+        self.send_executor = send_executor
 
     @staticmethod
     async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -218,7 +224,8 @@ class MessagingService:
 
     async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
         try:
-            results = await self._call(self._send, request)
+            loop = asyncio.get_running_loop()
+            results = await loop.run_in_executor(self.send_executor, self._send, request)
         except Exception as exc:
             st = status_of(exc, call="SendMessage")
             return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)])
