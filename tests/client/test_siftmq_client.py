@@ -131,7 +131,7 @@ def test_pull_consumers_share_queues_and_commit(start_broker: Any, tmp_path: Pat
     run(scenario())
 
 
-def test_push_consumer_retries_a_failed_message(start_broker: Any) -> None:
+def test_push_consumer_retries_a_failed_message(start_broker: Any, caplog: pytest.LogCaptureFixture) -> None:
     broker = start_broker()
 
     async def scenario() -> None:
@@ -160,6 +160,8 @@ def test_push_consumer_retries_a_failed_message(start_broker: Any) -> None:
             await consumer.stop()
         assert sorted(seen, key=int) == ["0", "4", "8"]
         assert seen["4"][:2] == [1, 2]
+        assert not consumer._to_ack  # the acker sent every acknowledgement before stopping
+        assert not [r for r in caplog.records if "acknowledging" in r.getMessage()]
 
     run(scenario())
 
@@ -303,7 +305,12 @@ def test_client_falls_back_when_the_broker_has_no_batch_extension(start_broker: 
         async with SimpleConsumer(broker.endpoint, "noext-recv", subs, await_duration=1) as s:
             got = await s.receive(16, 30)
             assert s.connection.batch_extension is False
-            await s.ack_many(got)
+            await s.ack_many(got[:2])
+            with pytest.raises(RemoteError) as twice:  # handles are single-use: 2 of 4 fail, 2 succeed
+                await s.ack_many(got)
+            assert twice.value.status == "INVALID_RECEIPT_HANDLE" and "2 of 4" in str(twice.value)
+            with pytest.raises(RemoteError):  # the other two were acknowledged all the same
+                await s.ack_many(got[2:])
         assert sorted(int(m.properties["i"]) for m in got) == [0, 4, 8, 12]
 
     run(scenario())

@@ -26,6 +26,7 @@ _log = logging.getLogger(__name__)
 HEARTBEAT_S = 10.0
 MODES = ("CLUSTERING", "BROADCASTING")
 _PULL_ANSWERS = (pb.Code.OK, pb.Code.MESSAGE_NOT_FOUND, pb.Code.ILLEGAL_OFFSET)  # statuses of a served pull
+MAX_ACK_BATCH = 256  # entries per AckMessage a PushConsumer sends
 RELEASE_S = 1.0  # a stopping push consumer makes its unprocessed messages visible again this soon
 
 
@@ -171,7 +172,7 @@ class SimpleConsumer(_Consumer):
         for m in messages:
             by_topic.setdefault(m.topic, []).append(m)
         for topic, group in by_topic.items():
-            await self.connection.unary(
+            response = await self.connection.unary(
                 "AckMessage",
                 pb.AckMessageRequest(
                     group=self.connection.resource(self.group),
@@ -182,6 +183,11 @@ class SimpleConsumer(_Consumer):
                     ],
                 ),
             )
+            failed = [e for e in response.entries if e.status.code != pb.Code.OK]
+            if failed:  # MULTIPLE_RESULTS: some entries were acknowledged, these were not
+                first = failed[0]
+                text = f"{len(failed)} of {len(group)} acknowledgements failed; {first.message_id}: "
+                check("AckMessage", pb.Status(code=first.status.code, message=text + first.status.message))
 
     async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
         """Make the message visible again in ``seconds`` (0 = now); returns it with its new handle."""
@@ -230,9 +236,14 @@ class PushConsumer(SimpleConsumer):
         self.listener = listener
         self.concurrency = concurrency
         self._workers: list[asyncio.Task[None]] = []
+        self._to_ack: list[ReceivedMessage] = []  # consumed, acknowledged by the acker in batches
+        self._ack_wanted = asyncio.Event()
+        self._acker: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def start(self) -> None:
         await super().start()
+        self._acker = asyncio.create_task(self._ack_loop())
         self._workers = [asyncio.create_task(self._work()) for _ in range(self.concurrency)]
 
     async def stop(self) -> None:
@@ -241,7 +252,26 @@ class PushConsumer(SimpleConsumer):
         for w in self._workers:
             with contextlib.suppress(asyncio.CancelledError):
                 await w
+        if self._acker is not None:  # what the workers consumed last is acknowledged before leaving
+            self._closing = True
+            self._ack_wanted.set()
+            await self._acker
         await super().stop()
+
+    async def _ack_loop(self) -> None:
+        """Acknowledge consumed messages in batches: one request for all that piled up meanwhile."""
+        while True:
+            await self._ack_wanted.wait()
+            self._ack_wanted.clear()
+            while self._to_ack:
+                batch = self._to_ack[:MAX_ACK_BATCH]
+                try:
+                    await self.ack_many(batch)
+                except RemoteError as exc:  # not acknowledged: redelivered after its invisible time
+                    _log.warning("acknowledging %d messages of %s failed: %s", len(batch), self.group, exc)
+                del self._to_ack[: len(batch)]  # workers only append: the batch is still the head
+            if self._closing:
+                return
 
     async def _work(self) -> None:
         pending: list[ReceivedMessage] = []
@@ -272,7 +302,8 @@ class PushConsumer(SimpleConsumer):
             ok = False
         try:
             if ok:
-                await self.ack(m)
+                self._to_ack.append(m)
+                self._ack_wanted.set()
             else:
                 delay = self.BACKOFF_S[min(m.delivery_attempt, len(self.BACKOFF_S)) - 1]
                 await self.change_invisible_duration(m, delay)
