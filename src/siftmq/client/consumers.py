@@ -423,8 +423,10 @@ class PullConsumer(_Consumer):
         """
         self._reap()  # a background pull that failed raises here
         queues = await self._cached_assignment()
-        for qid in [q for q in (*self._buffered, *self._fetching) if q not in queues]:
-            self._offsets[qid] = self._resume_offset(qid)  # rebalanced away: its new owner reads them
+        for qid in {*self._buffered, *self._fetching} - set(queues):  # rebalanced away
+            buffered = self._buffered.get(qid)
+            if buffered:  # the new owner reads them; should the queue come back, so does this consumer
+                self._offsets[qid] = buffered[0].queue_offset
             self._forget(qid)
         if sum(map(len, self._buffered.values())) < max_messages:
             self._prefetch(queues, max_messages)
