@@ -96,16 +96,18 @@ class _Consumer:
                 _log.warning("heartbeat of %s failed: %s", self.group, exc)
 
     async def stop(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
-        with contextlib.suppress(RemoteError):
-            await self.connection.unary(
-                "NotifyClientTermination",
-                pb.NotifyClientTerminationRequest(group=self.connection.resource(self.group)),
-            )
-        await self.connection.close()
+        try:
+            if self._heartbeat is not None:
+                self._heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._heartbeat
+            with contextlib.suppress(RemoteError):
+                await self.connection.unary(
+                    "NotifyClientTermination",
+                    pb.NotifyClientTerminationRequest(group=self.connection.resource(self.group)),
+                )
+        finally:  # a channel left open is finalized later, outside its event loop
+            await self.connection.close()
 
     def _accept(
         self, topic: str, messages: Sequence[pb.Message]
@@ -247,16 +249,18 @@ class PushConsumer(SimpleConsumer):
         self._workers = [asyncio.create_task(self._work()) for _ in range(self.concurrency)]
 
     async def stop(self) -> None:
-        for w in self._workers:
-            w.cancel()
-        for w in self._workers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await w
-        if self._acker is not None:  # what the workers consumed last is acknowledged before leaving
-            self._closing = True
-            self._ack_wanted.set()
-            await self._acker
-        await super().stop()
+        try:
+            for w in self._workers:
+                w.cancel()
+            for w in self._workers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await w
+            if self._acker is not None:  # what the workers consumed last is acknowledged before leaving
+                self._closing = True
+                self._ack_wanted.set()
+                await self._acker
+        finally:
+            await super().stop()
 
     async def _ack_loop(self) -> None:
         """Acknowledge consumed messages in batches: one request for all that piled up meanwhile."""
@@ -509,8 +513,10 @@ class PullConsumer(_Consumer):
         tasks = list(self._fetching.values())
         for qid in list(self._fetching):
             self._forget(qid)
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await super().stop()
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await super().stop()
 
     async def commit(self) -> None:
         """Store the current positions: on the broker (clustering) or in the local file (broadcasting)."""

@@ -51,7 +51,8 @@ class Producer:
             await self.connection.unary("NotifyClientTermination", pb.NotifyClientTerminationRequest())
         except RemoteError:
             pass
-        await self.connection.close()
+        finally:
+            await self.connection.close()
 
     def message(
         self,
