@@ -170,22 +170,19 @@ class BrokerGateway:
             batch_size=batch_size,
             filter_expression=pb.FilterExpression(type=kind, expression=expression),
         )
-        frames = self._run(self._conn.stream("PullMessage", request, timeout=self.timeout))
-        out = Pulled("NOT_FOUND", next_offset=offset)
-        for frame in frames:
-            which = frame.WhichOneof("content")
-            if which == "status":
-                code = frame.status.code
-                if code == _OK:
-                    out.status = "FOUND"
-                elif code == _ILLEGAL_OFFSET:
-                    out.status, out.detail = "ILLEGAL_OFFSET", frame.status.message
-                elif code != _NOT_FOUND:
-                    check("PullMessage", frame.status)
-            elif which == "message":
-                out.messages.append(frame.message)
-            elif which == "next_offset":
-                out.next_offset = int(frame.next_offset)
+        # one frame through siftmq's batch extension when the broker offers it
+        answer = self._run(self._conn.pull(request, timeout=self.timeout))
+        out = Pulled("NOT_FOUND", list(answer.messages), offset)
+        if answer.status is not None:
+            code = answer.status.code
+            if code == _OK:
+                out.status = "FOUND"
+            elif code == _ILLEGAL_OFFSET:
+                out.status, out.detail = "ILLEGAL_OFFSET", answer.status.message
+            elif code != _NOT_FOUND:
+                check("PullMessage", answer.status)
+        if answer.next_offset is not None:
+            out.next_offset = int(answer.next_offset)
         return out
 
     # -------------------------------------------------------------------------------------- send
