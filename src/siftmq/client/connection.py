@@ -139,25 +139,14 @@ class Connection:
         batch = await self._batch("PullMessages", request, timeout)
         if batch is not None:
             return Answer(batch.status, batch.messages, batch.next_offset)
-        frames = await self.stream("PullMessage", request, timeout=timeout)
-        which = [(f.WhichOneof("content"), f) for f in frames]
-        return Answer(
-            next((f.status for w, f in which if w == "status"), None),
-            [f.message for w, f in which if w == "message"],
-            next((f.next_offset for w, f in which if w == "next_offset"), None),
-        )
+        return _answer_of(await self.stream("PullMessage", request, timeout=timeout))
 
     async def receive(self, request: pb.ReceiveMessageRequest, *, timeout: float) -> Answer:
         """ReceiveMessage: one frame through siftmq's extension when offered, else the standard stream."""
         batch = await self._batch("ReceiveMessages", request, timeout)
         if batch is not None:
             return Answer(batch.status, batch.messages)
-        frames = await self.stream("ReceiveMessage", request, timeout=timeout)
-        which = [(f.WhichOneof("content"), f) for f in frames]
-        return Answer(
-            next((f.status for w, f in which if w == "status"), None),
-            [f.message for w, f in which if w == "message"],
-        )
+        return _answer_of(await self.stream("ReceiveMessage", request, timeout=timeout))
 
     async def telemetry(self, settings: pb.Settings) -> pb.TelemetryCommand:
         """Send the client's settings and wait for the broker's reply (the stream is then closed)."""
@@ -183,6 +172,22 @@ class Connection:
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+def _answer_of(frames: list[Any]) -> Answer:
+    """The frames of a standard PullMessage/ReceiveMessage stream as one answer."""
+    status: pb.Status | None = None
+    messages: list[pb.Message] = []
+    next_offset: int | None = None
+    for frame in frames:
+        which = frame.WhichOneof("content")
+        if which == "message":
+            messages.append(frame.message)
+        elif which == "status" and status is None:
+            status = frame.status
+        elif which == "next_offset" and next_offset is None:  # pull only
+            next_offset = frame.next_offset
+    return Answer(status, messages, next_offset)
 
 
 def check(call: str, status: pb.Status) -> None:

@@ -9,7 +9,7 @@ so deep trees never hit Python's recursion limit here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from siftmq.filter.ast import (
@@ -72,11 +72,44 @@ class ExprVisitor(ABC, Generic[T]):
 
 def visit(root: Node, visitor: ExprVisitor[T]) -> T:
     """Post-order walk of ``root``; each node's method receives its children's results."""
-    results: list[T] = []
-    stack: list[tuple[Node, bool]] = [(root, False)]
+
+    def build(node: Node, args: list[T]) -> T:
+        result: T = dispatch(node, visitor, args)
+        return result
+
+    return postorder(root, children, build)
+
+
+N = TypeVar("N")
+R = TypeVar("R")
+
+
+def postorder(
+    root: N,
+    parts: Callable[[N], Sequence[N]],
+    build: Callable[[N, list[R]], R],
+    *,
+    direct: Callable[[N], R | None] | None = None,
+    shared: bool = False,
+) -> R:
+    """Post-order walk with an explicit stack (trees nest hundreds of levels): ``build`` gets each
+    node and its parts' results. ``direct`` may give a node's result without walking its parts;
+    with ``shared`` a node met again (a tree sharing sub-expressions) reuses its result."""
+    done: dict[int, R] = {}
+    results: list[R] = []
+    stack: list[tuple[N, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
-        kids = children(node)
+        if not expanded and (shared or direct is not None):
+            hit = done.get(id(node)) if shared else None
+            if hit is None and direct is not None:
+                hit = direct(node)
+            if hit is not None:
+                if shared:
+                    done[id(node)] = hit
+                results.append(hit)
+                continue
+        kids = parts(node)
         if not expanded and kids:
             stack.append((node, True))
             stack.extend((child, False) for child in reversed(kids))
@@ -85,7 +118,10 @@ def visit(root: Node, visitor: ExprVisitor[T]) -> T:
         args = results[len(results) - n :] if n else []
         if n:
             del results[len(results) - n :]
-        results.append(dispatch(node, visitor, args))
+        result = build(node, args)
+        if shared:
+            done[id(node)] = result
+        results.append(result)
     return results[0]
 
 

@@ -25,7 +25,7 @@ from siftmq.errors import BadRequestError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.server import convert
-from siftmq.server.status import ok, status, status_of
+from siftmq.server.status import OK_FIELDS, ok, status, status_of
 from siftmq.store import StoredMessage
 
 _log = logging.getLogger(__name__)
@@ -34,7 +34,6 @@ _log = logging.getLogger(__name__)
 DEADLINE_MARGIN_S = 0.5
 PRODUCER_MAX_ATTEMPTS = 3
 MESSAGE_MODEL_HEADER = "x-siftmq-message-model"
-_OK_FIELDS: dict[str, Any] = {"code": pb.Code.OK, "message": "OK"}  # ok() as constructor arguments
 
 
 def _header(context: grpc.aio.ServicerContext[Any, Any], name: str, limit: int) -> str | None:
@@ -231,9 +230,9 @@ class MessagingService:
             return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)])
         # entries as dicts: protobuf builds them in C, twice as fast as objects
         entries = [
-            {"status": _OK_FIELDS, "message_id": r.message_id, "offset": r.queue_offset} for r in results
+            {"status": OK_FIELDS, "message_id": r.message_id, "offset": r.queue_offset} for r in results
         ]
-        return pb.SendMessageResponse(status=_OK_FIELDS, entries=entries)
+        return pb.SendMessageResponse(status=OK_FIELDS, entries=entries)
 
     def _send(self, request: pb.SendMessageRequest) -> list[Any]:
         """Decode (bounded: count first, then the decompressed total) and store, in a worker thread."""

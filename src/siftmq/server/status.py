@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any, Final
 
 from siftmq.errors import (
     BrokerError,
@@ -19,6 +20,10 @@ MAX_STATUS_MESSAGE = 4096
 
 
 _OK = pb.Code.OK  # enum attribute lookups are slow in the Python protobuf wrapper: look up once
+
+
+#: :func:`ok` as constructor arguments, for answers built from dicts (faster per entry)
+OK_FIELDS: Final[dict[str, Any]] = {"code": _OK, "message": "OK"}
 
 
 def ok(message: str = "OK") -> pb.Status:

@@ -359,21 +359,11 @@ def plan_pushdown(
                 acc.tag_sets.append(tag_set)
                 ok = True
             elif sql92:
-                sql = _string_sql(TAGS, negated, inner)
-                if sql is not None and _compiles(sql):
-                    acc.sql.append(sql)
-                    if _rejects_null(sql, TAGS):
-                        acc.null_rejecting.add(TAGS)
-                    ok = True
+                ok = _add_sql(acc, TAGS, negated, inner)
         elif column in hot:
             name = hot[column]
             if sql92 and is_sql92_identifier(name):
-                sql = _string_sql(name, negated, inner)
-                if sql is not None and _compiles(sql):
-                    acc.sql.append(sql)
-                    if _rejects_null(sql, name):
-                        acc.null_rejecting.add(name)
-                    ok = True
+                ok = _add_sql(acc, name, negated, inner)
         elif column == "topic":
             decided = _topic_decision(topic, negated, inner)
             if decided is not None:
@@ -418,6 +408,17 @@ def plan_pushdown(
         offsets=acc.offsets,
         empty=empty,
     )
+
+
+def _add_sql(acc: _Acc, name: str, negated: bool, f: Any) -> bool:
+    """Push a string predicate on property ``name`` as SQL92 (if it translates and compiles)."""
+    sql = _string_sql(name, negated, f)
+    if sql is None or not _compiles(sql):
+        return False
+    acc.sql.append(sql)
+    if _rejects_null(sql, name):
+        acc.null_rejecting.add(name)
+    return True
 
 
 def _rejects_null(sql: str, name: str) -> bool:

@@ -76,7 +76,7 @@ from siftmq.filter.ast import (
 )
 from siftmq.filter.compiler import TAGS_PROPERTY
 from siftmq.filter.javalang import JType
-from siftmq.filter.visitor import ExprVisitor, visit
+from siftmq.filter.visitor import ExprVisitor, postorder, visit
 
 if TYPE_CHECKING:
     from siftmq.filter.compiler import CompiledFilter
@@ -188,36 +188,8 @@ def _parts(x: _X) -> tuple[_X, ...]:
 
 
 def _walk(root: _X, build: Callable[[_X, list[R]], R], direct: Callable[[_X], R | None] | None = None) -> R:
-    """Post-order walk without recursion (translations nest a few hundred levels): ``build`` gets
-    each node and its parts' results. A node met again (the tree shares sub-expressions) reuses its
-    result; ``direct`` may give a node's result without walking its parts."""
-    done: dict[int, R] = {}
-    results: list[R] = []
-    stack: list[tuple[_X, bool]] = [(root, False)]
-    while stack:
-        x, expanded = stack.pop()
-        key = id(x)
-        if not expanded:
-            hit = done.get(key)
-            if hit is None and direct is not None:
-                hit = direct(x)
-            if hit is not None:
-                done[key] = hit
-                results.append(hit)
-                continue
-        parts = _parts(x)
-        if not expanded and parts:
-            stack.append((x, True))
-            stack.extend((p, False) for p in reversed(parts))
-            continue
-        n = len(parts)
-        args = results[len(results) - n :] if n else []
-        if n:
-            del results[len(results) - n :]
-        result = build(x, args)
-        done[key] = result
-        results.append(result)
-    return results[0]
+    """:func:`~siftmq.filter.visitor.postorder` over a translation (it shares sub-expressions)."""
+    return postorder(root, _parts, build, direct=direct, shared=True)
 
 
 def _quote_identifier(name: str) -> str:
