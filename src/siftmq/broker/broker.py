@@ -251,12 +251,14 @@ class Broker:
                     fresh.append(i)
             if fresh:
                 queue_id = next(self._queue_cursor) % topic.queue_nums
-                records = self.store.put_messages([
-                    Message(topic=topic.name, body=bytes(msgs[i].body), queue_id=queue_id,
-                            properties=prepared[i][0], born_timestamp=msgs[i].born_timestamp_ms,
-                            born_host=prepared[i][1])
-                    for i in fresh
-                ])  # fmt: skip
+                records = self.store.put_batch(
+                    topic.name,
+                    queue_id,
+                    [
+                        (msgs[i].body, prepared[i][0], msgs[i].born_timestamp_ms, prepared[i][1])
+                        for i in fresh
+                    ],
+                )
                 for i, record in zip(fresh, records, strict=True):
                     results[i] = SendResult(msgs[i].message_id, record.queue_id, record.queue_offset)
                 self.stats.count(self.stats.sends, topic.name, len(fresh))

@@ -35,7 +35,7 @@ import functools
 import re
 import struct
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, TypeVar
 
@@ -239,10 +239,8 @@ class EncodedParts:
     its mapping after the append returns). Treat instances as owned by one append.
     """
 
-    message: Message
-    topic_bytes: bytes
-    properties_bytes: bytes
-    body_crc: int
+    topic: str
+    queue_id: int
     size: int
     record: bytearray
     properties: dict[str, str]
@@ -263,6 +261,35 @@ def _topic_prefix(topic: str) -> bytes:
     return prefix
 
 
+def _checked_prefix(topic: str, queue_id: int) -> bytes:
+    """The topic_length byte + topic bytes of a record for ``topic``, after checking it and the queue id."""
+    topic_prefix = _topic_prefixes.get(topic) if type(topic) is str else None
+    if topic_prefix is None:
+        topic_prefix = _topic_prefix(topic)
+    if queue_id < 0 or queue_id > 0x7FFFFFFF:
+        raise ValueError(f"queue id out of range: {queue_id}")
+    return topic_prefix
+
+
+def _checked_body(body: object, max_body_size: int) -> bytes:
+    """A body that is not plain ``bytes`` or is too long: as bytes, or the error."""
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise ValueError("message body must be bytes")
+    if len(body) > max_body_size:
+        raise MessageTooLargeError(f"message body of {len(body)} bytes exceeds the limit {max_body_size}")
+    return bytes(body)
+
+
+def _encode_bounded(properties: Mapping[str, str]) -> bytes:
+    """:func:`encode_properties`, refusing more than :data:`MAX_PROPERTIES_LENGTH` bytes."""
+    encoded = encode_properties(properties)
+    if len(encoded) > MAX_PROPERTIES_LENGTH:
+        raise MessageTooLargeError(
+            f"properties of {len(encoded)} bytes exceed the limit {MAX_PROPERTIES_LENGTH}"
+        )
+    return encoded
+
+
 def prepare(message: Message, *, max_body_size: int) -> EncodedParts:
     """Validate ``message`` against the limits and encode its record (positions left zero).
 
@@ -270,31 +297,19 @@ def prepare(message: Message, *, max_body_size: int) -> EncodedParts:
     ``ValueError`` for a malformed message (bad separators, negative queue id, ...).
     """
     body = message.body
-    if type(body) is not bytes:
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise ValueError("message body must be bytes")
-        body = bytes(body)
+    if type(body) is not bytes or len(body) > max_body_size:
+        body = _checked_body(body, max_body_size)
     body_length = len(body)
-    if body_length > max_body_size:
-        raise MessageTooLargeError(f"message body of {body_length} bytes exceeds the limit {max_body_size}")
     topic = message.topic
-    topic_prefix = _topic_prefixes.get(topic) if type(topic) is str else None
-    if topic_prefix is None:
-        topic_prefix = _topic_prefix(topic)
     queue_id = message.queue_id
-    if queue_id < 0 or queue_id > 0x7FFFFFFF:
-        raise ValueError(f"queue id out of range: {queue_id}")
+    topic_prefix = _checked_prefix(topic, queue_id)
     born_host = message.born_host
     store_host = message.store_host
     if len(born_host) != 8 or len(store_host) != 8:
         raise ValueError("born_host and store_host must be 8 bytes (see encode_host)")
     properties = dict(message.properties)
-    properties_bytes = encode_properties(properties)
+    properties_bytes = _encode_bounded(properties)
     properties_length = len(properties_bytes)
-    if properties_length > MAX_PROPERTIES_LENGTH:
-        raise MessageTooLargeError(
-            f"properties of {properties_length} bytes exceed the limit {MAX_PROPERTIES_LENGTH}"
-        )
     size = HEADER_SIZE + body_length + len(topic_prefix) + 2 + properties_length
     body_crc = zlib.crc32(body)
     header = _HEADER.pack(
@@ -316,28 +331,123 @@ def prepare(message: Message, *, max_body_size: int) -> EncodedParts:
         body_length,
     )
     record = _EMPTY.join((header, body, topic_prefix, _U16.pack(properties_length), properties_bytes))
+    return _encoded_parts(topic, queue_id, size, record, properties)
+
+
+_EMPTY: Final = bytearray()  # bytearray().join gives a bytearray without copying the joined bytes
+
+
+@dataclass(slots=True)
+class EncodedBatch:
+    """Messages of one topic and queue encoded back to back into one buffer, before the append lock.
+
+    The fields assigned under the lock are still zero in every record; :func:`finish_batch` fills
+    them in place. ``properties`` are the callers' dicts, owned by the batch from then on.
+    """
+
+    topic: str
+    queue_id: int
+    buffer: bytearray
+    sizes: list[int]
+    properties: list[dict[str, str]]
+
+
+#: One message of an :class:`EncodedBatch`: body, properties, born timestamp (ms), born host (8 bytes).
+BatchEntry = tuple[bytes, dict[str, str], int, bytes]
+
+
+def prepare_batch(
+    topic: str, queue_id: int, entries: Sequence[BatchEntry], *, max_body_size: int
+) -> EncodedBatch:
+    """Validate and encode messages of one topic and queue (flag, sys flag and reconsume times 0).
+
+    The batch counterpart of :func:`prepare`, with its checks and errors; the properties dicts
+    are not copied, so the caller must not change them afterwards.
+    """
+    topic_prefix = _checked_prefix(topic, queue_id)
+    chunks: list[bytes] = []
+    sizes: list[int] = []
+    props_list: list[dict[str, str]] = []
+    fixed = HEADER_SIZE + len(topic_prefix) + 2
+    pack_header = _HEADER.pack
+    pack_u16 = _U16.pack
+    crc32 = zlib.crc32
+    for given_body, properties, born_timestamp, born_host in entries:
+        body = given_body
+        if type(body) is not bytes or len(body) > max_body_size:
+            body = _checked_body(body, max_body_size)
+        body_length = len(body)
+        if type(born_host) is not bytes or len(born_host) != 8:
+            raise ValueError("born_host must be 8 bytes (see encode_host)")
+        properties_bytes = _encode_bounded(properties)
+        properties_length = len(properties_bytes)
+        size = fixed + body_length + properties_length
+        chunks += (
+            pack_header(size, MESSAGE_MAGIC_CODE, 0, crc32(body), queue_id, 0, 0, 0, 0,
+                        born_timestamp, born_host, 0, _DEFAULT_HOST, 0, 0, body_length),
+            body,
+            topic_prefix,
+            pack_u16(properties_length),
+            properties_bytes,
+        )  # fmt: skip
+        sizes.append(size)
+        props_list.append(properties)
+    return EncodedBatch(topic, queue_id, _EMPTY.join(chunks), sizes, props_list)
+
+
+def finish_batch(
+    batch: EncodedBatch, first_queue_offset: int, first_physical_offset: int, store_timestamp: int
+) -> None:
+    """:func:`finish_record` for each record of ``batch``, numbered from the given offsets."""
+    buffer = batch.buffer
+    view = memoryview(buffer)
+    pos = 0
+    queue_offset = first_queue_offset
+    pack_positions = _POSITIONS.pack_into
+    pack_timestamp = _STORE_TIMESTAMP.pack_into
+    pack_crc = _RECORD_CRC.pack_into
+    crc32 = zlib.crc32
+    try:
+        for size in batch.sizes:
+            pack_positions(buffer, pos + _POSITIONS_AT, queue_offset, first_physical_offset + pos)
+            pack_timestamp(buffer, pos + _STORE_TIMESTAMP_AT, store_timestamp)
+            end = pos + size
+            pack_crc(buffer, pos + 8, crc32(view[pos + _CRC_FROM : end]))
+            pos = end
+            queue_offset += 1
+    finally:
+        view.release()
+
+
+_new_parts: Final = object.__new__
+_set_parts_topic, _set_parts_queue_id, _set_parts_size, _set_parts_record, _set_parts_properties = (
+    EncodedParts.__dict__[f.name].__set__ for f in fields(EncodedParts)
+)
+
+
+def _encoded_parts(
+    topic: str, queue_id: int, size: int, record: bytearray, properties: dict[str, str]
+) -> EncodedParts:
+    """``EncodedParts(...)`` through the slot descriptors (it runs once per message appended)."""
     parts: EncodedParts = _new_parts(EncodedParts)
-    _set_parts_message(parts, message)
-    _set_parts_topic_bytes(parts, topic_prefix[1:])
-    _set_parts_properties_bytes(parts, properties_bytes)
-    _set_parts_body_crc(parts, body_crc)
+    _set_parts_topic(parts, topic)
+    _set_parts_queue_id(parts, queue_id)
     _set_parts_size(parts, size)
     _set_parts_record(parts, record)
     _set_parts_properties(parts, properties)
     return parts
 
 
-_EMPTY: Final = bytearray()  # bytearray().join gives a bytearray without copying the joined bytes
-_new_parts: Final = object.__new__
-(
-    _set_parts_message,
-    _set_parts_topic_bytes,
-    _set_parts_properties_bytes,
-    _set_parts_body_crc,
-    _set_parts_size,
-    _set_parts_record,
-    _set_parts_properties,
-) = (EncodedParts.__dict__[f.name].__set__ for f in fields(EncodedParts))
+def split_batch(batch: EncodedBatch) -> list[EncodedParts]:
+    """The records of ``batch`` one by one (for appends that must roll to a new segment part-way)."""
+    parts: list[EncodedParts] = []
+    pos = 0
+    for size, properties in zip(batch.sizes, batch.properties, strict=True):
+        parts.append(
+            _encoded_parts(batch.topic, batch.queue_id, size, batch.buffer[pos : pos + size], properties)
+        )
+        pos += size
+    return parts
 
 
 def finish_record(record: bytearray, queue_offset: int, physical_offset: int, store_timestamp: int) -> None:

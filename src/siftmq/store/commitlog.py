@@ -24,7 +24,7 @@ from pathlib import Path
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
 from siftmq.store import codec
-from siftmq.store.codec import EncodedParts, StoredMessage
+from siftmq.store.codec import EncodedBatch, EncodedParts, StoredMessage
 from siftmq.store.segment import Segment, list_segment_starts
 
 _log = logging.getLogger(__name__)
@@ -165,8 +165,7 @@ class CommitLog:
                     seg = self._new_segment(seg.start_offset + self.segment_size)
                     physical = seg.start_offset
                     limit = physical + seg.capacity - codec.BLANK_MARKER_SIZE
-                message = parts.message
-                key = (message.topic, message.queue_id)
+                key = (parts.topic, parts.queue_id)
                 queue_offset = assigned.get(key)
                 if queue_offset is None:
                     queue_offset = queue_offsets.get(key, 0)
@@ -192,8 +191,7 @@ class CommitLog:
         segments = self._segments
         seg = segments[-1] if segments else self._new_segment(0)
         physical = seg.start_offset + seg.length
-        message = parts.message
-        key = (message.topic, message.queue_id)
+        key = (parts.topic, parts.queue_id)
         queue_offset = self.queue_offsets.get(key, 0)
         record = parts.record
         try:
@@ -209,6 +207,38 @@ class CommitLog:
             raise StoreError(f"commit log write failed: {exc}") from exc
         self.queue_offsets[key] = queue_offset + 1
         return _new_appended_record(key[0], key[1], queue_offset, physical, size, store_timestamp)
+
+    def append_batch(self, batch: EncodedBatch, store_timestamp: int) -> list[AppendedRecord] | None:
+        """Write a prepared one-queue batch with one ``pwrite`` (caller holds the append lock).
+
+        Returns None, writing nothing, when the batch does not fit in the current segment: the
+        caller appends it record by record then (see :meth:`append`), which rolls segments.
+        """
+        sizes = batch.sizes
+        largest = max(sizes)
+        if largest > self.max_record_size:
+            raise MessageTooLargeError(f"record of {largest} bytes exceeds the limit {self.max_record_size}")
+        segments = self._segments
+        seg = segments[-1] if segments else self._new_segment(0)
+        physical = seg.start_offset + seg.length
+        if physical + len(batch.buffer) > seg.start_offset + seg.capacity - codec.BLANK_MARKER_SIZE:
+            return None
+        topic, queue_id = key = (batch.topic, batch.queue_id)
+        queue_offset = self.queue_offsets.get(key, 0)
+        codec.finish_batch(batch, queue_offset, physical, store_timestamp)
+        try:
+            seg.write(batch.buffer)
+        except OSError as exc:
+            raise StoreError(f"commit log write failed: {exc}") from exc
+        self.queue_offsets[key] = queue_offset + len(sizes)
+        results = []
+        for size in sizes:
+            results.append(
+                _new_appended_record(topic, queue_id, queue_offset, physical, size, store_timestamp)
+            )
+            queue_offset += 1
+            physical += size
+        return results
 
     @staticmethod
     def _write(seg: Segment, chunks: list[bytes | bytearray]) -> None:

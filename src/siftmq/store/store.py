@@ -385,7 +385,21 @@ class MessageStore:
             return []
         return self._append(prepared)
 
-    def _append(self, prepared: Sequence[codec.EncodedParts]) -> list[AppendedRecord]:
+    def put_batch(
+        self, topic: str, queue_id: int, entries: Sequence[codec.BatchEntry]
+    ) -> list[AppendedRecord]:
+        """:meth:`put_messages` for messages of one topic and queue, given as plain tuples.
+
+        Each entry is ``(body, properties, born_timestamp, born_host)`` (flag, sys flag and
+        reconsume times 0; the store host is the store's). The batch is encoded into one buffer
+        without a :class:`Message` per entry, which is what a broker's send path wants. The
+        properties dicts become the store's: the caller must not change them afterwards.
+        """
+        if not entries:
+            return []
+        return self._append(codec.prepare_batch(topic, queue_id, entries, max_body_size=self._max_body_size))
+
+    def _append(self, prepared: Sequence[codec.EncodedParts] | codec.EncodedBatch) -> list[AppendedRecord]:
         with self._append_lock:
             if not self._running:
                 raise StoreClosedError("the message store is closed")
@@ -393,8 +407,19 @@ class MessageStore:
                 raise StoreError(f"the store cannot flush: {self._flush_error}")
             if self._dispatch_error is not None:
                 raise StoreError(f"the store cannot index: {self._dispatch_error}")
-            results = self.commit_log.append(prepared, time.time_ns() // 1_000_000)
-            properties = [p.properties for p in prepared]
+            now = time.time_ns() // 1_000_000
+            if isinstance(prepared, codec.EncodedBatch):
+                properties = prepared.properties
+                written = self.commit_log.append_batch(prepared, now)
+                # None: the batch must roll to a new segment part-way, record by record
+                results = (
+                    written
+                    if written is not None
+                    else self.commit_log.append(codec.split_batch(prepared), now)
+                )
+            else:
+                results = self.commit_log.append(prepared, now)
+                properties = [p.properties for p in prepared]
             self._pending.append((results, properties))
             last = results[-1]
             end = self._appended_offset = last.commit_log_offset + last.size
