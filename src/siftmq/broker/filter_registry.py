@@ -248,8 +248,9 @@ class FilterRegistry:
                     continue
                 for p in reg.positions:
                     bits[matched, p >> 3] |= np.uint8(1 << (p & 7))
+            flat = bits.tobytes()  # one copy, then a bytes slice per row (cheaper than a numpy row each)
             for j, i in enumerate(rows):
-                out[i] = bits[j].tobytes()
+                out[i] = flat[j * size : (j + 1) * size]
         return out
 
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Final, Protocol, runtime_checkable
+from typing import Final, NamedTuple, Protocol, runtime_checkable
 
 from siftmq.hashing import java_string_hash
 from siftmq.store.codec import (
@@ -27,7 +26,6 @@ from siftmq.store.codec import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     StoredMessage,
-    frozen_slots_constructor,
     tags_code_of,
 )
 from siftmq.store.commitlog import AppendedRecord
@@ -55,9 +53,12 @@ def cached_tags_code(tags: str | None) -> int:
     return code
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchRequest:
-    """What a dispatcher learns about one appended record (RocketMQ's DispatchRequest)."""
+class DispatchRequest(NamedTuple):
+    """What a dispatcher learns about one appended record (RocketMQ's DispatchRequest).
+
+    A named tuple: one is built per record dispatched while dispatchers are registered, and a
+    tuple is built several times faster than a frozen dataclass.
+    """
 
     topic: str
     queue_id: int
@@ -87,7 +88,7 @@ class DispatchRequest:
         )
 
 
-_new_request: Final = frozen_slots_constructor(DispatchRequest)
+_new_request: Final = DispatchRequest._make
 
 
 @runtime_checkable
