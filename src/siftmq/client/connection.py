@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from siftmq import __version__
+from siftmq.client.model import ReceivedMessage
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import BATCH_RPCS, RPCS, Rpc
@@ -27,7 +28,7 @@ class Answer:
     """A pull's or receive's answer however it travelled: status, messages, next offset (pull only)."""
 
     status: pb.Status | None
-    messages: Sequence[pb.Message]
+    messages: Sequence[ReceivedMessage]
     next_offset: int | None = None
 
 
@@ -138,14 +139,18 @@ class Connection:
         """PullMessage: one frame through siftmq's extension when offered, else the standard stream."""
         batch = await self._batch("PullMessages", request, timeout)
         if batch is not None:
-            return Answer(batch.status, batch.messages, batch.next_offset)
+            topic = request.message_queue.topic.name
+            return Answer(
+                batch.status, ReceivedMessage.from_columns(topic, batch.messages), batch.next_offset
+            )
         return _answer_of(await self.stream("PullMessage", request, timeout=timeout))
 
     async def receive(self, request: pb.ReceiveMessageRequest, *, timeout: float) -> Answer:
         """ReceiveMessage: one frame through siftmq's extension when offered, else the standard stream."""
         batch = await self._batch("ReceiveMessages", request, timeout)
         if batch is not None:
-            return Answer(batch.status, batch.messages)
+            topic = request.message_queue.topic.name
+            return Answer(batch.status, ReceivedMessage.from_columns(topic, batch.messages))
         return _answer_of(await self.stream("ReceiveMessage", request, timeout=timeout))
 
     async def telemetry(self, settings: pb.Settings) -> pb.TelemetryCommand:
@@ -177,12 +182,12 @@ class Connection:
 def _answer_of(frames: list[Any]) -> Answer:
     """The frames of a standard PullMessage/ReceiveMessage stream as one answer."""
     status: pb.Status | None = None
-    messages: list[pb.Message] = []
+    messages: list[ReceivedMessage] = []
     next_offset: int | None = None
     for frame in frames:
         which = frame.WhichOneof("content")
         if which == "message":
-            messages.append(frame.message)
+            messages.append(ReceivedMessage.from_proto(frame.message))
         elif which == "status" and status is None:
             status = frame.status
         elif which == "next_offset" and next_offset is None:  # pull only

@@ -110,14 +110,13 @@ class _Consumer:
             await self.connection.close()
 
     def _accept(
-        self, topic: str, messages: Sequence[pb.Message]
+        self, topic: str, messages: Sequence[ReceivedMessage]
     ) -> tuple[list[ReceivedMessage], list[ReceivedMessage]]:
-        """Decoded messages that pass the client-side re-check, and those dropped (counted)."""
+        """Messages that pass the client-side re-check, and those dropped (counted)."""
         expression = self.subscriptions[topic]
         accepted: list[ReceivedMessage] = []
         dropped: list[ReceivedMessage] = []
-        for proto in messages:
-            m = ReceivedMessage.from_proto(proto)
+        for m in messages:
             (accepted if expression.matches(m) else dropped).append(m)
         self.dropped += len(dropped)
         return accepted, dropped

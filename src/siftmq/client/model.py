@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from siftmq.filter import CompiledFilter, compile_filter
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -84,3 +85,31 @@ class ReceivedMessage:
             stored.seconds * 1000 + stored.nanos // 1_000_000,
             sp.receipt_handle,
         )
+
+    @classmethod
+    def from_columns(cls, topic: str, columns: Any) -> list[ReceivedMessage]:
+        """The messages of a batch answer's ``MessageColumns`` (all of ``topic``)."""
+        n = len(columns.body)
+        names, values = list(columns.property_name), list(columns.property_value)
+        handles = list(columns.receipt_handle) or [""] * n
+        out: list[ReceivedMessage] = []
+        at = 0
+        for body, message_id, tag, keys, count, queue_id, offset, attempt, born, stored, handle in zip(
+            columns.body, columns.message_id, columns.tag, columns.keys, columns.property_count,
+            columns.queue_id, columns.queue_offset, columns.delivery_attempt, columns.born_timestamp_ms,
+            columns.store_timestamp_ms, handles, strict=True,
+        ):  # fmt: skip
+            if count:
+                properties = dict(zip(names[at : at + count], values[at : at + count], strict=True))
+                at += count
+            else:
+                properties = {}
+            out.append(
+                cls(topic, body, message_id, tag or None, tuple(keys.split()) if keys else (), properties,
+                    queue_id, offset, attempt or 1, born, stored, handle)
+            )  # fmt: skip
+        if at != len(names) or len(names) != len(values):
+            raise ValueError(
+                f"the answer's property columns do not add up ({at}, {len(names)}, {len(values)})"
+            )
+        return out

@@ -2,7 +2,7 @@
 
 ``apache.rocketmq.v2.MessagingService`` is RocketMQ's protocol: our protobuf package is
 ``siftmq.protocol.v2`` but the method paths here are the protocol's, so the official clients reach
-these handlers unchanged. ``siftmq.v1.BatchMessagingService`` is siftmq's own extension (see
+these handlers unchanged. ``siftmq.v2.BatchMessagingService`` is siftmq's own extension (see
 ``siftmq_batch.proto``): pull and receive answered in one frame, used by siftmq's client when offered.
 """
 
@@ -17,7 +17,7 @@ from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 
 SERVICE_NAME: Final = "apache.rocketmq.v2.MessagingService"
-BATCH_SERVICE_NAME: Final = "siftmq.v1.BatchMessagingService"
+BATCH_SERVICE_NAME: Final = "siftmq.v2.BatchMessagingService"
 
 Shape = Literal["unary_unary", "unary_stream", "stream_stream"]
 

@@ -26,15 +26,17 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from siftmq.protocol import rocketmq_v2_pb2 as siftmq_dot_protocol_dot_rocketmq__v2__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"siftmq/protocol/siftmq_batch.proto\x12\x15siftmq.protocol.batch\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!siftmq/protocol/rocketmq_v2.proto\"\x83\x01\n\x11PullBatchResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.siftmq.protocol.v2.Status\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.siftmq.protocol.v2.Message\x12\x13\n\x0bnext_offset\x18\x03 \x01(\x03\"\xa9\x01\n\x14ReceiveBatchResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.siftmq.protocol.v2.Status\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.siftmq.protocol.v2.Message\x12\x36\n\x12\x64\x65livery_timestamp\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"siftmq/protocol/siftmq_batch.proto\x12\x15siftmq.protocol.batch\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!siftmq/protocol/rocketmq_v2.proto\"\xa5\x02\n\x0eMessageColumns\x12\x0c\n\x04\x62ody\x18\x01 \x03(\x0c\x12\x12\n\nmessage_id\x18\x02 \x03(\t\x12\x0b\n\x03tag\x18\x03 \x03(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x16\n\x0eproperty_count\x18\x05 \x03(\x05\x12\x15\n\rproperty_name\x18\x06 \x03(\t\x12\x16\n\x0eproperty_value\x18\x07 \x03(\t\x12\x10\n\x08queue_id\x18\x08 \x03(\x05\x12\x14\n\x0cqueue_offset\x18\t \x03(\x03\x12\x18\n\x10\x64\x65livery_attempt\x18\n \x03(\x05\x12\x19\n\x11\x62orn_timestamp_ms\x18\x0b \x03(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x0c \x03(\x03\x12\x16\n\x0ereceipt_handle\x18\r \x03(\t\"\x8d\x01\n\x11PullBatchResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.siftmq.protocol.v2.Status\x12\x37\n\x08messages\x18\x02 \x01(\x0b\x32%.siftmq.protocol.batch.MessageColumns\x12\x13\n\x0bnext_offset\x18\x03 \x01(\x03\"\xb3\x01\n\x14ReceiveBatchResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.siftmq.protocol.v2.Status\x12\x37\n\x08messages\x18\x02 \x01(\x0b\x32%.siftmq.protocol.batch.MessageColumns\x12\x36\n\x12\x64\x65livery_timestamp\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'siftmq.protocol.siftmq_batch_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PULLBATCHRESPONSE']._serialized_start=130
-  _globals['_PULLBATCHRESPONSE']._serialized_end=261
-  _globals['_RECEIVEBATCHRESPONSE']._serialized_start=264
-  _globals['_RECEIVEBATCHRESPONSE']._serialized_end=433
+  _globals['_MESSAGECOLUMNS']._serialized_start=130
+  _globals['_MESSAGECOLUMNS']._serialized_end=423
+  _globals['_PULLBATCHRESPONSE']._serialized_start=426
+  _globals['_PULLBATCHRESPONSE']._serialized_end=567
+  _globals['_RECEIVEBATCHRESPONSE']._serialized_start=570
+  _globals['_RECEIVEBATCHRESPONSE']._serialized_end=749
 # @@protoc_insertion_point(module_scope)

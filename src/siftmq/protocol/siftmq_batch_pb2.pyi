@@ -10,15 +10,45 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class MessageColumns(_message.Message):
+    __slots__ = ("body", "message_id", "tag", "keys", "property_count", "property_name", "property_value", "queue_id", "queue_offset", "delivery_attempt", "born_timestamp_ms", "store_timestamp_ms", "receipt_handle")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROPERTY_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROPERTY_VALUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    body: _containers.RepeatedScalarFieldContainer[bytes]
+    message_id: _containers.RepeatedScalarFieldContainer[str]
+    tag: _containers.RepeatedScalarFieldContainer[str]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    property_count: _containers.RepeatedScalarFieldContainer[int]
+    property_name: _containers.RepeatedScalarFieldContainer[str]
+    property_value: _containers.RepeatedScalarFieldContainer[str]
+    queue_id: _containers.RepeatedScalarFieldContainer[int]
+    queue_offset: _containers.RepeatedScalarFieldContainer[int]
+    delivery_attempt: _containers.RepeatedScalarFieldContainer[int]
+    born_timestamp_ms: _containers.RepeatedScalarFieldContainer[int]
+    store_timestamp_ms: _containers.RepeatedScalarFieldContainer[int]
+    receipt_handle: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, body: _Optional[_Iterable[bytes]] = ..., message_id: _Optional[_Iterable[str]] = ..., tag: _Optional[_Iterable[str]] = ..., keys: _Optional[_Iterable[str]] = ..., property_count: _Optional[_Iterable[int]] = ..., property_name: _Optional[_Iterable[str]] = ..., property_value: _Optional[_Iterable[str]] = ..., queue_id: _Optional[_Iterable[int]] = ..., queue_offset: _Optional[_Iterable[int]] = ..., delivery_attempt: _Optional[_Iterable[int]] = ..., born_timestamp_ms: _Optional[_Iterable[int]] = ..., store_timestamp_ms: _Optional[_Iterable[int]] = ..., receipt_handle: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class PullBatchResponse(_message.Message):
     __slots__ = ("status", "messages", "next_offset")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     status: _rocketmq_v2_pb2.Status
-    messages: _containers.RepeatedCompositeFieldContainer[_rocketmq_v2_pb2.Message]
+    messages: MessageColumns
     next_offset: int
-    def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[_rocketmq_v2_pb2.Message, _Mapping]]] = ..., next_offset: _Optional[int] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., next_offset: _Optional[int] = ...) -> None: ...
 
 class ReceiveBatchResponse(_message.Message):
     __slots__ = ("status", "messages", "delivery_timestamp")
@@ -26,6 +56,6 @@ class ReceiveBatchResponse(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     status: _rocketmq_v2_pb2.Status
-    messages: _containers.RepeatedCompositeFieldContainer[_rocketmq_v2_pb2.Message]
+    messages: MessageColumns
     delivery_timestamp: _timestamp_pb2.Timestamp
-    def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[_rocketmq_v2_pb2.Message, _Mapping]]] = ..., delivery_timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., delivery_timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
@@ -144,6 +145,62 @@ def delivery_fields(delivery: Delivery, topic: pb.Resource) -> dict[str, Any]:
         delivery_attempt=delivery.delivery_attempt,
         invisible_ms=delivery.invisible_ms,
     )
+
+
+def message_columns(messages: Sequence[StoredMessage], deliveries: Sequence[Delivery] = ()) -> dict[str, Any]:
+    """Messages as ``MessageColumns`` constructor arguments (the batch extension's answer).
+
+    Pass the stored messages of a pull, or the messages of a receive's ``deliveries`` together
+    with the deliveries (their handles and attempts). One list per column, filled
+    in one pass: protobuf builds repeated fields from lists in C, which is several times cheaper
+    than one nested ``Message`` (with a properties map) per message.
+    """
+    body: list[bytes] = []
+    message_id: list[str] = []
+    tag: list[str] = []
+    keys: list[str] = []
+    property_count: list[int] = []
+    property_name: list[str] = []
+    property_value: list[str] = []
+    queue_id: list[int] = []
+    queue_offset: list[int] = []
+    born: list[int] = []
+    stored: list[int] = []
+    system = SYSTEM_PROPERTIES
+    for m in messages:
+        props = m.properties
+        body.append(m.body)
+        message_id.append(props.get(PROPERTY_UNIQ_KEY) or m.offset_msg_id)
+        tag.append(props.get(PROPERTY_TAGS) or "")
+        keys.append(props.get(PROPERTY_KEYS) or "")  # stored space-separated
+        count = 0
+        for name, value in props.items():
+            if name not in system and name[:2] != "__":
+                property_name.append(name)
+                property_value.append(value)
+                count += 1
+        property_count.append(count)
+        queue_id.append(m.queue_id)
+        queue_offset.append(m.queue_offset)
+        born.append(m.born_timestamp)
+        stored.append(m.store_timestamp)
+    columns: dict[str, Any] = {
+        "body": body,
+        "message_id": message_id,  # a delivery's id is its message's (Delivery.message_id)
+        "tag": tag,
+        "keys": keys,
+        "property_count": property_count,
+        "property_name": property_name,
+        "property_value": property_value,
+        "queue_id": queue_id,
+        "queue_offset": queue_offset,
+        "delivery_attempt": [d.delivery_attempt for d in deliveries] if deliveries else [1] * len(body),
+        "born_timestamp_ms": born,
+        "store_timestamp_ms": stored,
+    }
+    if deliveries:
+        columns["receipt_handle"] = [d.receipt_handle for d in deliveries]
+    return columns
 
 
 @functools.lru_cache(maxsize=4096)

@@ -326,10 +326,9 @@ class MessagingService:
     ) -> batch_pb.ReceiveBatchResponse:
         """siftmq's batch extension: ReceiveMessage's answer in one frame."""
         st, deliveries = await self._receive(request, context)
-        topic = request.message_queue.topic
         return batch_pb.ReceiveBatchResponse(
             status=st,
-            messages=[convert.delivery_fields(d, topic) for d in deliveries],
+            messages=convert.message_columns([d.message for d in deliveries], deliveries),
             delivery_timestamp=_now(),
         )
 
@@ -450,9 +449,8 @@ class MessagingService:
     async def PullMessages(self, request: pb.PullMessageRequest, context: Any) -> batch_pb.PullBatchResponse:
         """siftmq's batch extension: PullMessage's answer in one frame."""
         st, messages, next_offset = await self._pull(request, context)
-        topic = request.message_queue.topic
         return batch_pb.PullBatchResponse(
-            status=st, messages=[convert.message_fields(m, topic) for m in messages], next_offset=next_offset
+            status=st, messages=convert.message_columns(messages), next_offset=next_offset
         )
 
     async def UpdateOffset(self, request: pb.UpdateOffsetRequest, context: Any) -> pb.UpdateOffsetResponse:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from siftmq.client.connection import Connection, check
+from siftmq.client.model import ReceivedMessage
 from siftmq.client.producer import Producer
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -37,7 +38,7 @@ class Pulled:
     """One PullMessage answer: ``status`` is FOUND, NOT_FOUND or ILLEGAL_OFFSET."""
 
     status: str
-    messages: list[Any] = field(default_factory=list)
+    messages: list[ReceivedMessage] = field(default_factory=list)
     next_offset: int = 0
     detail: str = ""
 

@@ -19,7 +19,6 @@ for the schema it planned with (``to_arrow_schema``), or Spark rejects the batch
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +34,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from siftmq.client.model import ReceivedMessage
 
 
 def message_schema(hot_properties: Sequence[str] = ()) -> StructType:
@@ -60,12 +61,8 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def _micros(ts: Any) -> int:
-    return int(ts.seconds) * 1_000_000 + int(ts.nanos) // 1000
-
-
 class BatchBuilder:
-    """Collects pulled ``pb.Message`` objects of one queue and emits Arrow record batches."""
+    """Collects pulled messages of one queue and emits Arrow record batches."""
 
     __slots__ = (
         "_body",
@@ -112,29 +109,27 @@ class BatchBuilder:
     def __len__(self) -> int:
         return len(self._offsets)
 
-    def add(self, message: Any) -> None:
-        """Append one ``apache.rocketmq.v2.Message`` (as pulled)."""
-        sp = message.system_properties
-        self._offsets.append(sp.queue_offset)
-        self._ids.append(sp.message_id)
-        self._tags.append(sp.tag if sp.HasField("tag") else None)
-        keys = sp.keys
+    def add(self, message: ReceivedMessage) -> None:
+        """Append one pulled message."""
+        self._offsets.append(message.queue_offset)
+        self._ids.append(message.message_id)
+        self._tags.append(message.tag)
+        keys = message.keys
         if keys:
             self._keys.extend(keys)
         self._key_offsets.append(len(self._keys))
-        props = message.user_properties
+        props = message.properties
         if props:
-            for k, v in props.items():
-                self._pkeys.append(k)
-                self._pvals.append(v)
+            self._pkeys.extend(props)
+            self._pvals.extend(props.values())
         self._map_offsets.append(len(self._pkeys))
         for column, name in zip(self._hot, self._hot_names, strict=True):
             column.append(props.get(name))
         body = message.body
         self._body.append(body)
         self.nbytes += len(body)
-        self._born.append(_micros(sp.born_timestamp))
-        self._store.append(_micros(sp.store_timestamp))
+        self._born.append(message.born_timestamp_ms * 1000)
+        self._store.append(message.store_timestamp_ms * 1000)
 
     def flush(self) -> pa.RecordBatch:
         """The collected rows as one batch (then empty again)."""

@@ -146,7 +146,7 @@ def read_queue_range(plan: ReadPlan, schema: pa.Schema, queue_id: int, start: in
                 break
             past_end = False
             for message in got.messages:
-                if message.system_properties.queue_offset >= end:
+                if message.queue_offset >= end:
                     past_end = True
                     break
                 builder.add(message)
