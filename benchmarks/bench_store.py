@@ -53,18 +53,27 @@ def raw_write_bandwidth(directory: Path, total: int = 512 * MIB, chunk: int = 4 
     return total / elapsed
 
 
-def append_rate(directory: Path, mode: str, count: int, batch: int, threads: int = 1) -> tuple[float, float]:
-    """(messages/s, bytes/s) appending ``count`` 1 KiB messages."""
-    data_dir = directory / f"append-{mode}-{batch}-{threads}"
+def append_rate(  # noqa: PLR0917 - the cases' parameters
+    directory: Path, mode: str, count: int, batch: int, threads: int = 1, one_queue: bool = False
+) -> tuple[float, float]:
+    """(messages/s, bytes/s) appending ``count`` 1 KiB messages.
+
+    ``one_queue``: batches go through ``put_batch`` (one topic and queue, plain tuples), as the
+    broker appends a SendMessage request; otherwise ``put_messages`` spreads them over 4 queues.
+    """
+    data_dir = directory / f"append-{mode}-{batch}-{threads}-{one_queue}"
     cfg = StoreConfig(data_dir, flush_mode=mode, commit_log_segment_size=256 * MIB)  # type: ignore[arg-type]
     store = MessageStore.open(cfg)
     per_thread = count // threads
     msgs = [Message("Bench", BODY, queue_id=i % 4, properties={"TAGS": "A"}) for i in range(batch)]
+    host = bytes(8)
     os.sync()
 
     def run() -> None:
         for _ in range(per_thread // batch):
-            if batch == 1:
+            if one_queue:  # fresh properties dicts: put_batch keeps them
+                store.put_batch("Bench", 0, [(BODY, {"TAGS": "A"}, 0, host) for _ in range(batch)])
+            elif batch == 1:
                 store.put_message(msgs[0])
             else:
                 store.put_messages(msgs)
@@ -190,14 +199,16 @@ def main() -> None:
             ("raw sequential write + fsync", "-", raw / MIB, 1.0, raw / warm),
             ("raw again (page cache reused)", "-", warm / MIB, warm / raw, 1.0),
         ]
-        for label, mode, count, batch, threads in (
-            ("async put_message", "async", args.messages, 1, 1),
-            ("async put_messages x64", "async", args.messages, 64, 1),
-            ("sync put_message, 1 thread", "sync", args.messages // 20, 1, 1),
-            ("sync put_message, 8 threads", "sync", args.messages // 10, 1, 8),
-            ("sync put_messages x64", "sync", args.messages, 64, 1),
+        for label, mode, count, batch, threads, one_queue in (
+            ("async put_message", "async", args.messages, 1, 1, False),
+            ("async put_messages x64", "async", args.messages, 64, 1, False),
+            ("async put_batch x64, one queue", "async", args.messages, 64, 1, True),
+            ("sync put_message, 1 thread", "sync", args.messages // 20, 1, 1, False),
+            ("sync put_message, 8 threads", "sync", args.messages // 10, 1, 8, False),
+            ("sync put_messages x64", "sync", args.messages, 64, 1, False),
+            ("sync put_batch x64, one queue", "sync", args.messages, 64, 1, True),
         ):
-            results = [append_rate(root, mode, count, batch, threads) for _ in range(args.repeat)]
+            results = [append_rate(root, mode, count, batch, threads, one_queue) for _ in range(args.repeat)]
             msgs = statistics.median(r[0] for r in results)
             bw = statistics.median(r[1] for r in results)
             rows.append((label, f"{msgs:,.0f}", bw / MIB, bw / raw, bw / warm))

@@ -178,13 +178,13 @@ class SimpleConsumer(_Consumer):
                 pb.AckMessageRequest(
                     group=self.connection.resource(self.group),
                     topic=self.connection.resource(topic),
-                    entries=[
-                        pb.AckMessageEntry(message_id=m.message_id, receipt_handle=m.receipt_handle)
-                        for m in group
+                    entries=[  # dicts: protobuf builds them in C
+                        {"message_id": m.message_id, "receipt_handle": m.receipt_handle} for m in group
                     ],
                 ),
             )
-            failed = [e for e in response.entries if e.status.code != pb.Code.OK]
+            ok_code = pb.Code.OK
+            failed = [e for e in response.entries if e.status.code != ok_code]
             if failed:  # MULTIPLE_RESULTS: some entries were acknowledged, these were not
                 first = failed[0]
                 text = f"{len(failed)} of {len(group)} acknowledgements failed; {first.message_id}: "

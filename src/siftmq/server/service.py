@@ -337,28 +337,29 @@ class MessagingService:
         topic = convert.topic_name(request.topic)
         client_id = _client_id(context)
 
-        def ack_each() -> list[pb.Status]:  # every entry in one worker-thread hop
-            statuses = []
+        def ack_each() -> list[pb.Status | None]:  # every entry in one worker-thread hop; None: acked
+            errors: list[pb.Status | None] = []
             for entry in request.entries:
                 try:
                     self.broker.ack(group, topic, entry.receipt_handle, client_id=client_id)
-                    statuses.append(ok())
+                    errors.append(None)
                 except Exception as exc:
-                    statuses.append(status_of(exc, call="AckMessage"))
-            return statuses
+                    errors.append(status_of(exc, call="AckMessage"))
+            return errors
 
-        statuses = await self._call(ack_each)
+        errors = await self._call(ack_each)
+        # entries as dicts (protobuf builds them in C): this runs once per acknowledged message
         entries = [
-            pb.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
-            for e, st in zip(request.entries, statuses, strict=True)
+            {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": err or OK_FIELDS}
+            for e, err in zip(request.entries, errors, strict=True)
         ]
-        first_error = next((st for st in statuses if st.code != pb.Code.OK), None)
+        failed = [err for err in errors if err is not None]
         if not request.entries:
-            first_error = status("BAD_REQUEST", "AckMessage has no entries")
-        if first_error is not None and len(entries) > 1 and any(e.status.code == pb.Code.OK for e in entries):
+            top = status("BAD_REQUEST", "AckMessage has no entries")
+        elif failed and len(failed) < len(errors):
             top = status("MULTIPLE_RESULTS", "some entries failed; see each entry's status")
         else:
-            top = first_error or ok()
+            top = failed[0] if failed else ok()
         return pb.AckMessageResponse(status=top, entries=entries)
 
     async def ChangeInvisibleDuration(
