@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from siftmq.store import StoredMessage
 
@@ -33,8 +34,9 @@ class OutgoingMessage:
     delivery_timestamp_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
+class SendResult(NamedTuple):
+    """Where a sent message was stored (a named tuple: one is built per message sent)."""
+
     message_id: str
     queue_id: int
     queue_offset: int

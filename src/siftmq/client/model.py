@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from siftmq.filter import CompiledFilter, compile_filter
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.fields import map_to_dict
+from siftmq.slots import frozen_slots_constructor
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +106,14 @@ class ReceivedMessage:
             else:
                 properties = {}
             out.append(
-                cls(topic, body, message_id, tag or None, tuple(keys.split()) if keys else (), properties,
-                    queue_id, offset, attempt or 1, born, stored, handle)
+                _new_received((topic, body, message_id, tag or None, tuple(keys.split()) if keys else (),
+                               properties, queue_id, offset, attempt or 1, born, stored, handle))
             )  # fmt: skip
         if at != len(names) or len(names) != len(values):
             raise ValueError(
                 f"the answer's property columns do not add up ({at}, {len(names)}, {len(values)})"
             )
         return out
+
+
+_new_received: Final = frozen_slots_constructor(ReceivedMessage)  # runs once per received message

@@ -37,12 +37,10 @@ import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError
 from siftmq.hashing import java_string_hash
-
-_T = TypeVar("_T")
 
 MESSAGE_MAGIC_CODE: Final = 0x5346_4D31  # "SFM1"
 BLANK_MAGIC_CODE: Final = -875286124  # RocketMQ's end-of-file marker (0xCBD43194 as signed int32)
@@ -573,25 +571,6 @@ def _decode_checked(data: bytes | memoryview, pos: int, total_size: int, offset:
     )
 
 
-def frozen_slots_constructor(cls: type[_T]) -> Callable[[tuple[Any, ...]], _T]:
-    """A fast constructor of a frozen, slotted dataclass taking every field value in order.
-
-    The generated ``__init__`` of a frozen dataclass sets each slot through
-    ``object.__setattr__``, which costs more than decoding a record; this one sets the slots
-    through their descriptors instead. The result is the same object (no ``__post_init__`` runs).
-    """
-    setters = tuple(cls.__dict__[f.name].__set__ for f in fields(cls))  # type: ignore[arg-type]
-    new = object.__new__
-
-    def construct(values: tuple[Any, ...]) -> _T:
-        obj = new(cls)
-        for setter, value in zip(setters, values, strict=True):
-            setter(obj, value)
-        return obj
-
-    return construct
-
-
 (
     _set_topic,
     _set_body,
@@ -613,7 +592,7 @@ def frozen_slots_constructor(cls: type[_T]) -> Callable[[tuple[Any, ...]], _T]:
 
 
 def _new_stored_message(v: tuple[Any, ...]) -> StoredMessage:
-    """:func:`frozen_slots_constructor` of StoredMessage, unrolled (it runs once per message read)."""
+    """``siftmq.slots.frozen_slots_constructor`` of StoredMessage, unrolled (runs per message read)."""
     msg: StoredMessage = object.__new__(StoredMessage)
     _set_topic(msg, v[0])
     _set_body(msg, v[1])

@@ -57,7 +57,7 @@ _set_topic, _set_queue_id, _set_queue_offset, _set_commit_log_offset, _set_size,
 def _new_appended_record(  # noqa: PLR0917 - the fields, in order
     topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int, store_timestamp: int
 ) -> AppendedRecord:
-    """``AppendedRecord(...)`` minus the frozen ``__init__`` (see ``codec.frozen_slots_constructor``)."""
+    """``AppendedRecord(...)`` minus the frozen ``__init__`` (see ``siftmq.slots``)."""
     rec: AppendedRecord = object.__new__(AppendedRecord)
     _set_topic(rec, topic)
     _set_queue_id(rec, queue_id)

@@ -52,6 +52,7 @@ from typing import Final
 import numpy as np
 
 from siftmq.errors import CorruptRecordError, StoreClosedError, StoreError, StoreLockedError
+from siftmq.slots import frozen_slots_constructor
 from siftmq.store import codec, retention
 from siftmq.store.codec import Message, StoredMessage
 from siftmq.store.commitlog import AppendedRecord, CommitLog
@@ -77,7 +78,7 @@ _READ_GAP = 16 * 1024  # candidates at most this far apart are read with one pre
 _READ_SPAN = 256 * 1024  # most bytes read at once for a run of candidates
 _CANDIDATE_CHUNK = 64  # index candidates converted to Python ints at once (more if needed)
 
-_make_result: Final = codec.frozen_slots_constructor(GetMessageResult)
+_make_result: Final = frozen_slots_constructor(GetMessageResult)
 
 
 def _new_result(  # noqa: PLR0917 - the fields, in order
@@ -88,7 +89,7 @@ def _new_result(  # noqa: PLR0917 - the fields, in order
     messages: list[StoredMessage],
     scanned: int,
 ) -> GetMessageResult:
-    """``GetMessageResult(...)`` minus the frozen ``__init__`` (see ``codec.frozen_slots_constructor``)."""
+    """``GetMessageResult(...)`` minus the frozen ``__init__`` (see ``siftmq.slots``)."""
     return _make_result((status, next_begin_offset, min_offset, max_offset, messages, scanned))
 
 
