@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -155,9 +156,29 @@ def run(config: BrokerConfig) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("grpc").setLevel(logging.WARNING)
+    _tune_gc()
     try:
         asyncio.run(serve(config))
     except SiftError as exc:
         print(f"siftmq broker: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+#: Allocations (net of frees) between young-generation collections in a broker process.
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def _tune_gc() -> None:
+    """Collect less often in the broker's own process (not when a broker is embedded).
+
+    A request of 256 messages keeps a few thousand short-lived objects alive at once, so with
+    Python's default threshold (700) the young generation was collected about every 150 messages
+    sent, and older generations after it: measured 2-3 us of a sent message's 25-35 us of broker
+    CPU. Freed objects are released by reference counting anyway; the collector only looks for
+    cycles, which the broker rarely makes. Objects alive after start-up are frozen out of the scans.
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
