@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from siftmq.broker.model import Delivery
+from siftmq.client import connection
 from siftmq.client.model import ReceivedMessage
+from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.server import convert
@@ -77,3 +79,10 @@ def test_inconsistent_columns_are_refused() -> None:
     del columns.queue_offset[:]
     with pytest.raises(ValueError):
         ReceivedMessage.from_columns("T", columns)
+
+
+def test_a_malformed_answer_is_a_remote_error() -> None:
+    columns = batch_pb.MessageColumns(body=[b"a"], message_id=["m"])  # the other columns are missing
+    with pytest.raises(RemoteError, match=r"PullMessages: BAD_ANSWER .*malformed answer") as info:
+        connection._from_columns("PullMessages", "T", columns)
+    assert info.value.status == "BAD_ANSWER" and not info.value.is_retriable

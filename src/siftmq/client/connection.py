@@ -139,18 +139,16 @@ class Connection:
         """PullMessage: one frame through siftmq's extension when offered, else the standard stream."""
         batch = await self._batch("PullMessages", request, timeout)
         if batch is not None:
-            topic = request.message_queue.topic.name
-            return Answer(
-                batch.status, ReceivedMessage.from_columns(topic, batch.messages), batch.next_offset
-            )
+            messages = _from_columns("PullMessages", request.message_queue.topic.name, batch.messages)
+            return Answer(batch.status, messages, batch.next_offset)
         return _answer_of(await self.stream("PullMessage", request, timeout=timeout))
 
     async def receive(self, request: pb.ReceiveMessageRequest, *, timeout: float) -> Answer:
         """ReceiveMessage: one frame through siftmq's extension when offered, else the standard stream."""
         batch = await self._batch("ReceiveMessages", request, timeout)
         if batch is not None:
-            topic = request.message_queue.topic.name
-            return Answer(batch.status, ReceivedMessage.from_columns(topic, batch.messages))
+            messages = _from_columns("ReceiveMessages", request.message_queue.topic.name, batch.messages)
+            return Answer(batch.status, messages)
         return _answer_of(await self.stream("ReceiveMessage", request, timeout=timeout))
 
     async def telemetry(self, settings: pb.Settings) -> pb.TelemetryCommand:
@@ -177,6 +175,14 @@ class Connection:
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+def _from_columns(call: str, topic: str, columns: Any) -> list[ReceivedMessage]:
+    """A batch answer's messages; a malformed answer raises :class:`RemoteError` (BAD_ANSWER)."""
+    try:
+        return ReceivedMessage.from_columns(topic, columns)
+    except ValueError as exc:
+        raise RemoteError(f"malformed answer: {exc}", status="BAD_ANSWER", call=call) from None
 
 
 def _answer_of(frames: list[Any]) -> Answer:
