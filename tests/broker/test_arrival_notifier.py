@@ -1,0 +1,58 @@
+"""ArrivalNotifier: long-polling waiters wake on arrivals from other threads, and nothing is missed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from siftmq.broker.long_polling import ArrivalNotifier
+
+
+def test_a_waiter_wakes_when_its_topic_gets_messages_from_another_thread() -> None:
+    async def scenario() -> None:
+        notifier = ArrivalNotifier(asyncio.get_running_loop())
+        seen = notifier.version("T")
+        timer = threading.Timer(0.05, notifier.on_arrival, args=({"Other", "T"},))
+        start = time.monotonic()
+        timer.start()
+        await notifier.wait("T", seen, timeout=10)
+        assert time.monotonic() - start < 5
+        assert notifier.version("T") == seen + 1
+        assert notifier.waiting("T") == 0
+
+    asyncio.run(scenario())
+
+
+def test_an_arrival_between_the_read_and_the_wait_is_not_missed() -> None:
+    async def scenario() -> None:
+        notifier = ArrivalNotifier(asyncio.get_running_loop())
+        seen = notifier.version("T")  # a read found nothing ...
+        thread = threading.Thread(target=notifier.on_arrival, args=({"T"},))
+        thread.start()  # ... a message arrives before the wait starts
+        thread.join()
+        start = time.monotonic()
+        await notifier.wait("T", seen, timeout=10)
+        assert time.monotonic() - start < 1
+
+    asyncio.run(scenario())
+
+
+def test_waits_time_out_and_leave_no_waiter_behind() -> None:
+    async def scenario() -> None:
+        notifier = ArrivalNotifier(asyncio.get_running_loop())
+        notifier.on_arrival({"Other"})  # no waiter: nothing to wake
+        seen = notifier.version("T")
+        waits = [asyncio.create_task(notifier.wait("T", seen, timeout=0.05)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert notifier.waiting("T") == 3
+        await asyncio.gather(*waits)
+        assert notifier.waiting("T") == 0
+        seen = notifier.version("T")
+        many = [asyncio.create_task(notifier.wait("T", seen, timeout=10)) for _ in range(5)]
+        await asyncio.sleep(0.01)
+        await asyncio.to_thread(notifier.on_arrival, {"T"})
+        await asyncio.wait_for(asyncio.gather(*many), timeout=5)
+        assert notifier.waiting("T") == 0
+
+    asyncio.run(scenario())
