@@ -1,8 +1,9 @@
 """Writer process for the kill -9 test (not a test module).
 
-Usage: python crash_writer.py DATA_DIR ROUND. Appends in sync flush mode from two threads and
-prints ``ack ROUND THREAD I COMMIT_LOG_OFFSET QUEUE_ID QUEUE_OFFSET`` after each acknowledged
-append, until killed.
+Usage: python crash_writer.py DATA_DIR ROUND. Appends in sync flush mode from two threads (one
+message per ``put_message``; batches through ``put_batch``, as the broker appends) and prints
+``ack ROUND THREAD I COMMIT_LOG_OFFSET QUEUE_ID QUEUE_OFFSET`` for each record of each
+acknowledged append, until killed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import sys
 import threading
 from pathlib import Path
 
-from siftmq.store import Message, MessageStore, StoreConfig
+from siftmq.store import Message, MessageStore, StoreConfig, codec
+
+HOST = codec.encode_host("127.0.0.1", 1)
 
 
 def body_of(round_no: int, thread: int, i: int) -> bytes:
@@ -36,18 +39,26 @@ def main() -> None:
     out_lock = threading.Lock()
     print("ready", flush=True)
 
+    def props(thread: int, i: int) -> dict[str, str]:
+        return {"TAGS": f"t{thread}", "UNIQ_KEY": f"r{round_no}t{thread}i{i}"}
+
     def run(thread: int) -> None:
         i = 0
         while True:
-            body = body_of(round_no, thread, i)
-            props = {"TAGS": f"t{thread}", "UNIQ_KEY": f"r{round_no}t{thread}i{i}"}
-            r = store.put_message(Message("Crash", body, queue_id=(i + thread) % 3, properties=props))
+            queue_id = (i + thread) % 3
+            if thread == 0:  # one message per call
+                results = [
+                    store.put_message(Message("Crash", body_of(round_no, 0, i), queue_id, props(0, i)))
+                ]
+            else:  # the broker's path: batches of 1..5 on one queue
+                entries = [(body_of(round_no, 1, j), props(1, j), 0, HOST) for j in range(i, i + 1 + i % 5)]
+                results = store.put_batch("Crash", queue_id, entries)
             with out_lock:
-                sys.stdout.write(
-                    f"ack {round_no} {thread} {i} {r.commit_log_offset} {r.queue_id} {r.queue_offset}\n"
-                )
+                for k, r in enumerate(results):
+                    where = f"{r.commit_log_offset} {r.queue_id} {r.queue_offset}"
+                    sys.stdout.write(f"ack {round_no} {thread} {i + k} {where}\n")
                 sys.stdout.flush()
-            i += 1
+            i += len(results)
 
     threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(2)]
     for t in threads:

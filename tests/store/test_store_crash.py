@@ -1,4 +1,7 @@
-"""kill -9 a writer in sync flush mode at random moments; every acknowledged record must survive."""
+"""kill -9 a writer in sync flush mode at random moments; every acknowledged record must survive.
+
+The writer appends one message per call from one thread and batches (``put_batch``) from another.
+"""
 
 from __future__ import annotations
 
@@ -62,6 +65,7 @@ def test_kill_9_loses_no_acknowledged_record(tmp_path: Path) -> None:
                 r, t, i, off, q, qoff = map(int, parts[1:])
                 acked[off] = (r, t, i, q, qoff)
     assert len(acked) > ROUNDS  # the writer did get work done
+    assert {v[1] for v in acked.values()} == {0, 1}  # both put_message and put_batch were acknowledged
 
     with MessageStore.open(_config(data_dir)) as store:
         # every acknowledged record is present and intact, at its offsets
