@@ -151,9 +151,9 @@ def message_columns(messages: Sequence[StoredMessage], deliveries: Sequence[Deli
     """Messages as ``MessageColumns`` constructor arguments (the batch extension's answer).
 
     Pass the stored messages of a pull, or the messages of a receive's ``deliveries`` together
-    with the deliveries (their handles and attempts). One list per column, filled
-    in one pass: protobuf builds repeated fields from lists in C, which is several times cheaper
-    than one nested ``Message`` (with a properties map) per message.
+    with the deliveries (their handles and attempts). One list per column, filled in one pass:
+    protobuf builds repeated fields from lists in C, which is several times cheaper than one
+    nested ``Message`` (with a properties map) per message.
     """
     body: list[bytes] = []
     message_id: list[str] = []

@@ -391,8 +391,9 @@ class MessageStore:
     ) -> list[AppendedRecord]:
         """:meth:`put_messages` for messages of one topic and queue, given as plain tuples.
 
-        Each entry is ``(body, properties, born_timestamp, born_host)`` (flag, sys flag and
-        reconsume times 0; the store host is the store's). The batch is encoded into one buffer
+        Each entry is ``(body, properties, born_timestamp, born_host)``; flag, sys flag and
+        reconsume times are 0 and the store host is the default, as for a :class:`Message` that
+        does not set them. The batch is encoded into one buffer
         without a :class:`Message` per entry, which is what a broker's send path wants. The
         properties dicts become the store's: the caller must not change them afterwards.
         """
