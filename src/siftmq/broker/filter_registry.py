@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -233,25 +233,65 @@ class FilterRegistry:
         size = self.bloom.bitmap_size
         for topic, rows in rows_by_topic.items():
             regs = by_topic[topic]
-            names = set().union(*(r.compiled.properties for r in regs))
-            batch = {name: [requests[i].properties.get(name) for i in rows] for name in names}
-            bits = np.zeros((len(rows), size), dtype=np.uint8)
-            for reg in regs:
-                try:
-                    matched = reg.compiled.matches_batch(batch)
-                except (
-                    Exception
-                ):  # a filter bug must not stop dispatch: set the bits, so reads evaluate exactly
-                    _log.exception("evaluating %s#%s at dispatch failed", reg.group, reg.topic)
-                    matched = np.ones(len(rows), dtype=np.bool_)
-                if not matched.any():
-                    continue
-                for p in reg.positions:
-                    bits[matched, p >> 3] |= np.uint8(1 << (p & 7))
-            flat = bits.tobytes()  # one copy, then a bytes slice per row (cheaper than a numpy row each)
-            for j, i in enumerate(rows):
-                out[i] = flat[j * size : (j + 1) * size]
+            props = [requests[i].properties for i in rows]
+            # a vectorized call costs ~60 us however few its rows: small batches go row by row
+            bitmaps = (_bitmaps_by_row if len(rows) < VECTOR_MIN_ROWS else _bitmaps_vectorized)(
+                regs, props, size
+            )
+            for i, bitmap in zip(rows, bitmaps, strict=True):
+                out[i] = bitmap
         return out
+
+
+#: Dispatch batches with fewer rows of a topic are evaluated row by row (the scalar backend, ~0.3 us a
+#: row) instead of through pyarrow (a fixed ~60 us a call); both backends agree (tests/filter).
+VECTOR_MIN_ROWS = 128
+
+
+def _failed(reg: FilterRegistration) -> None:
+    """A filter bug must not stop dispatch: the caller sets the bits, so reads evaluate exactly."""
+    _log.exception("evaluating %s#%s at dispatch failed", reg.group, reg.topic)
+
+
+def _bitmaps_by_row(
+    regs: Sequence[FilterRegistration], rows: Sequence[Mapping[str, str]], size: int
+) -> list[bytes]:
+    """Bitmaps of a few rows through the scalar backend."""
+    out = []
+    for props in rows:
+        bitmap = bytearray(size)
+        for reg in regs:
+            try:
+                hit = reg.compiled.matches(props)
+            except Exception:
+                _failed(reg)
+                hit = True
+            if hit:
+                for p in reg.positions:
+                    bitmap[p >> 3] |= 1 << (p & 7)
+        out.append(bytes(bitmap))
+    return out
+
+
+def _bitmaps_vectorized(
+    regs: Sequence[FilterRegistration], rows: Sequence[Mapping[str, str]], size: int
+) -> list[bytes]:
+    """Bitmaps of many rows: one pyarrow evaluation per registration."""
+    names = set().union(*(r.compiled.properties for r in regs))
+    batch = {name: [props.get(name) for props in rows] for name in names}
+    bits = np.zeros((len(rows), size), dtype=np.uint8)
+    for reg in regs:
+        try:
+            matched = reg.compiled.matches_batch(batch)
+        except Exception:
+            _failed(reg)
+            matched = np.ones(len(rows), dtype=np.bool_)
+        if not matched.any():
+            continue
+        for p in reg.positions:
+            bits[matched, p >> 3] |= np.uint8(1 << (p & 7))
+    flat = bits.tobytes()  # one copy, then a bytes slice per row (cheaper than a numpy row each)
+    return [flat[j * size : (j + 1) * size] for j in range(len(rows))]
 
 
 def _entry(reg: FilterRegistration) -> dict[str, object]:
