@@ -4,7 +4,8 @@
   with four requests in flight, and ``send`` one message at a time;
 * filtered consume, 10% selective (tag ``Sel`` and property ``sel=1`` on every tenth message):
   ``PullConsumer.poll`` with TAG ``Sel`` and with SQL92 ``sel = 1``, and ``SimpleConsumer.receive`` +
-  ``ack_many`` with TAG ``Sel``;
+  ``ack_many`` with TAG ``Sel``. The consumers subscribe before the sends and the sends start once the
+  broker trusts the SQL92 subscription's bloom bits (``REGISTRATION_MARGIN_MS`` later);
 * the official ``rocketmq-python-client`` against the same broker: send from 8 threads, and a TAG
   ``Sel`` SimpleConsumer acking each message (``--official 0`` skips it).
 
