@@ -87,6 +87,11 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return out
 
 
+def user_properties(props: dict[str, str]) -> dict[str, str]:
+    """The properties a delivered message carries as user properties (neither system nor ``__``-prefixed)."""
+    return {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES and k[:2] != "__"}
+
+
 def message_fields(
     m: StoredMessage,
     topic: pb.Resource,
@@ -129,7 +134,7 @@ def message_fields(
         "system_properties": sp,
         "body": m.body,
     }
-    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES and k[:2] != "__"}
+    user = user_properties(props)
     if user:
         fields["user_properties"] = user
     return fields
@@ -166,20 +171,17 @@ def message_columns(messages: Sequence[StoredMessage], deliveries: Sequence[Deli
     queue_offset: list[int] = []
     born: list[int] = []
     stored: list[int] = []
-    system = SYSTEM_PROPERTIES
     for m in messages:
         props = m.properties
         body.append(m.body)
         message_id.append(props.get(PROPERTY_UNIQ_KEY) or m.offset_msg_id)
         tag.append(props.get(PROPERTY_TAGS) or "")
         keys.append(props.get(PROPERTY_KEYS) or "")  # stored space-separated
-        count = 0
-        for name, value in props.items():
-            if name not in system and name[:2] != "__":
-                property_name.append(name)
-                property_value.append(value)
-                count += 1
-        property_count.append(count)
+        user = user_properties(props)
+        if user:
+            property_name += user
+            property_value += user.values()
+        property_count.append(len(user))
         queue_id.append(m.queue_id)
         queue_offset.append(m.queue_offset)
         born.append(m.born_timestamp)
