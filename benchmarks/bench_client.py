@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from siftmq.broker.message_filters import REGISTRATION_MARGIN_MS
-from siftmq.client import FilterExpression, Producer, PullConsumer, SimpleConsumer
+from siftmq.client import FilterExpression, OutgoingMessage, Producer, PullConsumer, SimpleConsumer
 from siftmq.testing import running_broker
 
 BODY = os.urandom(1024)
@@ -57,7 +57,7 @@ class Meter:
         return count / elapsed
 
 
-def batch_of(producer: Producer, first: int, count: int) -> list[object]:
+def batch_of(producer: Producer, first: int, count: int) -> list[OutgoingMessage]:
     return [
         producer.message(
             TOPIC,
@@ -79,7 +79,7 @@ async def send_cases(meter: Meter, endpoint: str, total: int, batch: int) -> int
                 in_flight: set[asyncio.Future[object]] = set()
                 for first in range(0, total, batch):
                     msgs = batch_of(producer, first, min(batch, total - first))
-                    in_flight.add(asyncio.ensure_future(producer.send_many(msgs)))  # type: ignore[arg-type]
+                    in_flight.add(asyncio.ensure_future(producer.send_many(msgs)))
                     if len(in_flight) >= window:
                         done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                         for d in done:

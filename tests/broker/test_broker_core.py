@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from siftmq.broker import Broker, OutgoingMessage, Subscription
+from siftmq.broker.model import OutgoingBatch
 from siftmq.errors import BadRequestError, FilterError, UnsupportedError
 from siftmq.hashing import java_string_hash
 from siftmq.testing import open_broker as make_broker
@@ -218,6 +219,73 @@ def test_bad_sends_are_refused_and_store_nothing(
     assert broker.store.max_commit_log_offset == before
     send(broker, "T")  # and the broker keeps serving
     assert broker.store.max_commit_log_offset > before
+
+
+def _batch(**change: object) -> OutgoingBatch:
+    """Two valid messages, column by column, with ``change`` applied."""
+    fields: dict[str, object] = {
+        "topic": TOPIC,
+        "bodies": [b"one", b"two"],
+        "message_ids": ["01COLS1", "01COLS2"],
+        "tags": ["T", None],
+        "key_counts": [1, 0],
+        "keys": ["k1"],
+        "property_counts": [2, 1],
+        "property_names": ["a", "b", "a"],
+        "property_values": ["1", "2", "3"],
+        "born_timestamps_ms": [1, 2],
+        "born_hosts": ["", ""],
+    }
+    fields.update(change)
+    return OutgoingBatch(**fields)  # type: ignore[arg-type]
+
+
+def test_a_batch_sent_column_by_column_keeps_each_message_its_own_fields(broker: Broker) -> None:
+    results = broker.send_batch(_batch(born_hosts=["10.0.0.7", "client-7"]))
+    assert [r.message_id for r in results] == ["01COLS1", "01COLS2"]
+    stored = [broker.store.query_message_by_uniq_key(m) for m in ("01COLS1", "01COLS2")]
+    assert stored[0] is not None and stored[1] is not None
+    assert stored[0].properties == {"a": "1", "b": "2", "TAGS": "T", "KEYS": "k1", "UNIQ_KEY": "01COLS1"}
+    assert stored[1].properties == {"a": "3", "UNIQ_KEY": "01COLS2", "__BORN_HOST": "client-7"}
+    assert (stored[0].body, stored[1].body) == (b"one", b"two")
+    assert (stored[0].born_timestamp, stored[1].born_timestamp) == (1, 2)
+    # together over one message's property limit, each within it: accepted
+    big = "v" * 9000
+    fine = _batch(message_ids=["01COLS3", "01COLS4"], property_values=[big, "2", big])
+    assert len(broker.send_batch(fine)) == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "words"),
+    [
+        ({"tags": ["T"]}, "BAD_REQUEST", "1 tags for 2 messages"),
+        ({"born_hosts": [""]}, "BAD_REQUEST", "1 born hosts for 2 messages"),
+        ({"key_counts": [2, 0]}, "ILLEGAL_MESSAGE_KEY", "counts of message keys (2 in all)"),
+        ({"key_counts": [33, 0], "keys": ["k"] * 33}, "ILLEGAL_MESSAGE_KEY", "33 message keys"),
+        ({"key_counts": [1, 0], "keys": ["a b"]}, "ILLEGAL_MESSAGE_KEY", "no whitespace"),
+        ({"property_counts": [1, 1]}, "BAD_REQUEST", "counts of user properties (2 in all)"),
+        ({"property_counts": [4, -1]}, "BAD_REQUEST", "counts of user properties (3 in all)"),
+        ({"property_values": ["1", "2"]}, "BAD_REQUEST", "2 property values for 3 property names"),
+        ({"property_names": ["a", "a", "a"]}, "ILLEGAL_MESSAGE_PROPERTY_KEY", "property twice"),
+        ({"property_names": ["a", "UNIQ_KEY", "a"]}, "ILLEGAL_MESSAGE_PROPERTY_KEY", "reserved"),
+        ({"property_values": ["1", "2\x01", "3"]}, "BAD_REQUEST", "'b' contains a control separator"),
+        ({"property_values": ["v" * 20000, "2", "3"]}, "MESSAGE_PROPERTIES_TOO_LARGE", "20003 bytes"),
+        ({"bodies": [b"one", b""]}, "MESSAGE_BODY_EMPTY", "empty"),
+        ({"message_ids": ["01COLS1", "01COLS1"]}, "ILLEGAL_MESSAGE_ID", "twice"),
+        ({"message_ids": ["01COLS1", "has space"]}, "ILLEGAL_MESSAGE_ID", "has space"),
+        ({"topic": "%SYS%x"}, "ILLEGAL_TOPIC", "system topic"),
+    ],
+)
+def test_malformed_column_batches_are_refused_and_store_nothing(
+    broker: Broker, change: dict[str, object], status: str, words: str
+) -> None:
+    before = broker.store.max_commit_log_offset
+    with pytest.raises(BadRequestError) as exc:
+        broker.send_batch(_batch(**change))
+    assert exc.value.status == status
+    assert words in exc.value.message
+    assert broker.store.max_commit_log_offset == before
+    assert len(broker.send_batch(_batch())) == 2  # and the broker keeps serving
 
 
 def test_invalid_filters_and_disabled_sql(tmp_path: Path, broker: Broker) -> None:

@@ -34,6 +34,52 @@ class OutgoingMessage:
     delivery_timestamp_ms: int | None = None
 
 
+class OutgoingBatch(NamedTuple):
+    """Messages of one topic as a producer sends them, column by column (before validation).
+
+    Entry i of every per-message column belongs to message i. Keys and user properties are
+    flattened: message i has ``key_counts[i]`` keys and ``property_counts[i]`` properties, taken in
+    order from ``keys`` and from ``property_names`` / ``property_values``. Built by
+    :meth:`of` from :class:`OutgoingMessage` objects, or straight from a columnar request.
+    """
+
+    topic: str
+    bodies: Sequence[bytes]
+    message_ids: Sequence[str]
+    tags: Sequence[str | None]
+    key_counts: Sequence[int]
+    keys: Sequence[str]
+    property_counts: Sequence[int]
+    property_names: Sequence[str]
+    property_values: Sequence[str]
+    born_timestamps_ms: Sequence[int]
+    born_hosts: Sequence[str]
+
+    @classmethod
+    def of(cls, topic: str, msgs: Sequence[OutgoingMessage]) -> OutgoingBatch:
+        """``msgs`` (all of ``topic``; FIFO and delay fields are not carried) as columns."""
+        keys: list[str] = []
+        names: list[str] = []
+        values: list[str] = []
+        for m in msgs:
+            keys.extend(m.keys)
+            names.extend(m.user_properties)
+            values.extend(m.user_properties.values())
+        return cls(
+            topic,
+            [m.body for m in msgs],
+            [m.message_id for m in msgs],
+            [m.tag for m in msgs],
+            [len(m.keys) for m in msgs],
+            keys,
+            [len(m.user_properties) for m in msgs],
+            names,
+            values,
+            [m.born_timestamp_ms for m in msgs],
+            [m.born_host for m in msgs],
+        )
+
+
 class SendResult(NamedTuple):
     """Where a sent message was stored (a named tuple: one is built per message sent)."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from siftmq.errors import BadRequestError
@@ -109,24 +109,44 @@ def check_tag(tag: str) -> None:
         )
 
 
-def check_keys(keys: Sequence[str]) -> None:
-    """At most 32 keys, each non-blank, without whitespace (keys are stored space-separated)."""
-    if len(keys) > MAX_KEYS:
+def check_counts(
+    counts: Sequence[int], sent: int, what: str, *, limit: int, status: str, limit_status: str | None = None
+) -> None:
+    """Per-message counts of a flattened column of ``sent`` entries: none negative, adding up to
+    ``sent``, none above ``limit`` (refused with ``limit_status``, by default ``status``)."""
+    if sent != sum(counts) or (counts and min(counts) < 0):
         raise BadRequestError(
-            f"{len(keys)} message keys exceed the limit {MAX_KEYS}", status="ILLEGAL_MESSAGE_KEY"
+            f"the counts of {what} ({sum(counts)} in all) do not match the {sent} sent", status=status
         )
-    for key in keys:
-        if (
-            not key
-            or len(key) > MAX_KEY_LENGTH
-            or _WHITESPACE.search(key) is not None
-            or "\x01" in key
-            or "\x02" in key
-        ):
-            raise BadRequestError(
-                f"illegal message key {key[:300]!r}: 1..{MAX_KEY_LENGTH} characters, no whitespace",
-                status="ILLEGAL_MESSAGE_KEY",
-            )
+    most = max(counts, default=0)
+    if most > limit:
+        raise BadRequestError(f"{most} {what} exceed the limit {limit}", status=limit_status or status)
+
+
+def check_key_columns(counts: Sequence[int], keys: Sequence[str]) -> None:
+    """The keys of a batch, flattened: message i has ``counts[i]`` of them, in order, in ``keys``.
+
+    At most 32 keys per message, each a valid key (:func:`check_key`).
+    """
+    check_counts(counts, len(keys), "message keys", limit=MAX_KEYS, status="ILLEGAL_MESSAGE_KEY")
+    for key in set(keys):
+        check_key(key)
+
+
+@functools.lru_cache(maxsize=4096)  # keys often repeat; a refused key raises, never cached
+def check_key(key: str) -> None:
+    """1..255 characters without whitespace or control separators (keys are stored space-separated)."""
+    if (
+        not key
+        or len(key) > MAX_KEY_LENGTH
+        or _WHITESPACE.search(key) is not None
+        or "\x01" in key
+        or "\x02" in key
+    ):
+        raise BadRequestError(
+            f"illegal message key {key[:300]!r}: 1..{MAX_KEY_LENGTH} characters, no whitespace",
+            status="ILLEGAL_MESSAGE_KEY",
+        )
 
 
 def check_message_id(message_id: str) -> None:
@@ -139,37 +159,63 @@ def check_message_id(message_id: str) -> None:
         raise BadRequestError(f"illegal message id {message_id[:200]!r}", status="ILLEGAL_MESSAGE_ID")
 
 
-def check_user_properties(properties: Mapping[str, str], *, max_count: int, max_bytes: int) -> None:
-    """Names non-empty, not reserved, no separator characters; count and total size bounded."""
-    if len(properties) > max_count:
+def check_property_columns(
+    counts: Sequence[int], names: Sequence[str], values: Sequence[str], *, max_count: int, max_bytes: int
+) -> None:
+    """The user properties of a batch, flattened: message i has ``counts[i]`` of them, in order,
+    in ``names`` and ``values``.
+
+    Names non-empty, not reserved, no separator characters (:func:`check_property_name`); values
+    without separator characters; per message, at most ``max_count`` properties of at most
+    ``max_bytes`` bytes (UTF-8 names plus values). A name given twice for one message is refused
+    by the caller, which builds each message's properties.
+    """
+    if len(names) != len(values):
         raise BadRequestError(
-            f"{len(properties)} user properties exceed the limit {max_count}",
-            status="MESSAGE_PROPERTIES_TOO_LARGE",
+            f"{len(values)} property values for {len(names)} property names", status="BAD_REQUEST"
         )
-    total = 0
-    for name, value in properties.items():
-        if not name or name.strip() != name:
-            raise BadRequestError(
-                f"illegal user property name {name!r}", status="ILLEGAL_MESSAGE_PROPERTY_KEY"
-            )
-        if name in RESERVED_PROPERTIES or name.startswith("__"):
-            raise BadRequestError(
-                f"user property name {name!r} is reserved by the broker",
-                status="ILLEGAL_MESSAGE_PROPERTY_KEY",
-            )
-        if "\x01" in name or "\x02" in name:
-            raise BadRequestError(
-                f"user property name {name!r} contains a control separator (\\x01/\\x02)",
-                status="ILLEGAL_MESSAGE_PROPERTY_KEY",
-            )
-        if "\x01" in value or "\x02" in value:
-            raise BadRequestError(
-                f"value of user property {name!r} contains a control separator (\\x01/\\x02)",
-                status="BAD_REQUEST",
-            )
-        total += len(name.encode()) + len(value.encode())
-    if total > max_bytes:
+    check_counts(
+        counts,
+        len(names),
+        "user properties",
+        limit=max_count,
+        status="BAD_REQUEST",
+        limit_status="MESSAGE_PROPERTIES_TOO_LARGE",
+    )
+    for name in set(names):
+        check_property_name(name)
+    joined = "\x00".join(values)
+    if "\x01" in joined or "\x02" in joined:
+        bad = next(i for i, v in enumerate(values) if "\x01" in v or "\x02" in v)
         raise BadRequestError(
-            f"user properties of {total} bytes exceed the limit {max_bytes}",
-            status="MESSAGE_PROPERTIES_TOO_LARGE",
+            f"value of user property {names[bad]!r} contains a control separator (\\x01/\\x02)",
+            status="BAD_REQUEST",
+        )
+    if len("".join(names).encode()) + len(joined.encode()) - max(len(values) - 1, 0) <= max_bytes:
+        return  # the whole batch's properties fit one message's limit: so does every message's
+    pos = 0
+    for count in counts:
+        end = pos + count
+        total = len("".join(names[pos:end]).encode()) + len("".join(values[pos:end]).encode())
+        if total > max_bytes:
+            raise BadRequestError(
+                f"user properties of {total} bytes exceed the limit {max_bytes}",
+                status="MESSAGE_PROPERTIES_TOO_LARGE",
+            )
+        pos = end
+
+
+@functools.lru_cache(maxsize=4096)  # names repeat from message to message; a refused one is never cached
+def check_property_name(name: str) -> None:
+    """Non-empty, no surrounding whitespace, not reserved by the broker, no control separators."""
+    if not name or name.strip() != name:
+        raise BadRequestError(f"illegal user property name {name!r}", status="ILLEGAL_MESSAGE_PROPERTY_KEY")
+    if name in RESERVED_PROPERTIES or name.startswith("__"):
+        raise BadRequestError(
+            f"user property name {name!r} is reserved by the broker", status="ILLEGAL_MESSAGE_PROPERTY_KEY"
+        )
+    if "\x01" in name or "\x02" in name:
+        raise BadRequestError(
+            f"user property name {name!r} contains a control separator (\\x01/\\x02)",
+            status="ILLEGAL_MESSAGE_PROPERTY_KEY",
         )

@@ -7,11 +7,12 @@ Depends only on the protocol stubs, the error types and the filter engine.
 """
 
 from siftmq.client.consumers import PullConsumer, PushConsumer, SimpleConsumer
-from siftmq.client.model import FilterExpression, ReceivedMessage, SendReceipt
+from siftmq.client.model import FilterExpression, OutgoingMessage, ReceivedMessage, SendReceipt
 from siftmq.client.producer import Producer, new_message_id
 
 __all__ = [
     "FilterExpression",
+    "OutgoingMessage",
     "Producer",
     "PullConsumer",
     "PushConsumer",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from types import MappingProxyType
+from typing import Any, Final, NamedTuple
 
 from siftmq.filter import CompiledFilter, compile_filter
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -47,10 +48,30 @@ class FilterExpression:
         return self.compiled.matches(props)
 
 
+class OutgoingMessage(NamedTuple):
+    """A message to send, as :meth:`Producer.message <siftmq.client.Producer.message>` makes it.
+
+    ``message_id`` is the client's id (the same on every retry, so the broker stores it once);
+    ``born_timestamp_ms`` is when the message was made.
+    """
+
+    topic: str
+    body: bytes
+    message_id: str
+    tag: str | None = None
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = MappingProxyType({})
+    born_timestamp_ms: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class SendReceipt:
+    """Where a sent message was stored; ``queue_id`` is -1 when the broker did not say (the
+    standard SendMessage answer carries no queue, siftmq's batch extension does)."""
+
     message_id: str
     queue_offset: int
+    queue_id: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 ``apache.rocketmq.v2.MessagingService`` is RocketMQ's protocol: our protobuf package is
 ``siftmq.protocol.v2`` but the method paths here are the protocol's, so the official clients reach
 these handlers unchanged. ``siftmq.v2.BatchMessagingService`` is siftmq's own extension (see
-``siftmq_batch.proto``): pull and receive answered in one frame, used by siftmq's client when offered.
+``siftmq_batch.proto``): pull and receive answered in one frame, and sends column by column, used by
+siftmq's client when offered.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ RPCS: Final[tuple[Rpc, ...]] = (
     Rpc("SyncLiteSubscription", "unary_unary", None, pb.StatusOnlyResponse),
 )
 
-#: siftmq's extension: the requests of PullMessage and ReceiveMessage, every message in one answer.
+#: siftmq's extension: the requests of PullMessage and ReceiveMessage, every message in one answer;
+#: and SendMessage's messages sent column by column.
 BATCH_RPCS: Final[tuple[Rpc, ...]] = (
     Rpc("PullMessages", "unary_unary", pb.PullMessageRequest, batch_pb.PullBatchResponse, BATCH_SERVICE_NAME),
     Rpc(
@@ -78,6 +80,13 @@ BATCH_RPCS: Final[tuple[Rpc, ...]] = (
         "unary_unary",
         pb.ReceiveMessageRequest,
         batch_pb.ReceiveBatchResponse,
+        BATCH_SERVICE_NAME,
+    ),
+    Rpc(
+        "SendMessages",
+        "unary_unary",
+        batch_pb.SendBatchRequest,
+        batch_pb.SendBatchResponse,
         BATCH_SERVICE_NAME,
     ),
 )

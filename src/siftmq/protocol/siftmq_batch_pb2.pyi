@@ -59,3 +59,39 @@ class ReceiveBatchResponse(_message.Message):
     messages: MessageColumns
     delivery_timestamp: _timestamp_pb2.Timestamp
     def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., delivery_timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SendBatchRequest(_message.Message):
+    __slots__ = ("topic", "body", "message_id", "tag", "key_count", "key", "property_count", "property_name", "property_value", "born_timestamp_ms", "born_host")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    KEY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROPERTY_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROPERTY_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    BORN_HOST_FIELD_NUMBER: _ClassVar[int]
+    topic: _rocketmq_v2_pb2.Resource
+    body: _containers.RepeatedScalarFieldContainer[bytes]
+    message_id: _containers.RepeatedScalarFieldContainer[str]
+    tag: _containers.RepeatedScalarFieldContainer[str]
+    key_count: _containers.RepeatedScalarFieldContainer[int]
+    key: _containers.RepeatedScalarFieldContainer[str]
+    property_count: _containers.RepeatedScalarFieldContainer[int]
+    property_name: _containers.RepeatedScalarFieldContainer[str]
+    property_value: _containers.RepeatedScalarFieldContainer[str]
+    born_timestamp_ms: _containers.RepeatedScalarFieldContainer[int]
+    born_host: str
+    def __init__(self, topic: _Optional[_Union[_rocketmq_v2_pb2.Resource, _Mapping]] = ..., body: _Optional[_Iterable[bytes]] = ..., message_id: _Optional[_Iterable[str]] = ..., tag: _Optional[_Iterable[str]] = ..., key_count: _Optional[_Iterable[int]] = ..., key: _Optional[_Iterable[str]] = ..., property_count: _Optional[_Iterable[int]] = ..., property_name: _Optional[_Iterable[str]] = ..., property_value: _Optional[_Iterable[str]] = ..., born_timestamp_ms: _Optional[_Iterable[int]] = ..., born_host: _Optional[str] = ...) -> None: ...
+
+class SendBatchResponse(_message.Message):
+    __slots__ = ("status", "queue_id", "queue_offset")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    status: _rocketmq_v2_pb2.Status
+    queue_id: _containers.RepeatedScalarFieldContainer[int]
+    queue_offset: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., queue_id: _Optional[_Iterable[int]] = ..., queue_offset: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -10,10 +10,11 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from siftmq.broker.model import PROPERTY_BORN_HOST, Delivery, OutgoingMessage, Subscription
+from siftmq.broker.model import PROPERTY_BORN_HOST, Delivery, OutgoingBatch, OutgoingMessage, Subscription
 from siftmq.broker.validation import qualified_name
 from siftmq.errors import BadRequestError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.protocol.fields import map_to_dict
 from siftmq.store import StoredMessage
 from siftmq.store.codec import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
@@ -73,6 +74,24 @@ def outgoing_message(msg: pb.Message, max_body_size: int) -> OutgoingMessage:
         sp.born_host,
         sp.message_group if sp.HasField("message_group") else None,
         timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
+    )
+
+
+def outgoing_batch(request: batch_pb.SendBatchRequest) -> OutgoingBatch:
+    """A SendMessages request's columns (the broker checks that they agree)."""
+    count = len(request.body)
+    return OutgoingBatch(
+        topic_name(request.topic),
+        list(request.body),
+        list(request.message_id),
+        [tag or None for tag in request.tag],
+        list(request.key_count),
+        list(request.key),
+        list(request.property_count),
+        list(request.property_name),
+        list(request.property_value),
+        list(request.born_timestamp_ms),
+        [request.born_host] * count,
     )
 
 

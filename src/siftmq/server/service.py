@@ -248,6 +248,22 @@ class MessagingService:
             msgs.append(msg)
         return self.broker.send_many(msgs)
 
+    async def SendMessages(
+        self, request: batch_pb.SendBatchRequest, context: Any
+    ) -> batch_pb.SendBatchResponse:
+        """siftmq's batch extension: SendMessage with the messages column by column."""
+        try:
+            loop = asyncio.get_running_loop()
+            batch = convert.outgoing_batch(request)
+            results = await loop.run_in_executor(self.send_executor, self.broker.send_batch, batch)
+        except Exception as exc:
+            return batch_pb.SendBatchResponse(status=status_of(exc, call="SendMessages"))
+        return batch_pb.SendBatchResponse(
+            status=OK_FIELDS,
+            queue_id=[r.queue_id for r in results],
+            queue_offset=[r.queue_offset for r in results],
+        )
+
     # ------------------------------------------------------------------------------------ receive
 
     async def QueryAssignment(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from siftmq.client.connection import Connection, check
-from siftmq.client.model import ReceivedMessage
+from siftmq.client.model import OutgoingMessage, ReceivedMessage
 from siftmq.client.producer import Producer
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -188,7 +188,7 @@ class BrokerGateway:
 
     # -------------------------------------------------------------------------------------- send
 
-    def send(self, messages: Sequence[pb.Message]) -> int:
+    def send(self, messages: Sequence[OutgoingMessage]) -> int:
         """Send one batch of one topic (retried by the producer); returns how many were sent."""
 
         async def go() -> int:

@@ -42,9 +42,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
+from siftmq.client.model import OutgoingMessage
 from siftmq.client.producer import new_message_id
 from siftmq.errors import ConfigError, SiftError
-from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.spark.gateway import BrokerGateway
 from siftmq.spark.options import WriteOptions
 
@@ -53,8 +53,6 @@ IGNORED_COLUMNS: Final = frozenset(
     {"queue_id", "queue_offset", "message_id", "born_timestamp", "store_timestamp"}
 )
 MESSAGE_COLUMNS: Final = ("body", "tag", "keys", "properties", "topic")
-_IDENTITY = pb.Encoding.IDENTITY
-_NORMAL = pb.MessageType.NORMAL
 
 
 class WriteError(SiftError):
@@ -129,7 +127,7 @@ class _Sender:
         self.options = options
         self.names = {f.name.lower(): f.name for f in schema.fields}
         self.gateway: BrokerGateway | None = None
-        self.pending: dict[str, list[pb.Message]] = {}
+        self.pending: dict[str, list[OutgoingMessage]] = {}
         self.pending_bytes: dict[str, int] = {}
         self.sent = 0
 
@@ -149,7 +147,7 @@ class _Sender:
                 maps = self._column(batch, "properties") or [None] * n
                 topics = self._column(batch, "topic") or [None] * n
                 extra = [(p, self._column(batch, p) or [None] * n) for p in self.options.property_columns]
-                born = time.time_ns()
+                born_ms = time.time_ns() // 1_000_000
                 for i in range(n):
                     topic = self.options.topic or topics[i]
                     if not topic:
@@ -168,17 +166,14 @@ class _Sender:
                     row_keys = keys[i]
                     if isinstance(row_keys, str):
                         row_keys = row_keys.split()
-                    sp = pb.SystemProperties(
-                        message_id=message_id(row),
-                        body_encoding=_IDENTITY,
-                        message_type=_NORMAL,
-                        keys=[k for k in (row_keys or ()) if k is not None],
-                    )
-                    sp.born_timestamp.FromNanoseconds(born)
-                    if tags[i] is not None:
-                        sp.tag = tags[i]
-                    message = pb.Message(
-                        topic=pb.Resource(name=topic), body=body, system_properties=sp, user_properties=props
+                    message = OutgoingMessage(
+                        topic,
+                        body,
+                        message_id(row),
+                        tags[i],
+                        tuple(k for k in (row_keys or ()) if k is not None),
+                        props,
+                        born_ms,
                     )
                     self._add(topic, message, len(body))
                     row += 1
@@ -189,7 +184,7 @@ class _Sender:
                 self.gateway.close()
         return self.sent
 
-    def _add(self, topic: str, message: pb.Message, size: int) -> None:
+    def _add(self, topic: str, message: OutgoingMessage, size: int) -> None:
         queue = self.pending.setdefault(topic, [])
         if queue and self.pending_bytes.get(topic, 0) + size > self.options.max_batch_bytes:
             self._flush(topic)

@@ -6,7 +6,7 @@ Imports only ``siftmq.errors`` (never filter, broker, server, client or spark). 
 """
 
 from siftmq.hashing import java_string_hash
-from siftmq.store.codec import Message, StoredMessage, encode_host, tags_code_of
+from siftmq.store.codec import BatchEntry, Message, StoredMessage, encode_host, tags_code_of
 from siftmq.store.commitlog import AppendedRecord
 from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue_ext import CqExtBlock, CqExtUnit
@@ -17,6 +17,7 @@ from siftmq.store.store import MessageArrivingListener, MessageStore
 
 __all__ = [
     "AppendedRecord",
+    "BatchEntry",
     "BitmapDispatcher",
     "BlockMessageFilter",
     "CommitLogDispatcher",
