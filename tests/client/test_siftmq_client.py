@@ -363,6 +363,34 @@ def test_poll_buffers_and_commit_resumes_at_the_first_unreturned_message(
     run(scenario())
 
 
+def test_prefetch_stays_within_its_bounds_and_delivers_in_order(start_broker: Any) -> None:
+    broker = start_broker()
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            for _ in range(8):  # 50 messages on each queue (one queue per request)
+                await producer.send_many(
+                    [producer.message("AheadTopic", b"x" * 10, properties={"i": str(i)}) for i in range(50)]
+                )
+        for group, bound, size, limit in (("by-count", 12, 5, 12 + 5), ("by-bytes", 1000, 5, 5)):
+            async with PullConsumer(broker.endpoint, group, "AheadTopic") as c:
+                c.prefetch_messages = bound
+                c.prefetch_bytes = 1 if group == "by-bytes" else 1 << 20
+                c.pull_batch_size = size
+                got: dict[int, list[int]] = {}
+                for _ in range(400):
+                    for m in await c.poll(3, timeout=0.2):
+                        got.setdefault(m.queue_id, []).append(m.queue_offset)
+                    assert max(map(len, c._buffered.values()), default=0) <= limit
+                    if sum(map(len, got.values())) >= 400:
+                        break
+                    await asyncio.sleep(0.01)  # let the prefetches in flight answer
+                assert got == {q: list(range(50)) for q in range(8)}
+                assert set(c._buffered_bytes.values()) <= {0}
+
+    run(scenario())
+
+
 def test_seek_drops_what_was_prefetched(start_broker: Any) -> None:
     broker = start_broker()
 

@@ -340,7 +340,13 @@ class PullConsumer(_Consumer):
         self.assignment_ttl_s = 1.0  # how long a queried assignment is reused by poll()
         self._assigned: tuple[float, list[int]] | None = None
         self._offsets: dict[int, int] = {}  # where each queue's next pull starts
+        #: prefetch bounds per queue (RocketMQ's pullThresholdForQueue / pullThresholdSizeForQueue):
+        #: a queue is pulled ahead of the application while it buffers fewer messages and body bytes
+        self.prefetch_messages = 1000
+        self.prefetch_bytes = 32 * 1024 * 1024
+        self.pull_batch_size = 32  # messages a pull asks for at least (more when a poll asks for more)
         self._buffered: dict[int, collections.deque[ReceivedMessage]] = {}  # pulled, not yet returned
+        self._buffered_bytes: dict[int, int] = {}  # body bytes in _buffered, per queue
         self._fetching: dict[int, asyncio.Future[None]] = {}  # the pull in flight per queue
         self._generation: dict[int, int] = {}  # bumped by seek/rebalance: an older pull's answer is dropped
         self._offset_file = (
@@ -404,6 +410,7 @@ class PullConsumer(_Consumer):
     def _forget(self, qid: int) -> None:
         """Drop a queue's buffered messages and disown its pull in flight (its answer is discarded)."""
         self._buffered.pop(qid, None)
+        self._buffered_bytes.pop(qid, None)
         self._generation[qid] = self._generation.get(qid, 0) + 1
         task = self._fetching.pop(qid, None)
         if task is not None:
@@ -417,12 +424,13 @@ class PullConsumer(_Consumer):
     async def poll(self, max_messages: int = 32, timeout: float = 0.0) -> list[ReceivedMessage]:
         """Up to ``max_messages`` from the assigned queues, waiting up to ``timeout`` for new ones.
 
-        Every queue with nothing buffered is pulled, concurrently (answered in one frame when the
-        broker offers siftmq's batch extension); what does not fit into this poll stays buffered, and
-        before returning, the queues this poll emptied are pulled again in the background (as
-        RocketMQ's consumers prefetch), so the next poll finds messages waiting. :meth:`commit`
-        stores the offset of the first message not yet returned: nothing buffered is skipped after a
-        restart. Not safe to call concurrently.
+        Queues are pulled concurrently (answered in one frame when the broker offers siftmq's batch
+        extension) and ahead of the application, as RocketMQ's consumers prefetch: a queue is pulled
+        again in the background while it buffers fewer than :attr:`prefetch_messages` messages and
+        :attr:`prefetch_bytes` body bytes, so the broker reads while the application works. A poll
+        that finds fewer than ``max_messages`` buffered waits for the pulls in flight until enough
+        arrived or all answered. :meth:`commit` stores the offset of the first message not yet
+        returned: nothing buffered is skipped after a restart. Not safe to call concurrently.
         """
         self._reap()  # a background pull that failed raises here
         queues = await self._cached_assignment()
@@ -431,25 +439,49 @@ class PullConsumer(_Consumer):
             if buffered:  # the new owner reads them; should the queue come back, so does this consumer
                 self._offsets[qid] = buffered[0].queue_offset
             self._forget(qid)
-        if sum(map(len, self._buffered.values())) < max_messages:
+        if self._buffered_count() < max_messages:
             self._prefetch(queues, max_messages)
-            await asyncio.gather(*self._fetching.values(), return_exceptions=True)
+            pending = set(self._fetching.values())
+            while pending and self._buffered_count() < max_messages:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             self._reap()
             if timeout > 0 and not any(self._buffered.values()):
                 await self._long_poll(queues, max_messages, timeout)
         out: list[ReceivedMessage] = []
         for qid in queues:
             buffered = self._buffered.get(qid)
+            if not buffered:
+                continue
+            taken = 0
             while buffered and len(out) < max_messages:
-                out.append(buffered.popleft())
+                message = buffered.popleft()
+                taken += len(message.body)
+                out.append(message)
+            self._buffered_bytes[qid] -= taken
         self._prefetch(queues, max_messages)
         return out
 
+    def _buffered_count(self) -> int:
+        return sum(map(len, self._buffered.values()))
+
     def _prefetch(self, queues: list[int], batch_size: int) -> None:
-        """Start a pull (no waiting) on every queue with nothing buffered and no pull in flight."""
+        """Start a pull (no waiting) on every queue below the prefetch bounds with no pull in flight
+        (a failed pull stays until the next poll raises its failure)."""
         for qid in queues:
-            if not self._buffered.get(qid) and qid not in self._fetching:
-                self._fetching[qid] = asyncio.ensure_future(self._fetch(qid, batch_size, 0.0))
+            task = self._fetching.get(qid)
+            if task is not None and (
+                not task.done() or (not task.cancelled() and task.exception() is not None)
+            ):
+                continue
+            buffered = self._buffered.get(qid)
+            if buffered and (
+                len(buffered) >= self.prefetch_messages
+                or self._buffered_bytes.get(qid, 0) >= self.prefetch_bytes
+            ):
+                continue
+            self._fetching[qid] = asyncio.ensure_future(
+                self._fetch(qid, max(batch_size, self.pull_batch_size), 0.0)
+            )
 
     def _reap(self) -> None:
         """Forget finished pulls; raise the first failure among them."""
@@ -505,6 +537,7 @@ class PullConsumer(_Consumer):
         accepted, _ = self._accept(self.topic, answer.messages)
         if accepted:
             self._buffered.setdefault(qid, collections.deque()).extend(accepted)
+            self._buffered_bytes[qid] = self._buffered_bytes.get(qid, 0) + sum(len(m.body) for m in accepted)
         if answer.next_offset is not None:
             self._offsets[qid] = answer.next_offset
 
