@@ -4,6 +4,7 @@
 ready line; ``endpoint`` and ``admin_url`` are then set; ``stop()`` sends SIGTERM, ``kill()``
 SIGKILL. ``running_broker()`` does the same in a temporary directory for a ``with`` block;
 ``open_broker()`` starts an in-process :class:`~siftmq.broker.Broker` for unit tests.
+``SteppedClock`` stands in for a module's ``time`` to step its wall clock (the real one cannot be).
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ from pathlib import Path
 from typing import Any
 
 READY_TIMEOUT_S = 60
+
+
+class SteppedClock:
+    """A module's ``time`` with its wall clock ``offset_ns`` ahead of the real one; set the offset
+    back to step the clock back (``monkeypatch.setattr(store_module, "time", clock)``)."""
+
+    def __init__(self, offset_ns: int) -> None:
+        self.offset_ns = offset_ns
+
+    def time_ns(self) -> int:
+        return time.time_ns() + self.offset_ns
 
 
 def toml_value(value: object) -> str:

@@ -12,6 +12,8 @@ from siftmq.broker import Broker, OutgoingMessage, Subscription
 from siftmq.broker.model import OutgoingBatch
 from siftmq.errors import BadRequestError, FilterError, UnsupportedError
 from siftmq.hashing import java_string_hash
+from siftmq.store import store as store_module
+from siftmq.testing import SteppedClock
 from siftmq.testing import open_broker as make_broker
 
 TOPIC = "Orders"
@@ -121,6 +123,31 @@ def test_messages_stored_before_registration_are_evaluated_exactly(broker: Broke
         send(broker, "T", a=str(i))
     got = drain(broker, "late", sql_sub("a >= 5"))
     assert sorted(p["a"] for _, p, _ in got) == ["5", "6", "7", "8", "9"]
+
+
+def test_a_wall_clock_stepping_back_never_hides_older_messages_from_a_new_sql92_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SteppedClock(3600 * 10**9)  # the store's clock runs an hour ahead, then steps back
+    monkeypatch.setattr(store_module, "time", clock)
+    broker = make_broker(tmp_path / "data")
+    try:
+        assert drain(broker, "other", sql_sub("b = 2")) == []  # so records get bitmaps at dispatch
+        send(broker, "T", a="1", message_id="01BEFORE")  # stored "an hour from now"
+        broker.store.wait_dispatched(10)
+        clock.offset_ns = 0  # the wall clock steps back by an hour
+        # its bitmap lacks the new group's bits; were it trusted, the message would be skipped
+        assert [p["UNIQ_KEY"] for _, p, _ in drain(broker, "late", sql_sub("a = 1"))] == ["01BEFORE"]
+        send(broker, "T", a="1", message_id="01AFTER")
+        assert [p["UNIQ_KEY"] for _, p, _ in drain(broker, "late", sql_sub("a = 1"))] == ["01AFTER"]
+    finally:
+        broker.close()
+    broker = make_broker(tmp_path / "data")  # after a restart too
+    try:
+        got = drain(broker, "later", sql_sub("a = 1"))
+        assert sorted(p["UNIQ_KEY"] for _, p, _ in got) == ["01AFTER", "01BEFORE"]
+    finally:
+        broker.close()
 
 
 def test_non_matching_messages_are_passed_over(broker: Broker) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 
 from siftmq.errors import StoreError
 from siftmq.store import GetMessageStatus, MessageStore, StoreConfig
+from siftmq.store import store as store_module
+from siftmq.testing import SteppedClock
 
 
 def _write(cfg: StoreConfig, n: int, *, crash: bool, body_size: int = 3000) -> dict[int, bytes]:
@@ -181,3 +184,26 @@ def test_random_damage_never_yields_a_corrupted_message(
         store.close()
     with MessageStore.open(cfg) as again:  # and it reopens cleanly
         assert again.max_commit_log_offset >= r.commit_log_offset + r.size
+
+
+def test_the_largest_store_timestamp_survives_restarts_and_crashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = small_config(tmp_path, build_key_index=False)
+    clock = SteppedClock(3600 * 10**9)  # an hour ahead, then the wall clock steps back
+    monkeypatch.setattr(store_module, "time", clock)
+    with MessageStore.open(cfg) as store:
+        assert store.max_store_timestamp == 0
+        early = store.put_message(msg(body=b"x" * 3000)).store_timestamp
+        clock.offset_ns = 0
+        later = [store.put_message(msg(body=b"x" * 3000)).store_timestamp for _ in range(600)]
+        assert store.max_store_timestamp == early > max(later)
+    assert len(_commitlog_files(tmp_path)) > 1  # the largest is in a segment a clean start does not scan
+    with MessageStore.open(cfg) as store:  # clean stop: from the checkpoint
+        assert store.max_store_timestamp == early
+    (tmp_path / "abort").touch()
+    (tmp_path / "checkpoint").unlink()
+    with MessageStore.open(cfg) as store:  # a crash without a checkpoint: the whole log is scanned
+        assert store.max_store_timestamp == early
+    body = json.loads((tmp_path / "checkpoint").read_bytes())["body"]
+    assert json.loads(body)["max_store_timestamp"] == early

@@ -93,7 +93,12 @@ class Broker:
             default_queue_nums=config.default_queue_nums,
             max_queue_nums=config.max_queue_nums,
         )
-        self.filters = FilterRegistry(config_dir, self.bloom, expire_s=config.filter_registration_expire_s)
+        self.filters = FilterRegistry(
+            config_dir,
+            self.bloom,
+            expire_s=config.filter_registration_expire_s,
+            latest_store_time=lambda: self.store.max_store_timestamp,
+        )
         self.groups = GroupManager(
             config_dir,
             compat_groups=config.compat_groups,

@@ -5,9 +5,11 @@ When a group subscribes a topic with SQL92 the broker registers the expression u
 batch at once with ``matches_batch`` — and each matching registration's bloom bits are OR-ed into
 the record's bitmap (stored in its ConsumeQueueExt unit).
 
-A registration has a version (bumped when the group's expression changes) and a born time:
-bitmaps of records stored before it say nothing about it, so those records are evaluated exactly
-(see :class:`~siftmq.broker.message_filters.SqlMessageFilter`). Registrations are kept in
+A registration has a version (bumped when the group's expression changes) and a born time, no
+earlier than the store timestamp of any record stored before it (the store keeps the largest across
+restarts, so a wall clock that stepped back cannot move a born time before older records): bitmaps
+of records stored before it say nothing about it, so those records are evaluated exactly (see
+:class:`~siftmq.broker.message_filters.SqlMessageFilter`). Registrations are kept in
 ``config/filters.json`` and dropped ``expire_s`` after the group was last seen alive.
 
 The offline ``backfill`` Spark job (``siftmq spark backfill``) computes a registration's bits for the
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -72,8 +74,17 @@ class FilterRegistration:
 class FilterRegistry:
     """The broker's SQL92 registrations; implements the store's ``BitmapDispatcher``. Thread-safe."""
 
-    def __init__(self, config_dir: Path, bloom: BloomFilter, *, expire_s: float) -> None:
+    def __init__(
+        self,
+        config_dir: Path,
+        bloom: BloomFilter,
+        *,
+        expire_s: float,
+        latest_store_time: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.bloom = bloom
+        #: the largest store timestamp any record has had (the store's ``max_store_timestamp``)
+        self.latest_store_time = latest_store_time
         self._path = config_dir / "filters.json"
         self._expire_ms = int(expire_s * 1000)
         self._lock = threading.Lock()
@@ -132,8 +143,10 @@ class FilterRegistry:
             self._by_key[key] = reg
             self._reindex_locked()
             # The born time is read after the registration is visible to the dispatcher, so every
-            # record stored later gets this registration's bits.
-            reg = replace(reg, born_time_ms=_now_ms())
+            # record stored later gets this registration's bits; and it is no earlier than any
+            # record stored so far, so a record that did not get them is never trusted to have
+            # them, even when the wall clock has stepped back since it was stored.
+            reg = replace(reg, born_time_ms=max(_now_ms(), self.latest_store_time()))
             self._by_key[key] = reg
             self._reindex_locked()
             self._save_locked()

@@ -43,6 +43,8 @@ class Checkpoint:
 
     commit_log_flushed_offset: int
     consume_queue_flushed_offset: int
+    #: the largest store timestamp of any record appended before this checkpoint (0: not known)
+    max_store_timestamp: int = 0
 
     def save(self, path: Path) -> None:
         """Write atomically (temp file, fsync, rename, fsync dir)."""
@@ -50,6 +52,7 @@ class Checkpoint:
             {
                 "commit_log_flushed_offset": self.commit_log_flushed_offset,
                 "consume_queue_flushed_offset": self.consume_queue_flushed_offset,
+                "max_store_timestamp": self.max_store_timestamp,
             },
             sort_keys=True,
         )
@@ -65,7 +68,11 @@ class Checkpoint:
             if zlib.crc32(body.encode()) != outer["crc"]:
                 raise ValueError("checkpoint CRC mismatch")
             inner = json.loads(body)
-            return cls(int(inner["commit_log_flushed_offset"]), int(inner["consume_queue_flushed_offset"]))
+            return cls(
+                int(inner["commit_log_flushed_offset"]),
+                int(inner["consume_queue_flushed_offset"]),
+                int(inner.get("max_store_timestamp", 0)),  # absent before siftmq 0.x wrote it
+            )
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError) as exc:
@@ -86,8 +93,13 @@ def recover(
     *,
     abnormal: bool,
     checkpoint: Checkpoint | None,
-) -> None:
-    """Bring the CommitLog and ConsumeQueues of a freshly loaded store into agreement."""
+) -> int:
+    """Bring the CommitLog and ConsumeQueues of a freshly loaded store into agreement.
+
+    Returns the largest store timestamp of any record: the checkpoint's, or a larger one among the
+    records scanned (every record appended after the checkpoint was written is scanned; without a
+    checkpoint after a clean stop, only the last segment is).
+    """
     cl_min = commit_log.min_offset
     redispatch_from = commit_log.max_offset
     if abnormal:
@@ -103,7 +115,9 @@ def recover(
     last_of_queue: dict[tuple[str, int], DispatchRequest] = {}
     rebuild = False
     batch: list[DispatchRequest] = []
+    latest = checkpoint.max_store_timestamp if checkpoint else 0
     for msg in commit_log.scan(scan_from):
+        latest = max(latest, msg.store_timestamp)
         req = DispatchRequest.of(msg)
         last_of_queue[(req.topic, req.queue_id)] = req
         if key_index is not None:
@@ -134,6 +148,7 @@ def recover(
         _log.error("consume queues disagree with the commit log; rebuilding them all from the commit log")
         _rebuild_all(commit_log, queues, reput)
     commit_log.queue_offsets = {key: cq.max_offset for key, cq in queues.items()}
+    return latest
 
 
 def _redispatch(

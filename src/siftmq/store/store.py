@@ -130,6 +130,7 @@ class MessageStore:
             collections.deque()
         )
         self._appended_offset = 0  # end of the last appended record
+        self._max_store_timestamp = 0  # the largest store timestamp any record has had
         self._dispatched_offset = 0  # end of the last dispatched record
         self._listeners: list[MessageArrivingListener] = []
         self._commit_cond = threading.Condition()
@@ -176,7 +177,7 @@ class MessageStore:
                 _log.warning("%s: the previous run did not close cleanly; recovering", self.data_dir)
             self.commit_log.load()
             self._load_queues()
-            recover(
+            self._max_store_timestamp = recover(
                 self.commit_log,
                 self._queues,
                 self.find_or_create_consume_queue,
@@ -410,6 +411,7 @@ class MessageStore:
             if self._dispatch_error is not None:
                 raise StoreError(f"the store cannot index: {self._dispatch_error}")
             now = time.time_ns() // 1_000_000
+            self._max_store_timestamp = max(self._max_store_timestamp, now)
             if isinstance(prepared, codec.EncodedBatch):
                 properties = prepared.properties
                 written = self.commit_log.append_batch(prepared, now)
@@ -609,7 +611,10 @@ class MessageStore:
                 queues = list(self._queues.values())
             for cq in queues:
                 cq.flush()
-            Checkpoint(self.commit_log.flushed_offset, dispatched).save(self.data_dir / "checkpoint")
+            flushed = self.commit_log.flushed_offset
+            # read after the offsets: covers every record below them (recovery scans the rest)
+            latest = self._max_store_timestamp
+            Checkpoint(flushed, dispatched, latest).save(self.data_dir / "checkpoint")
 
     def _flush_loop(self) -> None:
         interval = self.config.flush_interval_ms / 1000.0
@@ -820,6 +825,12 @@ class MessageStore:
     def min_commit_log_offset(self) -> int:
         """The first CommitLog offset still stored."""
         return self.commit_log.min_offset
+
+    @property
+    def max_store_timestamp(self) -> int:
+        """The largest store timestamp (ms) any record of this store has had, across restarts; 0
+        for an empty store. Larger than every record's own, even after the wall clock stepped back."""
+        return self._max_store_timestamp
 
     @property
     def max_commit_log_offset(self) -> int:
