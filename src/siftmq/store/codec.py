@@ -37,7 +37,7 @@ import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Final
+from typing import Final, NamedTuple
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError
 from siftmq.hashing import java_string_hash
@@ -185,9 +185,12 @@ class Message:
         return self.properties.get(PROPERTY_TAGS)
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """A message decoded from the CommitLog, with the positions the store assigned."""
+class StoredMessage(NamedTuple):
+    """A message decoded from the CommitLog, with the positions the store assigned.
+
+    A named tuple: one is built per record read, and a tuple is built in one step where a
+    slotted object takes one per field (~0.2 against ~1.2 us).
+    """
 
     topic: str
     body: bytes
@@ -571,46 +574,7 @@ def _decode_checked(data: bytes | memoryview, pos: int, total_size: int, offset:
     )
 
 
-(
-    _set_topic,
-    _set_body,
-    _set_queue_id,
-    _set_queue_offset,
-    _set_commit_log_offset,
-    _set_store_size,
-    _set_properties,
-    _set_flag,
-    _set_sys_flag,
-    _set_born_timestamp,
-    _set_born_host,
-    _set_store_timestamp,
-    _set_store_host,
-    _set_reconsume_times,
-    _set_prepared_transaction_offset,
-    _set_body_crc,
-) = (StoredMessage.__dict__[f.name].__set__ for f in fields(StoredMessage))
-
-
-def _new_stored_message(v: tuple[Any, ...]) -> StoredMessage:
-    """``siftmq.slots.frozen_slots_constructor`` of StoredMessage, unrolled (runs per message read)."""
-    msg: StoredMessage = object.__new__(StoredMessage)
-    _set_topic(msg, v[0])
-    _set_body(msg, v[1])
-    _set_queue_id(msg, v[2])
-    _set_queue_offset(msg, v[3])
-    _set_commit_log_offset(msg, v[4])
-    _set_store_size(msg, v[5])
-    _set_properties(msg, v[6])
-    _set_flag(msg, v[7])
-    _set_sys_flag(msg, v[8])
-    _set_born_timestamp(msg, v[9])
-    _set_born_host(msg, v[10])
-    _set_store_timestamp(msg, v[11])
-    _set_store_host(msg, v[12])
-    _set_reconsume_times(msg, v[13])
-    _set_prepared_transaction_offset(msg, v[14])
-    _set_body_crc(msg, v[15])
-    return msg
+_new_stored_message: Final = functools.partial(tuple.__new__, StoredMessage)
 
 
 def decode_for_queue(
@@ -718,25 +682,26 @@ def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per can
             raise CorruptRecordError(f"inconsistent record fields ({exc})", offset=offset) from exc
     if accept is not None and not accept(properties):
         return None
-    msg: StoredMessage = _new_message(StoredMessage)
-    _set_topic(msg, topic)
-    _set_body(msg, data[body_start:body_end])
-    _set_queue_id(msg, queue_id)
-    _set_queue_offset(msg, queue_offset)
-    _set_commit_log_offset(msg, offset)
-    _set_store_size(msg, total_size)
-    _set_properties(msg, properties)
-    _set_flag(msg, flag)
-    _set_sys_flag(msg, sys_flag)
-    _set_born_timestamp(msg, born_timestamp)
-    _set_born_host(msg, born_host)
-    _set_store_timestamp(msg, store_timestamp)
-    _set_store_host(msg, store_host)
-    _set_reconsume_times(msg, reconsume_times)
-    _set_prepared_transaction_offset(msg, prepared_transaction_offset)
-    _set_body_crc(msg, body_crc)
-    return msg
+    return _new_stored_message(
+        (
+            topic,
+            data[body_start:body_end],
+            queue_id,
+            queue_offset,
+            offset,
+            total_size,
+            properties,
+            flag,
+            sys_flag,
+            born_timestamp,
+            born_host,
+            store_timestamp,
+            store_host,
+            reconsume_times,
+            prepared_transaction_offset,
+            body_crc,
+        )
+    )
 
 
-_new_message: Final = object.__new__
 _COPY_TO_CRC: Final = 4096
