@@ -119,6 +119,10 @@ class Broker:
                 bitmap_size=self.bloom.bitmap_size,
                 file_reserved_time_ms=int(config.retention_hours * 3600 * 1000),
                 disk_max_used_space_ratio=config.disk_max_used_space_ratio,
+                # one store read per pull: the pull's own bounds apply (each read costs ~30 us
+                # however few it returns; at the store's 32 messages that was ~1 us a message)
+                max_transfer_count=config.max_pull_batch_size,
+                max_transfer_bytes=config.max_pull_bytes,
             ),
             bitmap_dispatcher=self.filters,
         )
