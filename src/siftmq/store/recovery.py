@@ -71,7 +71,7 @@ class Checkpoint:
             return cls(
                 int(inner["commit_log_flushed_offset"]),
                 int(inner["consume_queue_flushed_offset"]),
-                int(inner.get("max_store_timestamp", 0)),  # absent before siftmq 0.x wrote it
+                int(inner.get("max_store_timestamp", 0)),  # absent from checkpoints of earlier versions
             )
         except FileNotFoundError:
             return None

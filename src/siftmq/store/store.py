@@ -829,7 +829,7 @@ class MessageStore:
     @property
     def max_store_timestamp(self) -> int:
         """The largest store timestamp (ms) any record of this store has had, across restarts; 0
-        for an empty store. Larger than every record's own, even after the wall clock stepped back."""
+        for an empty store. At least every record's own, even after the wall clock stepped back."""
         return self._max_store_timestamp
 
     @property
