@@ -133,7 +133,6 @@ def check_key_columns(counts: Sequence[int], keys: Sequence[str]) -> None:
         check_key(key)
 
 
-@functools.lru_cache(maxsize=4096)  # keys often repeat; a refused key raises, never cached
 def check_key(key: str) -> None:
     """1..255 characters without whitespace or control separators (keys are stored space-separated)."""
     if (
@@ -183,12 +182,12 @@ def check_property_columns(
         limit_status="MESSAGE_PROPERTIES_TOO_LARGE",
     )
     for name in set(names):
-        check_property_name(name)
+        (_check_short_property_name if len(name) <= _CACHED_NAME_LENGTH else check_property_name)(name)
     joined = "\x00".join(values)
     if "\x01" in joined or "\x02" in joined:
         bad = next(i for i, v in enumerate(values) if "\x01" in v or "\x02" in v)
         raise BadRequestError(
-            f"value of user property {names[bad]!r} contains a control separator (\\x01/\\x02)",
+            f"value of user property {names[bad][:200]!r} contains a control separator (\\x01/\\x02)",
             status="BAD_REQUEST",
         )
     if len("".join(names).encode()) + len(joined.encode()) - max(len(values) - 1, 0) <= max_bytes:
@@ -205,17 +204,25 @@ def check_property_columns(
         pos = end
 
 
-@functools.lru_cache(maxsize=4096)  # names repeat from message to message; a refused one is never cached
 def check_property_name(name: str) -> None:
     """Non-empty, no surrounding whitespace, not reserved by the broker, no control separators."""
     if not name or name.strip() != name:
-        raise BadRequestError(f"illegal user property name {name!r}", status="ILLEGAL_MESSAGE_PROPERTY_KEY")
+        raise BadRequestError(
+            f"illegal user property name {name[:200]!r}", status="ILLEGAL_MESSAGE_PROPERTY_KEY"
+        )
     if name in RESERVED_PROPERTIES or name.startswith("__"):
         raise BadRequestError(
-            f"user property name {name!r} is reserved by the broker", status="ILLEGAL_MESSAGE_PROPERTY_KEY"
+            f"user property name {name[:200]!r} is reserved by the broker",
+            status="ILLEGAL_MESSAGE_PROPERTY_KEY",
         )
     if "\x01" in name or "\x02" in name:
         raise BadRequestError(
-            f"user property name {name!r} contains a control separator (\\x01/\\x02)",
+            f"user property name {name[:200]!r} contains a control separator (\\x01/\\x02)",
             status="ILLEGAL_MESSAGE_PROPERTY_KEY",
         )
+
+
+# Names repeat from message to message: short ones are remembered once accepted (a refused name
+# raises, which is never cached), so the cache holds at most 4096 names of 255 characters.
+_CACHED_NAME_LENGTH: Final = 255
+_check_short_property_name: Final = functools.lru_cache(maxsize=4096)(check_property_name)
