@@ -27,8 +27,9 @@ from siftmq.filter import CompiledFilter
 from siftmq.filter.tags import TagFilter
 from siftmq.store import CqExtBlock, CqExtUnit
 
-#: Messages stored within this many ms after a registration are evaluated exactly (clock steps,
-#: batches dispatched around the registration) rather than trusted to their bitmap.
+#: Messages stored within this many ms after a registration's born time are evaluated exactly
+#: rather than trusted to their bitmap: a safety margin around the registration (a born time is
+#: never earlier than an older message's store time, so a clock that steps back is covered anyway).
 REGISTRATION_MARGIN_MS = 1000
 
 
