@@ -25,14 +25,18 @@ READY_TIMEOUT_S = 60
 
 
 class SteppedClock:
-    """A module's ``time`` with its wall clock ``offset_ns`` ahead of the real one; set the offset
-    back to step the clock back (``monkeypatch.setattr(store_module, "time", clock)``)."""
+    """A module's ``time`` whose ``time_ns`` runs ``offset_ns`` ahead of the real clock (everything
+    else is the real module's); set the offset back to step the wall clock back
+    (``monkeypatch.setattr(store_module, "time", clock)``)."""
 
     def __init__(self, offset_ns: int) -> None:
         self.offset_ns = offset_ns
 
     def time_ns(self) -> int:
         return time.time_ns() + self.offset_ns
+
+    def __getattr__(self, name: str) -> Any:  # monotonic, sleep, ...: the real ones
+        return getattr(time, name)
 
 
 def toml_value(value: object) -> str:
