@@ -1,6 +1,7 @@
 """Writer process for the kill -9 test (not a test module).
 
-Usage: python crash_writer.py DATA_DIR ROUND. Appends in sync flush mode from two threads (one
+Usage: python crash_writer.py DATA_DIR ROUND [MODE]. Appends in MODE (``sync``, the default, or
+``async``) flush mode from two threads (one
 message per ``put_message``; batches through ``put_batch``, as the broker appends) and prints
 ``ack ROUND THREAD I COMMIT_LOG_OFFSET QUEUE_ID QUEUE_OFFSET`` for each record of each
 acknowledged append, until killed.
@@ -27,12 +28,13 @@ def body_of(round_no: int, thread: int, i: int) -> bytes:
 
 def main() -> None:
     data_dir, round_no = Path(sys.argv[1]), int(sys.argv[2])
+    mode = sys.argv[3] if len(sys.argv) > 3 else "sync"
     cfg = StoreConfig(
         data_dir,
         commit_log_segment_size=256 * 1024,
         max_message_size=16 * 1024,
         consume_queue_entries_per_file=32,
-        flush_mode="sync",
+        flush_mode=mode,  # type: ignore[arg-type]
         flush_interval_ms=20,
     )
     store = MessageStore.open(cfg)

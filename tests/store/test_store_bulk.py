@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -244,15 +246,52 @@ def test_torn_tail_ends_the_plan_after_the_last_complete_record(tmp_path: Path, 
     ]
 
 
-def test_zeroed_tail_stops_like_a_torn_one(tmp_path: Path) -> None:
+def test_zero_tail_is_the_end_of_the_log(tmp_path: Path) -> None:
+    """A zero header is where a preallocated segment's data ends: a clean end of the whole log,
+    but a broken one in a segment that another follows (a full segment ends with its blank marker)."""
     data_dir = tmp_path / "store"
-    write_store(data_dir, 300)
-    seg = last_segment(data_dir)
-    with open(seg, "ab") as f:
-        f.write(bytes(4096))  # preallocated or never-written space
+    write_store(data_dir, 3000)
+    with open(last_segment(data_dir), "ab") as f:
+        f.write(bytes(4096))  # the preallocated tail a crash leaves
     plan = bulk.plan_scan(data_dir)
-    assert plan.records == 300
-    assert plan.stop_reason is not None and "magic" in plan.stop_reason
+    assert plan.stop_reason is None and plan.records == 3000
+    starts = list_segment_starts(data_dir / "commitlog")
+    first = bulk.plan_scan(data_dir, end_offset=starts[1])
+    with open(data_dir / "commitlog" / segment_name(starts[0]), "r+b") as f:
+        f.seek(first.end_offset - starts[0] - 8 - first.ranges[-1].size)
+        f.seek(first.ranges[-1].start - starts[0])
+        f.write(bytes(8))  # the first segment's data now "ends" at its last range's start
+    plan = bulk.plan_scan(data_dir)
+    assert plan.stop_reason is not None and "without a blank marker" in plan.stop_reason
+    assert plan.end_offset == first.ranges[-1].start
+
+
+def test_planning_and_reading_race_a_writer(open_store: Callable[..., MessageStore]) -> None:
+    """Plans made while a writer appends, and rolls segments (cutting the full one's preallocated
+    tail), end cleanly and hold complete records only."""
+    store = open_store()
+    stop = threading.Event()
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            store.put_message(message(i))
+            i += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        seen = 0
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            plan = bulk.plan_scan(store.data_dir)
+            assert plan.stop_reason is None, plan.stop_reason
+            assert len(read_rows(list(plan.ranges), with_body=False)) == plan.records >= seen
+            seen = plan.records
+    finally:
+        stop.set()
+        writer.join()
+    assert seen > 0 and len(store.commit_log.segments()) > 2
 
 
 def flip_byte(path: Path, position: int) -> None:

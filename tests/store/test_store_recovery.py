@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -210,3 +211,81 @@ def test_the_largest_store_timestamp_survives_restarts_and_crashes(
         assert store.max_store_timestamp == early
     body = json.loads((tmp_path / "checkpoint").read_bytes())["body"]
     assert json.loads(body)["max_store_timestamp"] == early
+
+
+def _crashed_copy(cfg: StoreConfig, n: int, target: Path) -> tuple[dict[int, bytes], int]:
+    """Write ``n`` messages, copy the open store's files to ``target`` (a crash: the abort marker
+    and the preallocated tail of the segment being written are there), then close the original.
+
+    Returns the bodies by CommitLog offset and the CommitLog's end.
+    """
+    store = MessageStore.open(cfg)
+    bodies: dict[int, bytes] = {}
+    for i in range(n):
+        body = bytes([i % 251]) * (3000 + i)
+        r = store.put_message(msg(body=body, queue_id=i % 2, TAGS=f"t{i % 3}", UNIQ_KEY=f"u{i}"))
+        bodies[r.commit_log_offset] = body
+    store.flush()
+    end = store.max_commit_log_offset
+    active = _commitlog_files(cfg.data_dir)[-1]
+    assert active.stat().st_size == cfg.commit_log_segment_size  # preallocated while open
+    shutil.copytree(cfg.data_dir, target, ignore=shutil.ignore_patterns("lock"))
+    store.close()
+    files = _commitlog_files(cfg.data_dir)
+    # at rest every file holds its data only: full ones up to their blank marker, the last to the end
+    assert all(p.stat().st_size < cfg.commit_log_segment_size for p in files[:-1])
+    assert int(files[-1].name) + files[-1].stat().st_size == end
+    return bodies, end
+
+
+def test_preallocated_tail_after_a_crash_is_cut_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = small_config(tmp_path / "data")
+    bodies, end = _crashed_copy(cfg, 700, tmp_path / "crashed")
+    assert len(_commitlog_files(cfg.data_dir)) >= 3  # the log rolled over
+    crashed = small_config(tmp_path / "crashed")
+    assert (crashed.data_dir / "abort").exists()
+    with caplog.at_level("WARNING"), MessageStore.open(crashed) as store:
+        assert store.max_commit_log_offset == end
+        assert sorted(b for _q, _o, b in _read_all(store)) == sorted(bodies.values())
+        r = store.put_message(msg(body=b"after", queue_id=1))
+        assert r.commit_log_offset == end and r.queue_offset == 350
+    assert not [rec for rec in caplog.records if rec.levelname == "ERROR"], caplog.text
+    last = _commitlog_files(crashed.data_dir)[-1]
+    assert int(last.name) + last.stat().st_size == r.commit_log_offset + r.size
+
+
+def test_zeroed_header_with_data_after_it_is_damage(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = small_config(tmp_path / "data")
+    bodies, _end = _crashed_copy(cfg, 30, tmp_path / "crashed")
+    offsets = sorted(bodies)
+    crashed = small_config(tmp_path / "crashed")
+    with open(_commitlog_files(crashed.data_dir)[0], "r+b") as f:
+        f.seek(offsets[20])
+        f.write(bytes(8))  # size and magic code of message 20
+    with caplog.at_level("WARNING"), MessageStore.open(crashed) as store:
+        assert store.max_commit_log_offset == offsets[20]
+        assert len(_read_all(store)) == 20
+    assert any(rec.levelname == "ERROR" and "truncating" in rec.getMessage() for rec in caplog.records)
+
+
+def test_writes_fall_back_to_pwrite_when_a_segment_cannot_be_preallocated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", refuse)
+    cfg = small_config(tmp_path)
+    with caplog.at_level("WARNING"), MessageStore.open(cfg) as store:
+        results = [store.put_message(msg(body=bytes([i]) * 40_000, queue_id=i % 2)) for i in range(60)]
+        assert all(seg.write_map is None for seg in store.commit_log.segments())
+        last = _commitlog_files(tmp_path)[-1]
+        assert int(last.name) + last.stat().st_size == store.max_commit_log_offset  # no tail
+        for i, r in enumerate(results):
+            m = store.look_message_by_offset(r.commit_log_offset)
+            assert m is not None and m.body == bytes([i]) * 40_000
+    assert "writing with pwrite" in caplog.text
+    with MessageStore.open(cfg) as store:
+        assert len(_read_all(store)) == 60

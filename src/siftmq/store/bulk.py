@@ -6,8 +6,10 @@ files directly instead of asking a broker. The work is split in two steps:
 * :func:`plan_scan` / :func:`plan_ranges` (the driver) walk the record headers of every segment
   (``total_size`` + magic, a jump loop) and cut the log into :class:`ByteRange` pieces of about
   ``target_bytes`` at record boundaries, never across a segment. The walk stops cleanly at a
-  segment's end-of-segment blank marker and, for the whole log, at the first header that is not a
-  complete record: the torn tail of a log a broker is writing, or of one that crashed.
+  segment's end-of-segment blank marker and, for the whole log, at its end: the end of the last
+  file, or the first all-zero header (the preallocated tail of the segment a broker is writing,
+  see :mod:`siftmq.store.segment`). It stops early, saying why, at the first other header that is
+  not a complete record: the torn tail of a log that crashed, or damage.
 * :func:`read_range` (a worker) maps one range's segment file read-only and decodes it in chunks
   of ``batch_rows`` records into :class:`pyarrow.RecordBatch` objects of :data:`RECORD_SCHEMA`: a
   numpy gather of the fixed 92-byte headers, zero-copy ``binary_view`` slices of the mapped file
@@ -19,7 +21,8 @@ files directly instead of asking a broker. The work is split in two steps:
 through :func:`siftmq.store.codec.decode_record` (tests and benchmarks compare against it).
 
 Reading a store a broker has open is allowed: everything here only reads, and a planned range
-holds complete records only (the broker writes a record before the file grows past it). Records
+holds complete records only (the broker writes a record's first 8 bytes, its size and magic code,
+after the rest of it). Records
 appended after planning are not seen; a segment deleted by retention while it is read raises
 :class:`~siftmq.errors.StoreError`. Segment files are never written, locked or truncated.
 
@@ -258,7 +261,9 @@ def _walk_segment(
     """Walk one segment's records from ``pos``; returns (ranges, stop position, records, why).
 
     ``why`` is ``"blank"`` (the stop position is then the segment's capacity), ``"end"`` (the file
-    ends at a record boundary), ``"limit"`` (reached ``limit``) or a description of a bad header.
+    ends at a record boundary, or its zero tail starts there), ``"limit"`` (reached ``limit``) or a
+    description of a bad header. ``size`` is the file's size when it was listed; a broker may have
+    cut its preallocated tail since, so the walk maps what the file holds when it is opened.
     """
     ranges: list[ByteRange] = []
     if size - pos < 8:
@@ -266,7 +271,8 @@ def _walk_segment(
             return ranges, pos, 0, "end"
         return ranges, pos, 0, "torn record header"
     str_path = str(path)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+    with open(path, "rb") as f, _map_file(f.fileno(), path) as mm:
+        size = len(mm)
         unpack = _SIZE_MAGIC.unpack_from
         range_start = pos
         cut_at = pos + target_bytes
@@ -279,6 +285,8 @@ def _walk_segment(
                 break
             total_size, magic = unpack(mm, pos)
             if magic != _MAGIC:
+                if total_size == 0 and magic == 0:
+                    break  # "end": the preallocated tail of the segment being written
                 if magic == _BLANK and total_size >= codec.BLANK_MARKER_SIZE:
                     why = "blank"
                     break
@@ -302,6 +310,16 @@ def _walk_segment(
             total_size, _magic = unpack(mm, pos)
             pos += total_size
     return ranges, pos, n, why
+
+
+def _map_file(fd: int, path: Path) -> mmap.mmap:
+    """A read-only map of the whole file, retried when a broker cuts its tail meanwhile."""
+    for _ in range(8):
+        try:
+            return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_READ)
+        except ValueError:  # the file became shorter between fstat and mmap (or empty)
+            continue
+    raise StoreError(f"cannot map segment {path}: it is empty or its size keeps changing")
 
 
 # ------------------------------------------------------------------------------------------ decoding

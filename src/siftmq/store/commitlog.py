@@ -30,6 +30,7 @@ from siftmq.store.segment import Segment, list_segment_starts
 _log = logging.getLogger(__name__)
 
 _SCAN_CHUNK = 4 * 1024 * 1024
+_UNWRITTEN_CHECK = 64 * 1024  # zeros after a zero header that make it the end of the data
 # codec.finish_record, inlined by the one-record append
 _pack_positions = struct.Struct(">qq").pack_into  # queue_offset, physical_offset at 24
 _pack_timestamp = struct.Struct(">q").pack_into  # store_timestamp at 60
@@ -250,11 +251,26 @@ class CommitLog:
         return self._segments[-1]
 
     def _new_segment(self, start: int) -> Segment:
+        """Create the next segment, preallocated and mapped for writing; the previous one, full
+        now, is cut back to its data (see :mod:`siftmq.store.segment`)."""
+        if self._segments:
+            self._segments[-1].trim()
         seg = Segment.open(self.directory, start, self.segment_size, create=True)
         if seg.length:
             seg.truncate(0)
         self._segments.append(seg)
+        seg.map_for_writing()
         return seg
+
+    def map_for_append(self) -> None:
+        """Map the last segment for writing (after recovery, before the first append)."""
+        if self._segments:
+            self._segments[-1].map_for_writing()
+
+    def trim(self) -> None:
+        """Cut the preallocated tail of the segment being written (a clean close; flush after)."""
+        if self._segments:
+            self._segments[-1].trim()
 
     # -------------------------------------------------------------------------------------- flush
 
@@ -369,6 +385,13 @@ class CommitLog:
                 if magic == codec.BLANK_MAGIC_CODE and total_size == seg.capacity - pos:
                     self.scan_end = seg.start_offset + seg.capacity
                     break
+                if total_size == 0 and magic == 0 and self._unwritten(seg, pos):
+                    # the preallocated tail of the segment that was being written
+                    if seg is not self._segments[-1]:
+                        self.scan_error = CorruptRecordError(
+                            "segment ends without a blank marker", offset=seg.start_offset + pos
+                        )
+                    return
                 offset = seg.start_offset + pos
                 if 0 < total_size <= self.max_record_size and rel + total_size > len(buf):
                     buf = seg.read(pos, max(_SCAN_CHUNK, total_size))
@@ -388,6 +411,12 @@ class CommitLog:
                         "segment ends without a blank marker", offset=seg.start_offset + pos
                     )
                     return
+
+    @staticmethod
+    def _unwritten(seg: Segment, pos: int) -> bool:
+        """Whether the bytes from ``pos`` look never written: the next 64 KiB (or the rest of the
+        data) are zeros. A zeroed header with data after it is damage, not the end of the data."""
+        return not seg.read(pos, _UNWRITTEN_CHECK).strip(b"\0")
 
     def truncate(self, offset: int) -> None:
         """Drop everything from ``offset`` on (deleting later segments) and make it durable."""

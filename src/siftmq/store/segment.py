@@ -1,14 +1,22 @@
 """Fixed-size segment files named by their 20-digit zero-padded start offset.
 
-Segments are written with positional file I/O (``os.pwrite``), never through a map, so a
-file's length is exactly the bytes written and a torn tail is simply a short file. Both the
-CommitLog (byte offsets) and the ConsumeQueue (byte offsets of 20-byte entries) are made of segments.
+Segments are written with positional file I/O (``os.pwrite``), except the segment the CommitLog
+is appending to: that one is preallocated to its full size (``posix_fallocate``, so the disk space
+is reserved and a full disk is an error when the segment is created, never a fault mid-write) and
+written through a shared writable map, as RocketMQ's MappedFile does. Bytes written to a shared
+map are in the page cache at once, exactly like a ``pwrite``'s: a killed process loses nothing,
+and ``fdatasync`` makes them durable. While a segment is mapped for writing, its file is longer
+than its data and the bytes past ``length`` are zeros; :meth:`Segment.trim` cuts the file back
+to ``length`` when the log rolls to the next segment and at a clean close, so at rest a file's
+length is the bytes written, or the bytes written plus a zero tail after a crash (recovery finds
+the end at the first zero header and cuts the tail). Both the CommitLog (byte offsets) and the
+ConsumeQueue (byte offsets of 20-byte entries) are made of segments.
 
 Reads use ``os.pread``; the CommitLog also reads through :meth:`Segment.read_mapped`, a read-only
 map of the file's first bytes (made when enough was written, extended in steps), which slices a
-record out without a system call. A map is only ever made of bytes the file already has, and a
-file is cut shorter (:meth:`Segment.truncate`) only while nobody reads it (recovery), so a map
-never covers a hole past the end of its file.
+record out without a system call. A read map only ever covers bytes below ``length``, and a file
+is cut below ``length`` (:meth:`Segment.truncate`) only while nobody reads it (recovery), so a
+map never covers a hole past the end of its file.
 """
 
 from __future__ import annotations
@@ -83,6 +91,8 @@ class Segment:
     dirty: bool = field(default=False)
     # (map, mapped length): a read-only map of the file's first bytes, replaced as a whole
     read_map: tuple[mmap.mmap, int] | None = None
+    # a writable shared map of the whole preallocated file (see map_for_writing)
+    write_map: mmap.mmap | None = None
 
     @property
     def path(self) -> Path:
@@ -105,9 +115,56 @@ class Segment:
             fsync_dir(directory)
         return seg
 
+    def map_for_writing(self) -> bool:
+        """Preallocate the file to ``capacity`` and write through a shared map from now on.
+
+        Returns False, changing nothing, when that cannot be done (no room on the disk for the
+        whole segment, or a file system that cannot preallocate or map): writes stay ``pwrite``
+        then, which reports a full disk write by write.
+        """
+        if self.write_map is not None:
+            return True
+        try:
+            os.posix_fallocate(self.fd, 0, self.capacity)
+            self.write_map = mmap.mmap(self.fd, self.capacity)
+        except OSError as exc:
+            _log.warning("%s: cannot preallocate and map it (%s); writing with pwrite", self.path, exc)
+            try:
+                os.ftruncate(self.fd, self.length)
+            except OSError:
+                _log.exception("could not cut %s back to %d bytes", self.path, self.length)
+            return False
+        return True
+
+    def trim(self) -> None:
+        """Stop writing through the map and cut the preallocated tail: the file's length is
+        ``length`` again (durable at the next :meth:`flush`; a zero tail that a crash left
+        before then is cut by recovery)."""
+        mm = self.write_map
+        if mm is None:
+            return
+        self.write_map = None
+        mm.close()
+        os.ftruncate(self.fd, self.length)
+        self.dirty = True  # the next flush makes the new length durable
+
     def write(self, data: bytes | bytearray) -> None:
-        """Append ``data`` at ``length``; on failure the file is cut back and the error re-raised."""
+        """Append ``data`` at ``length``; on failure the file is cut back and the error re-raised.
+
+        The caller keeps ``length + len(data)`` within ``capacity``.
+        """
         pos = self.length
+        mm = self.write_map
+        if mm is not None:
+            # the first 8 bytes (a record's size and magic code) last: a reader of the file that
+            # finds them finds the whole write (see siftmq.store.bulk)
+            end = pos + len(data)
+            view = memoryview(data)
+            mm[pos + 8 : end] = view[8:]
+            mm[pos : pos + 8] = view[:8]
+            self.length = end
+            self.dirty = True
+            return
         try:
             written = os.pwrite(self.fd, data, pos)
             while written < len(data):
@@ -156,15 +213,25 @@ class Segment:
             os.fdatasync(self.fd)
 
     def truncate(self, length: int) -> None:
-        """Cut the file to ``length`` bytes and make it durable (nobody may read it meanwhile)."""
+        """Cut the file to ``length`` bytes and make it durable (nobody may read it meanwhile).
+
+        A write map is dropped first (writes go through ``pwrite`` until mapped again).
+        """
         self.read_map = None
+        if self.write_map is not None:
+            self.write_map.close()
+            self.write_map = None
         os.ftruncate(self.fd, length)
         os.fsync(self.fd)
         self.length = length
 
     def close(self) -> None:
-        """Close the file descriptor (a map goes when its last reader drops it)."""
+        """Close the file descriptor (a read map goes when its last reader drops it); the
+        preallocated tail of a segment mapped for writing stays (see :meth:`trim`)."""
         self.read_map = None
+        if self.write_map is not None:
+            self.write_map.close()
+            self.write_map = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

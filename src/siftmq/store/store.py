@@ -188,6 +188,7 @@ class MessageStore:
             )
             self._pending.clear()
             self._appended_offset = self._dispatched_offset = self.commit_log.max_offset
+            self.commit_log.map_for_append()
             self._flush_all()
             abort.touch()
             fsync_dir(self.data_dir)
@@ -221,6 +222,7 @@ class MessageStore:
         try:
             self.commit_log.flush()
             self._dispatch_all(None)
+            self.commit_log.trim()  # at rest, a segment file holds its data only
             self._flush_all()
             (self.data_dir / "abort").unlink(missing_ok=True)
             fsync_dir(self.data_dir)
