@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import msg, small_config
+from store_helpers import msg, small_config
 
 from siftmq.errors import ConfigError, MessageTooLargeError, StoreClosedError, StoreLockedError
 from siftmq.store import MessageStore, codec

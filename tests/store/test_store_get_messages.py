@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 import pytest
-from conftest import msg
+from store_helpers import msg
 
 from siftmq.store import (
     CqExtBlock,

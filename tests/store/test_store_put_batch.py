@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import small_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_helpers import small_config
 
 from siftmq.errors import MessageTooLargeError
 from siftmq.store import Message, MessageStore, codec

@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import msg, small_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_helpers import msg, small_config
 
 from siftmq.errors import StoreError
 from siftmq.store import GetMessageStatus, MessageStore, StoreConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import msg, small_config
+from store_helpers import msg, small_config
 
 from siftmq.errors import StoreError
 from siftmq.store import AppendedRecord, DispatchRequest, GetMessageStatus, MessageStore, StoreConfig

@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Callable
 
-from conftest import msg
+from store_helpers import msg
 
 from siftmq.store import GetMessageStatus, MessageStore
 
