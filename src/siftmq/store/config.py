@@ -28,6 +28,10 @@ class StoreConfig:
 
     In both modes the indexes are written by a background reput thread; every read that starts
     after ``put_message`` returned sees the message all the same (see ``store.py``).
+
+    Disk space: the CommitLog segment being written is preallocated to ``commit_log_segment_size``
+    bytes when it is created (see ``segment.py``), so a running store holds that much more than
+    its data.
     """
 
     data_dir: Path
