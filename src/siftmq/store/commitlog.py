@@ -14,13 +14,14 @@ and may run concurrently with appends; :meth:`flush` is serialised by its own lo
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import struct
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Final, NamedTuple
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
 from siftmq.store import codec
@@ -38,8 +39,7 @@ _pack_crc = struct.Struct(">I").pack_into  # record_crc at 8, of bytes [12, tota
 _crc32 = zlib.crc32
 
 
-@dataclass(frozen=True, slots=True)
-class AppendedRecord:
+class AppendedRecord(NamedTuple):
     """Where one appended record landed."""
 
     topic: str
@@ -50,23 +50,8 @@ class AppendedRecord:
     store_timestamp: int
 
 
-_set_topic, _set_queue_id, _set_queue_offset, _set_commit_log_offset, _set_size, _set_store_timestamp = (
-    AppendedRecord.__dict__[f.name].__set__ for f in fields(AppendedRecord)
-)
-
-
-def _new_appended_record(  # noqa: PLR0917 - the fields, in order
-    topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int, store_timestamp: int
-) -> AppendedRecord:
-    """``AppendedRecord(...)`` minus the frozen ``__init__`` (see ``siftmq.slots``)."""
-    rec: AppendedRecord = object.__new__(AppendedRecord)
-    _set_topic(rec, topic)
-    _set_queue_id(rec, queue_id)
-    _set_queue_offset(rec, queue_offset)
-    _set_commit_log_offset(rec, commit_log_offset)
-    _set_size(rec, size)
-    _set_store_timestamp(rec, store_timestamp)
-    return rec
+# ``AppendedRecord((topic, queue_id, ...))`` minus the generated ``__new__``'s argument handling
+_new_appended_record: Final = functools.partial(tuple.__new__, AppendedRecord)
 
 
 def _start_of(segment: Segment) -> int:
@@ -175,7 +160,7 @@ class CommitLog:
                 finish(record, queue_offset, physical, store_timestamp)
                 chunks.append(record)
                 results.append(
-                    _new_appended_record(key[0], key[1], queue_offset, physical, size, store_timestamp)
+                    _new_appended_record((key[0], key[1], queue_offset, physical, size, store_timestamp))
                 )
                 physical += size
             seg.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
@@ -207,7 +192,7 @@ class CommitLog:
         except OSError as exc:
             raise StoreError(f"commit log write failed: {exc}") from exc
         self.queue_offsets[key] = queue_offset + 1
-        return _new_appended_record(key[0], key[1], queue_offset, physical, size, store_timestamp)
+        return _new_appended_record((key[0], key[1], queue_offset, physical, size, store_timestamp))
 
     def append_batch(self, batch: EncodedBatch, store_timestamp: int) -> list[AppendedRecord] | None:
         """Write a prepared one-queue batch with one ``pwrite`` (caller holds the append lock).
@@ -235,7 +220,7 @@ class CommitLog:
         results = []
         for size in sizes:
             results.append(
-                _new_appended_record(topic, queue_id, queue_offset, physical, size, store_timestamp)
+                _new_appended_record((topic, queue_id, queue_offset, physical, size, store_timestamp))
             )
             queue_offset += 1
             physical += size
