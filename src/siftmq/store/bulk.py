@@ -22,9 +22,9 @@ through :func:`siftmq.store.codec.decode_record` (tests and benchmarks compare a
 
 Reading a store a broker has open is allowed: everything here only reads, and a planned range
 holds complete records only (the broker writes a record's first 8 bytes, its size and magic code,
-after the rest of it). Records
-appended after planning are not seen; a segment deleted by retention while it is read raises
-:class:`~siftmq.errors.StoreError`. Segment files are never written, locked or truncated.
+after the rest of it). Records appended after planning are not seen; a segment deleted by
+retention while it is read raises :class:`~siftmq.errors.StoreError`. Segment files are never
+written, locked or truncated.
 
 Properties are decoded as :func:`~siftmq.store.codec.decode_properties` does (pairs without a
 ``\\x01`` are skipped, a missing final ``\\x02`` is tolerated); a record holding the same name twice

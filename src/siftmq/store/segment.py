@@ -152,13 +152,18 @@ class Segment:
         """Stop writing through the map and cut the preallocated tail: the file's length is
         ``length`` again (durable at the next :meth:`flush`; a zero tail that a crash left
         before then is cut by recovery)."""
+        if self._drop_write_map():
+            os.ftruncate(self.fd, self.length)
+            self.dirty = True  # the next flush makes the new length durable
+
+    def _drop_write_map(self) -> bool:
+        """Close the write map (writes use ``pwrite`` from now on); False if there was none."""
         mm = self.write_map
         if mm is None:
-            return
+            return False
         self.write_map = None
         mm.close()
-        os.ftruncate(self.fd, self.length)
-        self.dirty = True  # the next flush makes the new length durable
+        return True
 
     def write(self, data: bytes | bytearray) -> None:
         """Append ``data`` at ``length``; the caller keeps ``length + len(data)`` within ``capacity``.
@@ -230,9 +235,7 @@ class Segment:
         A write map is dropped first (writes go through ``pwrite`` until mapped again).
         """
         self.read_map = None
-        if self.write_map is not None:
-            self.write_map.close()
-            self.write_map = None
+        self._drop_write_map()
         os.ftruncate(self.fd, length)
         os.fsync(self.fd)
         self.length = length
@@ -241,9 +244,7 @@ class Segment:
         """Close the file descriptor (a read map goes when its last reader drops it); the
         preallocated tail of a segment mapped for writing stays (see :meth:`trim`)."""
         self.read_map = None
-        if self.write_map is not None:
-            self.write_map.close()
-            self.write_map = None
+        self._drop_write_map()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
