@@ -31,7 +31,8 @@ PRICES = ["7", "100", "30", "31", "250", "9", "1000", "45", "300", "3"]
 
 
 def config(endpoint: str) -> ClientConfiguration:
-    return ClientConfiguration(endpoint, Credentials(), request_timeout=5)
+    # 10 s: a route query timed out once at 5 s on a loaded 2-core machine (no test waits for a timeout)
+    return ClientConfiguration(endpoint, Credentials(), request_timeout=10)
 
 
 def fixture_messages(n: int) -> list[dict[str, str]]:
