@@ -36,7 +36,7 @@ import re
 import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError
@@ -230,8 +230,7 @@ class StoredMessage(NamedTuple):
         return (self.store_host + self.commit_log_offset.to_bytes(8, "big")).hex().upper()
 
 
-@dataclass(slots=True)
-class EncodedParts:
+class EncodedParts(NamedTuple):
     """A message validated and encoded once, before taking the append lock.
 
     ``record`` holds the whole record with the fields assigned under the lock (queue offset,
@@ -332,7 +331,7 @@ def prepare(message: Message, *, max_body_size: int) -> EncodedParts:
         body_length,
     )
     record = _EMPTY.join((header, body, topic_prefix, _U16.pack(properties_length), properties_bytes))
-    return _encoded_parts(topic, queue_id, size, record, properties)
+    return _encoded_parts((topic, queue_id, size, record, properties))
 
 
 _EMPTY: Final = bytearray()  # bytearray().join gives a bytearray without copying the joined bytes
@@ -420,23 +419,9 @@ def finish_batch(
         view.release()
 
 
-_new_parts: Final = object.__new__
-_set_parts_topic, _set_parts_queue_id, _set_parts_size, _set_parts_record, _set_parts_properties = (
-    EncodedParts.__dict__[f.name].__set__ for f in fields(EncodedParts)
-)
-
-
-def _encoded_parts(
-    topic: str, queue_id: int, size: int, record: bytearray, properties: dict[str, str]
-) -> EncodedParts:
-    """``EncodedParts(...)`` through the slot descriptors (it runs once per message appended)."""
-    parts: EncodedParts = _new_parts(EncodedParts)
-    _set_parts_topic(parts, topic)
-    _set_parts_queue_id(parts, queue_id)
-    _set_parts_size(parts, size)
-    _set_parts_record(parts, record)
-    _set_parts_properties(parts, properties)
-    return parts
+# ``EncodedParts((topic, queue_id, size, record, properties))`` minus the generated ``__new__``'s
+# argument handling (it runs once per message appended)
+_encoded_parts: Final = functools.partial(tuple.__new__, EncodedParts)
 
 
 def split_batch(batch: EncodedBatch) -> list[EncodedParts]:
@@ -445,7 +430,7 @@ def split_batch(batch: EncodedBatch) -> list[EncodedParts]:
     pos = 0
     for size, properties in zip(batch.sizes, batch.properties, strict=True):
         parts.append(
-            _encoded_parts(batch.topic, batch.queue_id, size, batch.buffer[pos : pos + size], properties)
+            _encoded_parts((batch.topic, batch.queue_id, size, batch.buffer[pos : pos + size], properties))
         )
         pos += size
     return parts
