@@ -181,6 +181,19 @@ def filtered_reads(directory: Path, entries: int, repeat: int) -> dict[str, floa
     return {key: statistics.median(values) for key, values in runs.items()}
 
 
+def interpreter_probe() -> float:
+    """Milliseconds for 2 million dict stores: how fast this host runs Python right now.
+
+    The append rates are mostly Python time, the raw bandwidth is not, so the ratios move with
+    the host's speed (it varied about 3x between days on the shared VM of the README's figures).
+    """
+    table: dict[int, int] = {}
+    start = time.perf_counter()
+    for i in range(2_000_000):
+        table[i & 1023] = i
+    return (time.perf_counter() - start) * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dir", type=Path, default=None, help="directory on the disk to measure")
@@ -214,6 +227,7 @@ def main() -> None:
             bw = statistics.median(r[1] for r in results)
             rows.append((label, f"{msgs:,.0f}", bw / MIB, bw / raw, bw / warm))
         print(f"\nappend of 1 KiB messages ({os.cpu_count()} cores, dir {root}, median of {args.repeat})")
+        print(f"interpreter probe: {interpreter_probe():.0f} ms (2 million dict stores; lower: faster host)")
         print(f"{'case':34} {'msg/s':>12} {'MiB/s':>10} {'vs raw':>8} {'vs again':>9}")
         for label, msgs_s, mib, ratio, ratio_warm in rows:
             print(f"{label:34} {msgs_s:>12} {mib:>10.1f} {ratio:>8.2f} {ratio_warm:>9.2f}")
