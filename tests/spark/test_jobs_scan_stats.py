@@ -22,7 +22,7 @@ from siftmq.spark.jobs import common
 from siftmq.spark.jobs.scan import run_scan, scan_dataframe
 from siftmq.spark.jobs.stats import read_subscriptions, run_stats
 from siftmq.spark_cli import spark_app
-from siftmq.store import bulk
+from siftmq.store import Message, MessageStore, StoreConfig, bulk
 from siftmq.store.segment import list_segment_starts, segment_name
 from siftmq.testing import BrokerProcess
 
@@ -351,3 +351,17 @@ def test_cli_startup_does_not_import_pyspark() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert proc.stdout.strip() == "[]"
+
+
+def test_automatic_ranges_follow_the_data_of_a_store_that_is_open(spark: Any, tmp_path: Path) -> None:
+    """A broker's open store has a preallocated last segment: ranges are sized from its records,
+    not from the file's size (3 MiB of records in a 64 MiB file still make several ranges)."""
+    store_dir = tmp_path / "store"
+    with MessageStore.open(StoreConfig(store_dir, commit_log_segment_size=64 << 20)) as store:
+        store.put_messages([Message("Auto", bytes(1024), properties={"KEYS": f"k{i}"}) for i in range(3000)])
+        store.flush()
+        assert (store_dir / "commitlog" / segment_name(0)).stat().st_size == 64 << 20
+        plan = common.plan_commitlog(spark, store_dir)
+    assert plan.stop_reason is None and plan.records == 3000
+    assert len(plan.ranges) >= 3
+    assert all(r.size <= common.MIN_TARGET_BYTES + 2048 for r in plan.ranges)

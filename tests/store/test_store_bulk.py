@@ -215,6 +215,22 @@ def test_plan_with_start_and_end_offsets(written: tuple[Path, list[Message]]) ->
     assert [m.commit_log_offset for m in tail] == [m.commit_log_offset for m in records[700:]]
 
 
+def test_merge_ranges_joins_neighbours_within_a_segment(written: tuple[Path, list[Message]]) -> None:
+    data_dir, messages = written
+    fine = bulk.plan_scan(data_dir, target_bytes=16 * 1024).ranges
+    merged = bulk.merge_ranges(fine, 100 * 1024)
+    assert len(merged) < len(fine)
+    for seg in {r.segment_start for r in fine}:  # the same bytes of every segment, in order
+        mine = [r for r in merged if r.segment_start == seg]
+        theirs = [r for r in fine if r.segment_start == seg]
+        assert (mine[0].start, mine[-1].end) == (theirs[0].start, theirs[-1].end)
+        assert all(a.end == b.start for a, b in itertools.pairwise(mine))
+        assert {r.path for r in mine} == {theirs[0].path}
+    assert all(r.size <= 100 * 1024 or r in fine for r in merged)
+    assert len(read_rows(list(merged))) == len(messages)
+    assert bulk.merge_ranges(fine, 1) == tuple(fine)
+
+
 def test_byte_range_is_picklable(written: tuple[Path, list[Message]]) -> None:
     rng = bulk.plan_ranges(written[0])[0]
     assert pickle.loads(pickle.dumps(rng)) == rng

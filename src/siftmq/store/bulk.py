@@ -37,7 +37,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -253,6 +253,24 @@ def plan_ranges(
     """The ranges of :func:`plan_scan` (see there)."""
     plan = plan_scan(store_dir, target_bytes=target_bytes, start_offset=start_offset, end_offset=end_offset)
     return list(plan.ranges)
+
+
+def merge_ranges(ranges: Sequence[ByteRange], target_bytes: int) -> tuple[ByteRange, ...]:
+    """Join adjacent ranges of one segment file while a joined range stays within ``target_bytes``
+    (a range already larger stays as it is). The records covered do not change."""
+    merged: list[ByteRange] = []
+    for rng in ranges:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and last.path == rng.path
+            and last.end == rng.start
+            and rng.end - last.start <= target_bytes
+        ):
+            merged[-1] = ByteRange(last.path, last.segment_start, last.start, rng.end)
+        else:
+            merged.append(rng)
+    return tuple(merged)
 
 
 def _walk_segment(

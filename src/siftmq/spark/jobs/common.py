@@ -19,7 +19,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -228,15 +228,10 @@ def _probe_lock(lock: Path) -> bool:
     return False
 
 
-def auto_target_bytes(store_dir: Path, parallelism: int) -> int:
-    """A range size giving every core a few ranges: the log's size over ``RANGES_PER_CORE`` × cores,
+def auto_target_bytes(log_bytes: int, parallelism: int) -> int:
+    """A range size giving every core a few ranges: ``log_bytes`` over ``RANGES_PER_CORE`` × cores,
     within [1 MiB, 64 MiB]."""
-    directory = bulk.commit_log_dir(store_dir)
-    try:
-        total = sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
-    except FileNotFoundError:
-        total = 0
-    target = total // max(1, parallelism * RANGES_PER_CORE)
+    target = log_bytes // max(1, parallelism * RANGES_PER_CORE)
     return max(MIN_TARGET_BYTES, min(MAX_TARGET_BYTES, target))
 
 
@@ -249,12 +244,18 @@ def plan_commitlog(
     end_offset: int | None = None,
 ) -> ScanPlan:
     """:func:`siftmq.store.bulk.plan_scan` on the driver; ``target_bytes`` None sizes ranges for the
-    session's parallelism (:func:`auto_target_bytes`)."""
-    if target_bytes is None:
-        target_bytes = auto_target_bytes(store_dir, spark.sparkContext.defaultParallelism)
-    return bulk.plan_scan(
-        store_dir, target_bytes=target_bytes, start_offset=start_offset, end_offset=end_offset
+    session's parallelism (:func:`auto_target_bytes`): the log is planned in 1 MiB ranges, which
+    are then joined, as the files' sizes overstate a log a broker is writing (its last segment
+    is preallocated)."""
+    if target_bytes is not None:
+        return bulk.plan_scan(
+            store_dir, target_bytes=target_bytes, start_offset=start_offset, end_offset=end_offset
+        )
+    plan = bulk.plan_scan(
+        store_dir, target_bytes=MIN_TARGET_BYTES, start_offset=start_offset, end_offset=end_offset
     )
+    target = auto_target_bytes(plan.bytes, spark.sparkContext.defaultParallelism)
+    return replace(plan, ranges=bulk.merge_ranges(plan.ranges, target))
 
 
 def commitlog_dataframe(
