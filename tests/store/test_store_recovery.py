@@ -221,10 +221,14 @@ def _crashed_copy(cfg: StoreConfig, n: int, target: Path) -> tuple[dict[int, byt
     """
     store = MessageStore.open(cfg)
     bodies: dict[int, bytes] = {}
-    for i in range(n):
-        body = bytes([i % 251]) * (3000 + i)
-        r = store.put_message(msg(body=body, queue_id=i % 2, TAGS=f"t{i % 3}", UNIQ_KEY=f"u{i}"))
-        bodies[r.commit_log_offset] = body
+    for start in range(0, n, 10):  # one at a time (map writes), then a batch over 16 KiB (pwrite)
+        messages = [
+            msg(body=bytes([i % 251]) * (3000 + i), queue_id=i % 2, TAGS=f"t{i % 3}", UNIQ_KEY=f"u{i}")
+            for i in range(start, min(n, start + 10))
+        ]
+        results = [store.put_message(m) for m in messages[:4]] + store.put_messages(messages[4:])
+        for m, r in zip(messages, results, strict=True):
+            bodies[r.commit_log_offset] = m.body
     store.flush()
     end = store.max_commit_log_offset
     active = _commitlog_files(cfg.data_dir)[-1]
