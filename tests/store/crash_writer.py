@@ -1,8 +1,8 @@
 """Writer process for the kill -9 test (not a test module).
 
 Usage: python crash_writer.py DATA_DIR ROUND [MODE]. Appends in MODE (``sync``, the default, or
-``async``) flush mode from two threads (one
-message per ``put_message``; batches through ``put_batch``, as the broker appends) and prints
+``async``) flush mode from two threads (one message per ``put_message``; batches through
+``put_batch``, as the broker appends) and prints
 ``ack ROUND THREAD I COMMIT_LOG_OFFSET QUEUE_ID QUEUE_OFFSET`` for each record of each
 acknowledged append, until killed.
 """
