@@ -127,15 +127,15 @@ class Segment:
             fsync_dir(directory)
         return seg
 
-    def map_for_writing(self) -> bool:
+    def map_for_writing(self) -> None:
         """Preallocate the file to ``capacity`` and write through a shared map from now on.
 
-        Returns False, changing nothing, when that cannot be done (no room on the disk for the
-        whole segment, or a file system that cannot preallocate or map): writes stay ``pwrite``
-        then, which reports a full disk write by write.
+        When that cannot be done (no room on the disk for the whole segment, or a file system
+        that cannot preallocate or map), nothing changes and ``write_map`` stays None: writes
+        stay ``pwrite``, which reports a full disk write by write.
         """
         if self.write_map is not None:
-            return True
+            return
         try:
             os.posix_fallocate(self.fd, 0, self.capacity)
             self.write_map = mmap.mmap(self.fd, self.capacity)
@@ -145,8 +145,6 @@ class Segment:
                 os.ftruncate(self.fd, self.length)
             except OSError:
                 _log.exception("could not cut %s back to %d bytes", self.path, self.length)
-            return False
-        return True
 
     def trim(self) -> None:
         """Stop writing through the map and cut the preallocated tail: the file's length is
@@ -186,7 +184,7 @@ class Segment:
             # the first 8 bytes (a record's size and magic code) last: a reader of the file that
             # finds them finds the whole write (see siftmq.store.bulk)
             view = memoryview(data)
-            if end - pos < MAP_WRITE_LIMIT:
+            if len(data) < MAP_WRITE_LIMIT:
                 self.write_map[pos + 8 : end] = view[8:]
                 self.write_map[pos : pos + 8] = view[:8]
             else:  # fills whole pages without the map's page faults
