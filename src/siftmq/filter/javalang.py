@@ -18,7 +18,7 @@ import enum
 import math
 import re
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from siftmq.errors import FilterEvaluationError
 
@@ -70,6 +70,19 @@ def java_type(value: object) -> JType:
 
 
 # ------------------------------------------------------------------------------------------- parsing
+
+
+def typed_key(value: object) -> object:
+    """A hashable key equal only for values Java tells apart. Python's ``==`` (and so a dict or an
+    ``lru_cache``) merges ``True``, ``1`` and ``1.0``, an Integer and a :class:`JavaLong`, ``0.0``
+    and ``-0.0``, and never finds NaN: a cache keyed by such values would hand one constant
+    another's result. Tuples are keyed element by element."""
+    kind = type(value)
+    if kind is float:
+        return (float, cast(float, value).hex())  # "-0x0.0p+0" differs from "0x0.0p+0"; NaN is "nan"
+    if kind is tuple:
+        return (tuple, tuple(typed_key(v) for v in cast(tuple[object, ...], value)))
+    return (kind, value)
 
 
 def _nfe(text: str) -> JavaEvaluationError:

@@ -49,7 +49,7 @@ import sys
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
 
 from pyspark.sql import Column
@@ -588,13 +588,29 @@ def _sem_match(op: MatchOp, pattern: str, negated: bool) -> Semantics:
     return match
 
 
-@lru_cache(maxsize=4096)
+_CHILD_CONTEXTS: dict[object, Context] = {}
+_MAX_CHILD_CONTEXTS: Final = 4096
+
+
 def _child_context(
     semantics: Semantics, domains: tuple[tuple[object, ...], ...], index: int, parent: Context
 ) -> Context:
     """The context of operand ``index``: two of its outcomes share a class when, whatever the other
     operands are (one representative per class of their values), the node's outcomes share a class
-    of ``parent``."""
+    of ``parent``. Memoized with the domains' constants type-tagged: ``TRUE`` and ``1`` are equal
+    in Python, not in a filter."""
+    key = (semantics, javalang.typed_key(domains), index, parent)
+    hit = _CHILD_CONTEXTS.get(key)
+    if hit is None:
+        if len(_CHILD_CONTEXTS) >= _MAX_CHILD_CONTEXTS:
+            _CHILD_CONTEXTS.clear()
+        hit = _CHILD_CONTEXTS[key] = _derive_child_context(semantics, domains, index, parent)
+    return hit
+
+
+def _derive_child_context(
+    semantics: Semantics, domains: tuple[tuple[object, ...], ...], index: int, parent: Context
+) -> Context:
     others = domains[:index] + domains[index + 1 :]
     signatures = []
     for value in _PREDICATE_VALUES:
