@@ -13,118 +13,13 @@ import pyarrow as pa
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import filter_corpus
+from filter_corpus import PROPS
 from siftmq.filter import FilterError, compile_filter
 from siftmq.filter.parser import parse
 
-PROPS = ["a", "b", "c"]
-VALUES = [
-    None,
-    "3",
-    "3.0",
-    " 3",
-    "+3",
-    "-3",
-    "-0",
-    "-0.0",
-    "0.0",
-    "0",
-    "007",
-    "NaN",
-    "-NaN",
-    "Infinity",
-    "-Infinity",
-    "inf",
-    "1e2",
-    "1E+2",
-    ".5",
-    "5.",
-    "0x1p3",
-    "0X1.8P1",
-    "3d",
-    "3f",
-    "true",
-    "TRUE",
-    "tRuE",
-    "yes",
-    "false",
-    "",
-    "x",
-    "abc",
-    "ab",
-    "%",
-    "٣",
-    "３",
-    "2147483647",
-    "2147483648",
-    "-2147483649",
-    "9223372036854775807",
-    "9223372036854775808",
-    "99999999999999999999",
-    "1_000",
-    "\u00a03",
-    "\t3\n",
-    "中文",
-    "😀x",
-]
-NUMBERS = [
-    "0",
-    "1",
-    "3",
-    "100",
-    "5L",
-    "2147483647",
-    "2147483648",
-    "9223372036854775807",
-    "0.5",
-    "3.0",
-    "1e2",
-    ".5",
-    "0.0",
-    "1.7976931348623157e308",
-    "4.9e-324",
-]
-STRINGS = ["'x'", "'3'", "'true'", "''", "'abc'", "'it''s'", "'3.0'", "'٣'", "'😀'"]
-
-atom_value = st.one_of(
-    st.sampled_from(PROPS),
-    st.sampled_from(NUMBERS),
-    st.sampled_from(NUMBERS).map(lambda n: "-" + n),
-    st.sampled_from(STRINGS),
-    st.sampled_from(["TRUE", "FALSE", "NULL"]),
-    st.sampled_from(PROPS).map(lambda p: "-" + p),
-)
-
-
-def _predicates(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-    value = st.one_of(atom_value, inner.map(lambda s: f"({s})"))
-    rel = st.sampled_from(["=", "<>", ">", ">=", "<", "<="])
-    return st.one_of(
-        st.tuples(value, rel, value).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
-        st.tuples(value, st.sampled_from(["", "NOT "]), value, value).map(
-            lambda t: f"{t[0]} {t[1]}BETWEEN {t[2]} AND {t[3]}"
-        ),
-        st.tuples(
-            st.sampled_from(PROPS),
-            st.sampled_from(["IN", "NOT IN"]),
-            st.lists(st.sampled_from(STRINGS), min_size=1),
-        ).map(lambda t: f"{t[0]} {t[1]} ({', '.join(t[2])})"),
-        st.tuples(
-            value,
-            st.sampled_from(["", "NOT "]),
-            st.sampled_from(["CONTAINS", "STARTSWITH", "ENDSWITH"]),
-            st.sampled_from(STRINGS),
-        ).map(lambda t: f"{t[0]} {t[1]}{t[2]} {t[3]}"),
-        st.tuples(value, st.sampled_from(["IS NULL", "IS NOT NULL"])).map(lambda t: f"{t[0]} {t[1]}"),
-        inner.map(lambda s: f"NOT ({s})"),
-        st.tuples(inner, st.sampled_from(["AND", "OR"]), inner).map(lambda t: f"({t[0]}) {t[1]} ({t[2]})"),
-        st.sampled_from(PROPS),
-    )
-
-
-expressions = st.recursive(
-    st.sampled_from(["TRUE", "FALSE", "NULL", "a", "a = 'x'", "b > 3"]), _predicates, max_leaves=12
-)
-rows = st.lists(st.fixed_dictionaries({p: st.sampled_from(VALUES) for p in PROPS}), min_size=1, max_size=40)
+expressions = filter_corpus.expressions(max_leaves=12)
+rows = filter_corpus.rows()
 
 
 def _compiled(text: str) -> Any:

@@ -7,17 +7,15 @@ error (its ``start`` is the first ignored token), and zero float literals are ac
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from filter_corpus import REFERENCE_CASES
 from siftmq.filter import FilterError, FilterEvaluationError, FilterSyntaxError, compile_filter
 
-SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "sql92_reference_cases.jsonl"
-CASES = [json.loads(line) for line in SPEC.read_text(encoding="utf-8").splitlines() if line.strip()]
+CASES = REFERENCE_CASES
 
 # id -> offset of the first token RocketMQ ignores (siftmq: syntax error starting there)
 TRAILING_INPUT = {

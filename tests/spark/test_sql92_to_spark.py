@@ -8,10 +8,8 @@ test.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -19,15 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
+import filter_corpus
+from filter_corpus import FIXED_ROWS, NUMBERS, PROPS, REFERENCE_CASES, STRINGS, VALUES, Row
 from siftmq.filter import FilterError, UnsupportedFilterError, compile_filter
 from siftmq.filter.backends.spark import MAX_NESTING, to_spark_column, to_spark_sql
 from siftmq.filter.compiler import CompiledFilter
 
-SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "sql92_reference_cases.jsonl"
-CASES = [json.loads(line) for line in SPEC.read_text(encoding="utf-8").splitlines() if line.strip()]
+CASES = REFERENCE_CASES
 SCHEMA = "id int, properties map<string,string>"
-
-Row = Mapping[str, str | None]
 
 
 def _compiled_or_none(kind: str, text: str) -> CompiledFilter | None:
@@ -99,88 +96,8 @@ def test_reference_cases(spark: Any) -> None:
 
 # ----------------------------------------------------------------------------------------- hypothesis
 
-PROPS = ["a", "b", "c"]
-VALUES: list[str | None] = [
-    None,
-    *["3", "3.0", " 3", "3 ", "+3", "-3", "-0", "-0.0", "0.0", "0", "007", "+", "-", "", " ", "\t"],
-    *["NaN", "-NaN", " NaN", "Infinity", "-Infinity", "Infinity\n", "inf", "nan", "INFINITY"],
-    *["1e2", "1E+2", ".5", "5.", "1e", "e5", "1e400", "-1e-400", "4.9e-324", "1.7976931348623157e308"],
-    *["0x1p3", "0X1.8P1", "-0x0p0", "0x1p3d", "0x10", "3d", "3f", "3D", "1.5F", "1.5DD", "3L"],
-    *["true", "TRUE", "tRuE", "true ", "yes", "false", "1"],
-    *["x", "abc", "ab", "%", "_", "a%", "x'y", "a\\b", "\\u0041", "it''s", "中文", "😀x", "x😀"],
-    *["٣", "-٣", "３", "１２", "𝟙", "٣.٥", "\u00a03", "\x003", "3\x00", "\x0b3", "\u20003", "\u30003"],
-    *["2147483647", "2147483648", "-2147483648", "-2147483649", "9223372036854775807"],
-    *["9223372036854775808", "-9223372036854775808", "-9223372036854775809", "99999999999999999999"],
-    *["000000000000000000000000000012", "9007199254740993", "9007199254740992.0", "1_000"],
-]
-NUMBERS = [
-    *["0", "1", "3", "12", "100", "5L", "2147483647", "2147483648", "9223372036854775807"],
-    *["0.0", "0.5", "3.0", "1e2", ".5", "1.7976931348623157e308", "4.9e-324", "9007199254740993.0"],
-]
-STRINGS = [
-    *["'x'", "'3'", "'3.0'", "'true'", "''", "'abc'", "'it''s'", "'٣'", "'😀'", "'%'", "'a\\b'"],
-    *["'x''y'", "''' OR TRUE OR '''", "'\\u0041'", "'\\'", "'`'", "')'", "'中文'"],
-]
-
-atom_value = st.one_of(
-    st.sampled_from(PROPS),
-    st.sampled_from(PROPS),  # twice as likely: a sub-tree without properties folds to a constant
-    st.sampled_from(NUMBERS),
-    st.sampled_from(NUMBERS).map(lambda n: "-" + n),
-    st.sampled_from(STRINGS),
-    st.sampled_from(["TRUE", "FALSE", "NULL"]),
-    st.sampled_from(PROPS).map(lambda p: "-" + p),
-)
-
-
-def _predicates(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-    value = st.one_of(atom_value, inner.map(lambda s: f"({s})"), inner.map(lambda s: f"-({s})"))
-    return st.one_of(
-        st.tuples(value, st.sampled_from(["=", "<>", ">", ">=", "<", "<="]), value).map(" ".join),
-        st.tuples(value, st.sampled_from(["", "NOT "]), value, value).map(
-            lambda t: f"{t[0]} {t[1]}BETWEEN {t[2]} AND {t[3]}"
-        ),
-        st.tuples(
-            st.sampled_from(PROPS),
-            st.sampled_from(["IN", "NOT IN"]),
-            st.lists(st.sampled_from(STRINGS), min_size=1, max_size=4),
-        ).map(lambda t: f"{t[0]} {t[1]} ({', '.join(t[2])})"),
-        st.tuples(
-            value,
-            st.sampled_from(["", "NOT "]),
-            st.sampled_from(["CONTAINS", "STARTSWITH", "ENDSWITH"]),
-            st.sampled_from(STRINGS),
-        ).map(lambda t: f"{t[0]} {t[1]}{t[2]} {t[3]}"),
-        st.tuples(value, st.sampled_from(["IS NULL", "IS NOT NULL"])).map(" ".join),
-        inner.map(lambda s: f"NOT ({s})"),
-        st.lists(inner, min_size=2, max_size=4).flatmap(
-            lambda parts: st.sampled_from([" AND ", " OR "]).map(lambda op: op.join(f"({p})" for p in parts))
-        ),
-    )
-
-
-LEAVES = [
-    "TRUE",
-    "NULL",
-    "a",
-    "a = 'x'",
-    "b > 3",
-    "c >= 2.5",
-    "a < b",
-    "b = 3",
-    "-a = b",
-    "3 = c",
-    "a <> 0.0",
-]
-expressions = st.recursive(st.sampled_from(LEAVES), _predicates, max_leaves=10)
-rows_strategy = st.lists(
-    st.fixed_dictionaries({p: st.sampled_from(VALUES) for p in PROPS}), min_size=10, max_size=30
-)
-# every value in each property (and each pair of a and b from a sample), beside the generated rows
-FIXED_ROWS: list[Row] = [
-    *({p: v for p in PROPS} for v in VALUES),
-    *({"a": v, "b": w, "c": "3"} for v in VALUES[::3] for w in VALUES[1::4]),
-]
+expressions = filter_corpus.expressions()
+rows_strategy = filter_corpus.rows(min_size=10, max_size=30)
 
 
 def _compiled_batch(texts: Sequence[str]) -> list[CompiledFilter]:
