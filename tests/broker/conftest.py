@@ -1,20 +1,12 @@
-"""The ``start_broker`` fixture: ``start_broker(name, flush=..., config={...})`` gives a running broker."""
+"""Broker tests: the official client's leftovers are cleaned up after each test."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-from siftmq.testing import broker_starter
-
-
-@pytest.fixture
-def start_broker(tmp_path: Path) -> Iterator[object]:
-    yield from broker_starter(tmp_path)
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +16,7 @@ def _close_loops_left_by_the_official_client() -> Iterator[None]:
     The official client's worker threads make gRPC calls without an event loop of their own; grpc
     then creates one for the thread and never closes it. Left alone, that loop is garbage-collected
     during some later test, whose unraisable-warning check then fails on its ``ResourceWarning``.
-    Seen once each in two clean CI runs (2026-11-22); the loop is idle here, so closing it is safe.
+    The loop is idle by then, so closing it is safe.
     """
     yield
     gc.collect()

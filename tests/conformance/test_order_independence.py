@@ -27,6 +27,7 @@ from filter_corpus import PROPS, REFERENCE_CASES, VALUES
 from filter_results import results_of
 
 pytest.importorskip("pyspark")  # the Spark translator's text is one of the results compared
+pytestmark = pytest.mark.slow  # a minute of forks and thousands of translations
 
 ORDERS = 3
 N = len(VALUES)

@@ -1,4 +1,4 @@
-"""One SparkSession per test process (local[2], the fast settings), and a broker starter.
+"""One SparkSession per test process (local[2], the fast settings).
 
 Every test here is marked ``spark``; the session starts on first use, so collecting is cheap.
 """
@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from siftmq.testing import broker_starter
 
 pytest.importorskip("pyspark")
 
@@ -32,8 +30,3 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     )
     yield session
     session.stop()
-
-
-@pytest.fixture
-def start_broker(tmp_path: Path) -> Iterator[object]:
-    yield from broker_starter(tmp_path)

@@ -331,6 +331,7 @@ def test_cli_scan_of_a_store_a_broker_has_open(spark: Any, start_broker: Any, tm
     assert not common.store_in_use(broker.data_dir / "store")
 
 
+@pytest.mark.integration  # a Spark job in a subprocess
 def test_cli_scan_end_to_end_in_a_subprocess(broker_data: tuple[Path, list[Sent]], tmp_path: Path) -> None:
     data_dir, messages = broker_data
     out = tmp_path / "scan"

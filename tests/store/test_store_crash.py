@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from crash_writer import body_of
 
+from crash_writer import body_of
 from siftmq.store import GetMessageStatus, MessageStore, StoreConfig
 
 ROUNDS = {"sync": 20, "async": 10}
@@ -45,7 +45,7 @@ def _check_body(body: bytes) -> None:
 def test_kill_9_loses_no_acknowledged_record(tmp_path: Path, mode: str) -> None:
     rng = random.Random(20240607)
     data_dir = tmp_path / "data"
-    writer = Path(__file__).with_name("crash_writer.py")
+    writer = Path(__file__).parents[1] / "crash_writer.py"
     acked: dict[
         int, tuple[int, int, int, int, int]
     ] = {}  # commit log offset -> (round, thread, i, queue, qoff)

@@ -1,9 +1,4 @@
-"""Helpers of the store tests: small segments so roll-overs happen with few messages.
-
-Imported by name (``from store_helpers import msg``), not from ``conftest``: several test
-directories have a conftest module, and which one ``import conftest`` finds depends on what
-else pytest collected.
-"""
+"""Helpers of the store tests: small segments so roll-overs happen with few messages."""
 
 from __future__ import annotations
 
