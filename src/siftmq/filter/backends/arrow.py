@@ -86,8 +86,9 @@ _MATCH_COST: Final = 4
 VIEW_IN_MAX: Final = 16
 
 _INTEGRAL_RE: Final = r"^[+-]?[0-9]{1,18}$"
-_JAVA_TRIM: Final = "".join(chr(c) for c in range(0x21))
-_DECIMAL_RE: Final = r"^[+-]?(?:NaN|Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?)$"
+_DECIMAL_RE: Final = (
+    f"^[+-]?(?:{javalang.DOUBLE_SPECIAL}|{javalang.DOUBLE_DECIMAL}{javalang.DOUBLE_SUFFIX}?)$"
+)
 _HEX_RE: Final = r"^[+-]?0[xX]"
 _CANONICAL_NAN_KEY: Final = 0x7FF8000000000000
 
@@ -370,7 +371,7 @@ def _parse_double_keys(array: pa.Array) -> tuple[npt.NDArray[np.int64], Mask]:
         if special.size:
             _exact_rows(array, special, exact, keys, errors)
         return keys, errors
-    trimmed = pc.utf8_trim(array, characters=_JAVA_TRIM)
+    trimmed = pc.utf8_trim(array, characters=javalang.JAVA_TRIM)
     decimal = _bool_numpy(pc.match_substring_regex(trimmed, _DECIMAL_RE))
     cleaned = pc.if_else(pa.array(decimal), pc.replace_substring_regex(trimmed, "[fFdD]$", ""), "0")
     doubles = np.array(pc.cast(cleaned, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)

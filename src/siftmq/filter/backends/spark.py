@@ -360,7 +360,6 @@ _NULL: Final = _Lit(None, "BOOLEAN")
 _TRUE_SPELLINGS: Final = tuple(
     "".join(letters) for letters in itertools.product(*((c, c.upper()) for c in "true"))
 )
-_JAVA_TRIM: Final = "".join(chr(c) for c in range(0x21))
 
 
 def _decimal_digits() -> tuple[str, str, str]:
@@ -383,9 +382,9 @@ _UNICODE_DIGIT_RANGES, _UNICODE_DIGITS, _ASCII_OF_UNICODE_DIGITS = _decimal_digi
 # ``$`` would also match before a final line terminator: ``(?s)(?!.)`` is the true end of input.
 _INTEGRAL_RE: Final = f"(?s)^[+-]?[0-9{_UNICODE_DIGIT_RANGES}]+(?!.)"
 _DOUBLE_RE: Final = (
-    "(?s)^[+-]?(?:NaN|Infinity"
-    "|(?:[0-9]+[.]?[0-9]*|[.][0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?"
-    "|0[xX](?:[0-9a-fA-F]+[.]?|[0-9a-fA-F]*[.][0-9a-fA-F]+)[pP][+-]?[0-9]+[fFdD]?"
+    f"(?s)^[+-]?(?:{javalang.DOUBLE_SPECIAL}"
+    f"|{javalang.DOUBLE_DECIMAL}{javalang.DOUBLE_SUFFIX}?"
+    f"|{javalang.DOUBLE_HEX}{javalang.DOUBLE_SUFFIX}?"
     ")(?!.)"
 )
 
@@ -432,7 +431,7 @@ def _parse_integral(s: _X, jtype: JType) -> _X:
 def _parse_double(s: _X) -> tuple[_X, _X]:
     """``Double.valueOf(s)`` (NULL where Java throws or s is NULL) and whether its text is negative
     (which tells -0.0 from 0.0: Spark's ``=`` and ``<`` do not)."""
-    trimmed = _Call("btrim", (s, _string(_JAVA_TRIM)))
+    trimmed = _Call("btrim", (s, _string(javalang.JAVA_TRIM)))
     value = _Case(((_Call("rlike", (trimmed, _string(_DOUBLE_RE))), _TryCast(trimmed, "DOUBLE")),), None)
     return value, _Call("startswith", (trimmed, _string("-")))
 
