@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -68,10 +68,9 @@ from siftmq.filter.ast import (
 )
 from siftmq.filter.backends._string_views import StringViews
 from siftmq.filter.javalang import INT_MAX, INT_MIN, LONG_MAX, LONG_MIN, JType
-from siftmq.filter.visitor import ExprVisitor, dispatch
-
-if TYPE_CHECKING:
-    from siftmq.filter.compiler import CompiledFilter
+from siftmq.filter.scalar import ScalarCompiler
+from siftmq.filter.spec import FilterSpec
+from siftmq.filter.visitor import ExprVisitor, dispatch, visit
 
 Mask = npt.NDArray[np.bool_]
 
@@ -522,9 +521,6 @@ def _is_number(node: Node) -> bool:
 
 
 def _scalar_value(node: Node) -> object:
-    from siftmq.filter.scalar import ScalarCompiler
-    from siftmq.filter.visitor import visit
-
     fn = visit(node, ScalarCompiler())
     try:
         return fn({})
@@ -854,7 +850,7 @@ def _bool_values(val: _Val, n: int) -> Mask:
 class ArrowEvaluator:
     """``matches_batch`` of one compiled filter."""
 
-    def __init__(self, compiled: CompiledFilter) -> None:
+    def __init__(self, compiled: FilterSpec) -> None:
         self.compiled = compiled
         self.tree = compiled.tree
         self.properties = sorted(compiled.properties)

@@ -50,7 +50,7 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
+from typing import Final, TypeAlias, TypeVar
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -74,12 +74,9 @@ from siftmq.filter.ast import (
     Property,
     StringMatch,
 )
-from siftmq.filter.compiler import TAGS_PROPERTY
 from siftmq.filter.javalang import JType
+from siftmq.filter.spec import TAGS_PROPERTY, FilterSpec
 from siftmq.filter.visitor import ExprVisitor, postorder, visit
-
-if TYPE_CHECKING:
-    from siftmq.filter.compiler import CompiledFilter
 
 __all__ = ["MAX_NESTING", "SparkSqlTranslator", "to_spark_column", "to_spark_sql"]
 
@@ -1079,7 +1076,7 @@ def _property_columns(properties: object, columns: Mapping[str, object] | None) 
     return property_column
 
 
-def _translate(compiled: CompiledFilter, property_column: Callable[[str], _X]) -> _X:
+def _translate(compiled: FilterSpec, property_column: Callable[[str], _X]) -> _X:
     if compiled.tree is None:
         tag_filter = compiled.tag_filter
         assert tag_filter is not None
@@ -1105,7 +1102,7 @@ def _translate(compiled: CompiledFilter, property_column: Callable[[str], _X]) -
 
 
 def to_spark_column(
-    compiled: CompiledFilter,
+    compiled: FilterSpec,
     properties: str | Column = "properties",
     *,
     columns: Mapping[str, str | Column] | None = None,
@@ -1121,7 +1118,7 @@ def to_spark_column(
 
 
 def to_spark_sql(
-    compiled: CompiledFilter,
+    compiled: FilterSpec,
     properties: str = "properties",
     *,
     columns: Mapping[str, str] | None = None,
