@@ -40,12 +40,12 @@ surrogate (no Spark string can hold one), and a filter whose translation nests d
 parser and analyzer go (``MAX_NESTING`` levels, about 60 levels of NOT and AND over comparisons
 that can fail; RocketMQ allows 512).
 
-**Modules.** :mod:`.nodes` (the expression tree), :mod:`.render` (SQL text and Columns),
+**Modules.** :mod:`.expressions` (the expression tree), :mod:`.render` (SQL text and Columns),
 :mod:`.conversions` (Java conversions as Spark expressions), :mod:`.outcomes` (semantics, contexts
 and lookup tables), :mod:`.translator` (the visitor and the entry points re-exported here).
 """
 
-from siftmq.filter.backends.spark.nodes import MAX_NESTING
+from siftmq.filter.backends.spark.expressions import MAX_NESTING
 from siftmq.filter.backends.spark.translator import SparkSqlTranslator, to_spark_column, to_spark_sql
 
 __all__ = ["MAX_NESTING", "SparkSqlTranslator", "to_spark_column", "to_spark_sql"]

@@ -17,7 +17,7 @@ from siftmq.filter import javalang
 from siftmq.filter.ast import (
     CmpOp,
 )
-from siftmq.filter.backends.spark.nodes import (
+from siftmq.filter.backends.spark.expressions import (
     _X,
     BACKEND,
     _Binary,

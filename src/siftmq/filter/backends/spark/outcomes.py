@@ -22,7 +22,7 @@ from siftmq.filter.ast import (
     MatchOp,
 )
 from siftmq.filter.backends.spark.conversions import _FALSE, _NULL, _TRUE, _int, _is_true_text
-from siftmq.filter.backends.spark.nodes import _X, _Call, _Case, _IsNull, _Lit
+from siftmq.filter.backends.spark.expressions import _X, _Call, _Case, _IsNull, _Lit
 
 # ---------------------------------------------------------------------------------------- semantics
 #

@@ -1,4 +1,4 @@
-"""Rendering the expression tree of :mod:`.nodes`: as Spark SQL text, or as a pyspark ``Column``.
+"""Rendering the expression tree of :mod:`.expressions`: as Spark SQL text, or as a pyspark ``Column``.
 
 Owns the quoting of identifiers and string literals (plain only when safe, else
 ``decode(X'…', 'UTF-8')``), Java-exact double literals, the nesting count checked against
@@ -14,7 +14,7 @@ from typing import Final
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from siftmq.filter.backends.spark.nodes import (
+from siftmq.filter.backends.spark.expressions import (
     _X,
     _Binary,
     _Call,

@@ -45,7 +45,7 @@ from siftmq.filter.backends.spark.conversions import (
     _string,
     _user_string,
 )
-from siftmq.filter.backends.spark.nodes import (
+from siftmq.filter.backends.spark.expressions import (
     _X,
     BACKEND,
     MAX_NESTING,
