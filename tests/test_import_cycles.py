@@ -151,3 +151,21 @@ def test_finds_a_cycle() -> None:
 def test_no_import_cycles_in_checked_packages() -> None:
     cycles = [c for c in find_cycles(import_graph()) if any(_checked(m) for m in c)]
     assert cycles == []
+
+
+def test_relative_and_submodule_imports_resolve() -> None:
+    known = {"p", "p.a", "p.b", "p.sub", "p.sub.c", "p.sub.d"}
+    code = (
+        "from . import d\nfrom .d import thing\nfrom ..b import x\nfrom .. import a, b\n"
+        "from p import b\nimport p.sub.d\nfrom p.a import name\nimport os\n"
+    )
+    inner = [_targets(s, "p.sub.c", Path("p/sub/c.py"), known) for s in _runtime_imports(ast.parse(code))]
+    assert inner == [{"p.sub.d"}, {"p.sub.d"}, {"p.b"}, {"p.a", "p.b"}, {"p.b"}, {"p.sub.d"}, {"p.a"}, set()]
+    (stmt,) = _runtime_imports(ast.parse("from . import c\n"))
+    assert _targets(stmt, "p.sub", Path("p/sub/__init__.py"), known) == {"p.sub.c"}
+
+
+def test_type_checking_imports_are_not_edges() -> None:
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import p.a\nelse:\n    import p.b\n"
+    names = [a.name for s in _runtime_imports(ast.parse(code)) for a in s.names]
+    assert names == ["TYPE_CHECKING", "p.b"]

@@ -1,11 +1,11 @@
 """Column kernels: RocketMQ's Java conversions over a whole Arrow string column.
 
-Owns the thresholds that pick a strategy (``DICTIONARY_*``, ``ENCODE_MIN_COST``, ``VIEW_IN_MAX``),
-``Boolean.valueOf``, ``Integer.valueOf``/``Long.valueOf`` (Arrow's cast where it agrees
-with Java, regex checks, and exact row-by-row decisions by :mod:`siftmq.filter.javalang` for the
-rest), ``Double.valueOf`` (its grammar built from :mod:`siftmq.filter.javalang`) as total-order
-``Double.compare`` keys, plus the small array helpers they share
-(validity masks, dictionary indices, ``IN`` on string views).
+Owns the thresholds that pick a strategy (``DICTIONARY_*``, ``ENCODE_MIN_COST``, ``VIEW_IN_MAX``)
+and the kernels: ``Boolean.valueOf``; ``Integer.valueOf``/``Long.valueOf`` (Arrow's cast where it
+agrees with Java, regex checks, and exact row-by-row decisions by :mod:`siftmq.filter.javalang`
+for the rest); ``Double.valueOf`` (its grammar built from :mod:`siftmq.filter.javalang`) as
+total-order ``Double.compare`` keys; and the small array helpers they share (validity masks,
+dictionary indices, ``IN`` on string views).
 """
 
 from __future__ import annotations

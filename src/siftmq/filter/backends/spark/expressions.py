@@ -17,8 +17,8 @@ from siftmq.filter.visitor import postorder
 BACKEND: Final = "spark"
 R = TypeVar("R")
 # Spark overflows its stack on deeply nested expressions: its SQL parser, and its conversion of a
-# Column to an expression. The shapes this module writes went through both up to 264-300 levels
-# (measured on Spark 4.3, JDK 17, by this module's own nesting count): keep a margin.
+# Column to an expression. The shapes this backend writes went through both up to 264-300 levels
+# (measured on Spark 4.3, JDK 17, by the backend's own nesting count, render._depth): keep a margin.
 MAX_NESTING: Final = 200
 
 # --------------------------------------------------------------------------------- Spark expressions
