@@ -10,195 +10,74 @@ Desugaring happens here, once: ``<>`` is ``NOT (=)``, ``IS NOT NULL`` is ``NOT (
 property used as a boolean is a :class:`BoolCast`, and chains of AND/OR become one n-ary node
 (exact: Kleene AND/OR with left-to-right short-circuit are associative, errors included).
 Backends never re-implement any of this.
+
+The node classes themselves live in :mod:`siftmq.filter.nodes` (which the visitor builds on too)
+and are re-exported here: callers import every tree name from this module.
 """
 
 from __future__ import annotations
 
-import enum
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeAlias
 
 from siftmq.errors import FilterTypeError
 from siftmq.filter import javalang
 from siftmq.filter.javalang import JType
-
-
-class CmpOp(enum.Enum):
-    GT = ">"
-    GE = ">="
-    LT = "<"
-    LE = "<="
-
-    def holds(self, cmp: int) -> bool:
-        """Whether a comparator result (<0, 0, >0) satisfies the operator."""
-        if self is CmpOp.GT:
-            return cmp > 0
-        if self is CmpOp.GE:
-            return cmp >= 0
-        if self is CmpOp.LT:
-            return cmp < 0
-        return cmp <= 0
-
-
-class MatchOp(enum.Enum):
-    CONTAINS = "CONTAINS"
-    STARTSWITH = "STARTSWITH"
-    ENDSWITH = "ENDSWITH"
-
-    def holds(self, value: str, pattern: str) -> bool:
-        """Whether ``value`` contains, starts with or ends with ``pattern`` (Java's String methods)."""
-        if self is MatchOp.CONTAINS:
-            return pattern in value
-        if self is MatchOp.STARTSWITH:
-            return value.startswith(pattern)
-        return value.endswith(pattern)
-
-
-@dataclass(frozen=True, slots=True)
-class Literal:
-    value: object  # int | float | str | bool | None, typed by ``jtype``
-    jtype: JType | None  # None is the NULL literal
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Property:
-    name: str
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Negate:
-    operand: Node
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Not:
-    operand: Node
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class BoolCast:
-    """A bare property used as a boolean: TRUE only for a real Boolean true, NULL when missing."""
-
-    operand: Property
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=2, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class And:
-    operands: tuple[Node, ...]
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Or:
-    operands: tuple[Node, ...]
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Equal:
-    left: Node
-    right: Node
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Compare:
-    op: CmpOp
-    left: Node
-    right: Node
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class IsNull:
-    operand: Node
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class In:
-    operand: Property
-    items: tuple[str, ...]  # in source order, duplicates kept (for rendering)
-    negated: bool
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=2, compare=False)
-
-    @property
-    def values(self) -> frozenset[str]:
-        return frozenset(self.items)
-
-
-@dataclass(frozen=True, slots=True)
-class StringMatch:
-    op: MatchOp
-    operand: Node
-    pattern: str
-    negated: bool
-    start: int = field(default=0, compare=False)
-    end: int = field(default=0, compare=False)
-    depth: int = field(default=1, compare=False)
-
-
-Node: TypeAlias = (
-    Literal | Property | Negate | Not | BoolCast | And | Or | Equal | Compare | IsNull | In | StringMatch
+from siftmq.filter.nodes import (
+    BOOLEAN_NODES,
+    And,
+    BoolCast,
+    CmpOp,
+    Compare,
+    Equal,
+    In,
+    IsNull,
+    Literal,
+    MatchOp,
+    Negate,
+    Node,
+    Not,
+    Or,
+    Property,
+    StringMatch,
+    children,
+    is_boolean,
 )
-BOOLEAN_NODES = (Not, BoolCast, And, Or, Equal, Compare, IsNull, In, StringMatch)
+from siftmq.filter.visitor import ExprVisitor, visit
 
-
-def is_boolean(node: Node) -> bool:
-    """RocketMQ's ``instanceof BooleanExpression``: predicates and the TRUE/FALSE/NULL literals."""
-    if isinstance(node, Literal):
-        return node.jtype is None or node.jtype is JType.BOOLEAN
-    return isinstance(node, BOOLEAN_NODES)
-
-
-def children(node: Node) -> tuple[Node, ...]:
-    return _CHILDREN[type(node)](node)
-
-
-_CHILDREN: dict[type, Callable[[Any], tuple[Node, ...]]] = {
-    Literal: lambda n: (),
-    Property: lambda n: (),
-    And: lambda n: n.operands,
-    Or: lambda n: n.operands,
-    Equal: lambda n: (n.left, n.right),
-    Compare: lambda n: (n.left, n.right),
-    Negate: lambda n: (n.operand,),
-    Not: lambda n: (n.operand,),
-    BoolCast: lambda n: (n.operand,),
-    IsNull: lambda n: (n.operand,),
-    In: lambda n: (n.operand,),
-    StringMatch: lambda n: (n.operand,),
-}
-
+__all__ = [
+    "BOOLEAN_NODES",
+    "And",
+    "BoolCast",
+    "CmpOp",
+    "Compare",
+    "Equal",
+    "In",
+    "IsNull",
+    "Literal",
+    "MatchOp",
+    "Negate",
+    "Node",
+    "Not",
+    "Or",
+    "Property",
+    "StringMatch",
+    "as_boolean",
+    "children",
+    "is_boolean",
+    "make_and_n",
+    "make_between",
+    "make_compare",
+    "make_equal",
+    "make_in",
+    "make_is_null",
+    "make_match",
+    "make_negate",
+    "make_not",
+    "make_not_equal",
+    "make_or_n",
+    "render",
+    "render_literal",
+]
 
 # ------------------------------------------------------------------------------------------- factories
 
@@ -340,7 +219,6 @@ def make_match(op: MatchOp, operand: Node, pattern: str, negated: bool, end: int
 
 def render(node: Node) -> str:
     """The normalized SQL92 text of a tree; parsing it gives back an equal tree."""
-    from siftmq.filter.visitor import ExprVisitor, visit
 
     class _Render(ExprVisitor[str]):
         def visit_literal(self, node: Literal) -> str:

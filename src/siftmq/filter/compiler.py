@@ -19,6 +19,7 @@ from siftmq.filter import ast
 from siftmq.filter.ast import Node
 from siftmq.filter.parser import MAX_DEPTH, parse
 from siftmq.filter.scalar import Fn, ScalarCompiler
+from siftmq.filter.spec import TAGS_PROPERTY
 from siftmq.filter.tags import TagFilter
 from siftmq.filter.visitor import visit
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 FilterKind = Literal["TAG", "SQL92"]
 KINDS: Final = ("TAG", "SQL92")
 CACHE_SIZE: Final = 1024
-TAGS_PROPERTY: Final = "TAGS"
 
 # Deep trees recurse once per level while evaluating; make sure such a tree has room.
 _STACK_NEEDED: Final = MAX_DEPTH * 4 + 1000

@@ -160,18 +160,28 @@ def parse_long(text: str) -> int:
     return value
 
 
-# Java's FloatingDecimal.readJavaFormatString, after trimming chars <= U+0020. ASCII digits only.
+# Java's String.trim: it strips every char <= U+0020 (not Unicode whitespace) from both ends.
+JAVA_TRIM: Final = "".join(chr(c) for c in range(0x21))
+
+# Java's FloatingDecimal.readJavaFormatString, after trimming JAVA_TRIM. ASCII digits only. The
+# pieces are written so that Python's re, RE2 (Arrow) and java.util.regex (Spark) read them alike
+# (``[.]`` for a dot, no backslashes): the backends build their own anchored patterns from them.
+DOUBLE_SPECIAL: Final = "NaN|Infinity"
+"""The named values (after an optional sign)."""
+DOUBLE_DECIMAL: Final = "(?:[0-9]+[.]?[0-9]*|[.][0-9]+)(?:[eE][+-]?[0-9]+)?"
+"""A decimal number without sign or ``[fFdD]`` suffix."""
+DOUBLE_HEX: Final = "0[xX](?:[0-9a-fA-F]+[.]?|[0-9a-fA-F]*[.][0-9a-fA-F]+)[pP][+-]?[0-9]+"
+"""A hexadecimal float without sign or ``[fFdD]`` suffix."""
+DOUBLE_SUFFIX: Final = "[fFdD]"
+
 _JAVA_DECIMAL: Final = re.compile(
-    r"[+-]?(?:(?P<special>NaN|Infinity)|(?P<num>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[fFdD]?)"
+    rf"[+-]?(?:(?P<special>{DOUBLE_SPECIAL})|(?P<num>{DOUBLE_DECIMAL}){DOUBLE_SUFFIX}?)"
 )
-_JAVA_HEX: Final = re.compile(
-    r"(?P<num>[+-]?0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?[0-9]+)[fFdD]?"
-)
-_JAVA_TRIM: Final = "".join(chr(c) for c in range(0x21))
+_JAVA_HEX: Final = re.compile(rf"(?P<num>[+-]?{DOUBLE_HEX}){DOUBLE_SUFFIX}?")
 
 
 def _parse_double(text: str) -> float:
-    s = text.strip(_JAVA_TRIM)
+    s = text.strip(JAVA_TRIM)
     m = _JAVA_DECIMAL.fullmatch(s)
     if m is not None:
         negative = s[0] == "-"

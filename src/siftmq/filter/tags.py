@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from siftmq.errors import FilterSyntaxError
+from siftmq.filter.javalang import JAVA_TRIM
 from siftmq.hashing import java_string_hash, to_int32
 
 __all__ = ["SUB_ALL", "TagFilter", "java_string_hash", "to_int32"]
 
 SUB_ALL: Final = "*"
 _SPLIT: Final = re.compile(r"\|\|")
-_JAVA_TRIM: Final = "".join(chr(c) for c in range(0x21))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class TagFilter:
             )
         tags = []
         for piece in pieces:
-            tag = piece.strip(_JAVA_TRIM)
+            tag = piece.strip(JAVA_TRIM)
             if tag:
                 tags.append(tag)
         tag_set = frozenset(tags)

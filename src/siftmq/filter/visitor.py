@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from siftmq.filter.ast import (
+from siftmq.filter.nodes import (
     And,
     BoolCast,
     Compare,

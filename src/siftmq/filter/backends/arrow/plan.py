@@ -1,0 +1,180 @@
+"""Per-row values and the per-filter plan.
+
+Owns :class:`_Val` (a sub-expression's four-valued result: TRUE/FALSE masks, errors, or a
+constant), :class:`_Plan` (built once per filter: costs, which sub-trees read one column and
+are worth evaluating on its dictionary, constants folded by the scalar backend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from siftmq.errors import FilterEvaluationError
+from siftmq.filter.ast import (
+    CmpOp,
+    Compare,
+    Equal,
+    In,
+    Literal,
+    Negate,
+    Node,
+    Property,
+    StringMatch,
+    children,
+    is_boolean,
+)
+from siftmq.filter.backends.arrow.columns import _Column
+from siftmq.filter.backends.arrow.kernels import _MATCH_COST, ENCODE_MIN_COST, Mask
+from siftmq.filter.javalang import JType
+from siftmq.filter.scalar import ScalarCompiler
+from siftmq.filter.visitor import visit
+
+# ------------------------------------------------------------------------------------------ values
+
+
+@dataclass(slots=True)
+class _Val:
+    """A sub-expression's per-row result.
+
+    ``kind`` is ``"str"`` (a property column), ``"bool"`` (a predicate: ``t``/``f`` masks, NULL where
+    neither), ``"null"`` (always NULL, e.g. ``-prop``) or ``"const"`` (one Java value for every row).
+    ``e`` marks the rows where evaluation threw; the value masks are False there.
+    """
+
+    kind: str
+    e: Mask
+    column: _Column | None = None
+    t: Mask | None = None
+    f: Mask | None = None
+    const: Any = None
+
+    def nonnull(self, n: int) -> Mask:
+        if self.kind == "str":
+            assert self.column is not None
+            return self.column.valid & ~self.e
+        if self.kind == "bool":
+            assert self.t is not None and self.f is not None
+            return self.t | self.f
+        if self.kind == "null":
+            return np.zeros(n, dtype=np.bool_)
+        return ~self.e if self.const is not None else np.zeros(n, dtype=np.bool_)
+
+    def masks(self, n: int) -> tuple[Mask, Mask]:
+        """(TRUE, FALSE) masks of a boolean-valued result."""
+        if self.kind == "bool":
+            assert self.t is not None and self.f is not None
+            return self.t, self.f
+        if self.kind == "const":
+            ok = ~self.e
+            if self.const is True:
+                return ok, np.zeros(n, dtype=np.bool_)
+            if self.const is False:
+                return np.zeros(n, dtype=np.bool_), ok
+        return np.zeros(n, dtype=np.bool_), np.zeros(n, dtype=np.bool_)
+
+
+def _bool(t: Mask, f: Mask, e: Mask) -> _Val:
+    return _Val("bool", e, t=t & ~e, f=f & ~e)
+
+
+_THROWS: Final = object()  # a constant sub-tree whose evaluation throws
+_HOLDS: Final[dict[CmpOp, Callable[[npt.NDArray[Any], Any], Mask]]] = {
+    CmpOp.GT: np.greater,
+    CmpOp.GE: np.greater_equal,
+    CmpOp.LT: np.less,
+    CmpOp.LE: np.less_equal,
+}
+_MIRRORED: Final = {CmpOp.GT: CmpOp.LT, CmpOp.GE: CmpOp.LE, CmpOp.LT: CmpOp.GT, CmpOp.LE: CmpOp.GE}
+
+
+class _Plan:
+    """What a filter's tree needs for every batch, worked out once.
+
+    ``props``: the properties each sub-tree reads; ``cost``: its predicates' rough cost (see
+    ``ENCODE_MIN_COST``); ``constants``: the value (or ``_THROWS``) of every maximal sub-tree that
+    reads no property, other than a bare literal, computed by the scalar backend.
+    """
+
+    def __init__(self, tree: Node) -> None:
+        self.tree = tree
+        self.props: dict[int, frozenset[str]] = {}
+        self.cost: dict[int, int] = {}
+        stack: list[tuple[Node, bool]] = [(tree, False)]
+        while stack:
+            node, done = stack.pop()
+            key = id(node)
+            if key in self.props:
+                continue
+            kids = children(node)
+            if not done and kids:
+                stack.append((node, True))
+                stack.extend((c, False) for c in kids)
+                continue
+            props = frozenset((node.name,)) if isinstance(node, Property) else frozenset()
+            cost = _own_cost(node)
+            for c in kids:
+                props |= self.props[id(c)]
+                cost += self.cost[id(c)]
+            self.props[key] = props
+            self.cost[key] = cost
+        self.constants: dict[int, object] = {}
+        todo = [tree]
+        while todo:
+            node = todo.pop()
+            if self.props[id(node)]:
+                todo.extend(children(node))
+            elif not isinstance(node, Literal):
+                self.constants[id(node)] = _scalar_value(node)
+
+    def dictionary_subtrees(self, columns: Mapping[str, _Column]) -> list[tuple[Node, str]]:
+        """The maximal boolean sub-trees to evaluate once per distinct value of their one column."""
+        picked: list[tuple[Node, str]] = []
+        todo = [self.tree]
+        while todo:
+            node = todo.pop()
+            props = self.props[id(node)]
+            if not props:
+                continue
+            if len(props) == 1 and is_boolean(node):
+                (name,) = props
+                if columns[name].prefers_dictionary(self.cost[id(node)]):
+                    picked.append((node, name))
+                    continue
+            todo.extend(children(node))
+        return picked
+
+
+def _own_cost(node: Node) -> int:
+    """A node's evaluation cost, relative to ``=`` with a string constant (1).
+
+    CONTAINS, STARTSWITH and ENDSWITH cost more. Parsing a column as numbers costs
+    ``ENCODE_MIN_COST``: a low-cardinality column is dictionary-encoded for it anyway, so the
+    sub-tree might as well be evaluated on the dictionary.
+    """
+    if isinstance(node, StringMatch):
+        return _MATCH_COST
+    if isinstance(node, Compare):
+        return ENCODE_MIN_COST
+    if isinstance(node, Equal):
+        numeric = any(_is_number(side) for side in (node.left, node.right))
+        return ENCODE_MIN_COST if numeric else 1
+    return int(isinstance(node, In))
+
+
+def _is_number(node: Node) -> bool:
+    while isinstance(node, Negate):
+        node = node.operand
+    return isinstance(node, Literal) and node.jtype in (JType.INTEGER, JType.LONG, JType.DOUBLE)
+
+
+def _scalar_value(node: Node) -> object:
+    fn = visit(node, ScalarCompiler())
+    try:
+        return fn({})
+    except FilterEvaluationError:
+        return _THROWS
