@@ -15,7 +15,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-CHECKED_PACKAGES = ["siftmq.filter"]
+CHECKED_PACKAGES = ["siftmq.filter", "siftmq.spark"]
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

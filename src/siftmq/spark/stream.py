@@ -36,8 +36,7 @@ from pyspark.sql.types import StructType
 from siftmq.spark.gateway import BrokerGateway
 from siftmq.spark.options import ReadOptions, option_error
 from siftmq.spark.pushdown import broker_filter
-from siftmq.spark.rows import arrow_schema
-from siftmq.spark.source import (
+from siftmq.spark.reading import (
     QueueRange,
     ReadPlan,
     check_sql92,
@@ -47,6 +46,7 @@ from siftmq.spark.source import (
     resolve_offset,
     split,
 )
+from siftmq.spark.rows import arrow_schema
 
 
 def offsets_json(offsets: Mapping[int, int]) -> dict[str, int]:
