@@ -1,6 +1,6 @@
 """One place that builds a SparkSession the way siftmq needs it.
 
-The settings are the measured fast ones for small machines (``../shared/notes/spark-facts.md``):
+The settings are the ones that start and run fastest on a small machine (2 cores, local mode):
 no UI, two shuffle partitions, the serial GC, Python filter pushdown on, the workers running this
 interpreter, Spark's scratch space and warehouse under ``work_dir`` instead of the current directory.
 The ``siftmq`` data source is registered on the session.
