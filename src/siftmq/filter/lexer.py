@@ -5,7 +5,7 @@ token is only an error when the parser asks for it. :class:`Lexer` keeps that be
 out one token at a time, and an unlexable position becomes an ``ERROR`` token that the parser turns
 into a :class:`~siftmq.errors.FilterSyntaxError` when it looks at it.
 
-Rules (see ``shared/spec/rocketmq-filter-semantics.md``):
+Rules (RocketMQ 5's ``SelectorParser`` grammar, as its JavaCC token manager lexes):
 
 * whitespace is space, tab, LF, CR, FF; ``/* ... */`` is skipped; ``-- ...`` is a comment only when
   a CR or LF ends it (otherwise it lexes as two minus signs);
