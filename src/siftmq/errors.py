@@ -20,6 +20,7 @@ The tree::
     │   ├── CorruptRecordError       magic/CRC/length check failed at a CommitLog offset
     │   ├── MessageTooLargeError     a record would not fit the configured limits
     │   ├── StoreClosedError         the store was used after close()
+    │   ├── DiskFullError            the disk is past its high-water mark: appends refused (retriable)
     │   └── StoreLockedError         another process holds the data directory
     ├── BrokerError                  a broker request was refused (``code`` is the wire status name)
     │   ├── BadRequestError          malformed or illegal input (topic, group, tag, key, handle, ...)
@@ -212,6 +213,14 @@ class MessageTooLargeError(StoreError):
     """A message would not fit the configured size limits."""
 
     code = "MESSAGE_BODY_TOO_LARGE"
+
+
+class DiskFullError(StoreError):
+    """The disk holding the store is past its high-water mark or reserve: appends are refused
+    until it is below again (nothing stored is deleted to make room)."""
+
+    code = "DISK_FULL"
+    retriable = True
 
 
 class StoreClosedError(StoreError):

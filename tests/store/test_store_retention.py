@@ -1,4 +1,5 @@
-"""Retention: whole CommitLog segments by age and disk usage; queue minimum offsets follow."""
+"""Retention: whole CommitLog segments by age (and for space only when the operator chose
+``delete_oldest``); queue minimum offsets follow. A full disk refuses appends instead."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ import os
 import time
 from collections.abc import Callable
 
-from store_helpers import msg
-
 from siftmq.store import GetMessageStatus, MessageStore
+from store_helpers import msg
 
 Opener = Callable[..., MessageStore]
 HOUR_MS = 3600 * 1000
@@ -42,25 +42,53 @@ def test_age_based_deletion(open_store: Opener) -> None:
     assert len(store.query_messages_by_key("T", "k99")) == 1
 
 
-def test_disk_usage_based_deletion_keeps_the_active_segment(open_store: Opener) -> None:
+def test_a_full_disk_deletes_nothing_unexpired_by_default(open_store: Opener) -> None:
     store = open_store()
     _fill(store)
-    n = len(store.commit_log.segments())
+    segments = len(store.commit_log.segments())
     result = store.delete_expired_files(disk_usage_ratio=lambda: 0.99)
-    assert result.commit_log_segments == n - 1
+    assert (result.commit_log_segments, result.forced_segments) == (0, 0)
+    assert len(store.commit_log.segments()) == segments
+    assert store.get_messages("g", "T", 0, 0, 1).status is GetMessageStatus.FOUND
+
+
+def test_delete_oldest_policy_keeps_the_active_segment_and_says_what_it_deletes(open_store: Opener) -> None:
+    store = open_store(disk_full_policy="delete_oldest")
+    _fill(store)
+    segments = store.commit_log.segments()
+    n = len(segments)
+    told: list[tuple[int, int]] = []
+    result = store.delete_expired_files(
+        disk_usage_ratio=lambda: 0.99, before_forced_delete=lambda start, end: told.append((start, end))
+    )
+    assert result.commit_log_segments == result.forced_segments == n - 1
+    assert told == [(seg.start_offset, seg.start_offset + seg.length) for seg in segments[:-1]]
     assert len(store.commit_log.segments()) == 1
     store.put_message(msg(body=b"after"))
     assert store.delete_expired_files(disk_usage_ratio=lambda: 0.1).commit_log_segments == 0
 
 
 def test_retention_survives_reopen(open_store: Opener) -> None:
-    store = open_store(consume_queue_entries_per_file=4)
+    store = open_store(consume_queue_entries_per_file=4, disk_full_policy="delete_oldest")
     _fill(store)
     store.delete_expired_files(disk_usage_ratio=lambda: 0.99)
     mins = [store.get_min_offset_in_queue("T", q) for q in (0, 1)]
     maxs = [store.get_max_offset_in_queue("T", q) for q in (0, 1)]
     store.close()
-    store = open_store(consume_queue_entries_per_file=4)
+    store = open_store(consume_queue_entries_per_file=4, disk_full_policy="delete_oldest")
     assert [store.get_min_offset_in_queue("T", q) for q in (0, 1)] == mins
     assert [store.get_max_offset_in_queue("T", q) for q in (0, 1)] == maxs
     assert store.put_message(msg(body=b"next")).queue_offset == 50
+
+
+def test_queue_offset_at_counts_a_queue_below_a_log_offset(open_store: Opener) -> None:
+    store = open_store()
+    _fill(store)
+    second = store.commit_log.segments()[1].start_offset
+    below = store.queue_offset_at("T", 0, second)
+    first_after = store.get_messages("g", "T", 0, below, 1).messages[0]
+    assert first_after.commit_log_offset >= second
+    assert below == 0 or store.get_messages("g", "T", 0, below - 1, 1).messages[0].commit_log_offset < second
+    assert store.queue_offset_at("T", 0, 0) == 0
+    assert store.queue_offset_at("T", 0, store.max_commit_log_offset) == store.get_max_offset_in_queue("T", 0)
+    assert store.queue_offset_at("nope", 0, second) == 0

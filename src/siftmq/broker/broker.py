@@ -119,6 +119,9 @@ class Broker:
                 bitmap_size=self.bloom.bitmap_size,
                 file_reserved_time_ms=int(config.retention_hours * 3600 * 1000),
                 disk_max_used_space_ratio=config.disk_max_used_space_ratio,
+                disk_full_policy=config.disk_full_policy,
+                disk_high_water_ratio=config.disk_high_water_ratio,
+                disk_reserve_bytes=config.disk_reserve_bytes,
                 # one store read per pull: the pull's own bounds apply (each read costs ~30 us
                 # however few it returns; at the store's 32 messages that was ~1 us a message)
                 max_transfer_count=config.max_pull_batch_size,
@@ -190,8 +193,9 @@ class Broker:
                 _log.exception("broker housekeeping failed; retrying")
 
     def apply_retention(self) -> None:
-        """Delete CommitLog segments past ``retention_hours`` or while the disk is too full."""
-        result = self.store.delete_expired_files()
+        """Delete CommitLog segments past ``retention_hours`` (and, under ``disk_full_policy =
+        "delete_oldest"``, younger ones while the disk is too full, saying what that cost)."""
+        result = self.store.delete_expired_files(before_forced_delete=self._report_forced_delete)
         if result.commit_log_segments:
             _log.info(
                 "retention: deleted %d CommitLog and %d ConsumeQueue segments; the log now starts at %d",
@@ -199,6 +203,34 @@ class Broker:
                 result.consume_queue_segments,
                 result.commit_log_min_offset,
             )
+
+    def _report_forced_delete(self, start: int, end: int) -> None:
+        """Before an unexpired segment is deleted for space: what each group had not consumed of it."""
+        lost = self.unconsumed_between(start, end)
+        for group, n in lost.items():
+            self.stats.count(self.stats.deleted_unconsumed, group, n)
+        _log.warning(
+            "disk_full_policy delete_oldest: deleting CommitLog [%d, %d) before it expired; messages not "
+            "consumed yet, per group: %s",
+            start,
+            end,
+            ", ".join(f"{g}={n}" for g, n in sorted(lost.items())) or "none",
+        )
+
+    def unconsumed_between(self, start: int, end: int) -> dict[str, int]:
+        """Per group with progress on a queue, the messages stored in CommitLog ``[start, end)`` it
+        has not consumed (received and acked, or pulled and committed)."""
+        progress: list[tuple[tuple[str, str, int], int]] = list(self.offsets.items())
+        for key, prog in self.consumers.items():
+            with prog.lock:
+                progress.append((key, prog.committed_offset))
+        lost: dict[str, int] = {}
+        for (group, topic, queue_id), offset in progress:
+            first = max(offset, self.store.queue_offset_at(topic, queue_id, start))
+            past = self.store.queue_offset_at(topic, queue_id, end)
+            if past > first:
+                lost[group] = lost.get(group, 0) + past - first
+        return lost
 
     # ------------------------------------------------------------------------------------- topics
 

@@ -57,7 +57,13 @@ class BrokerConfig:
     flush_interval_ms: int = 500
     commit_log_segment_size: int = 1024 * MIB
     retention_hours: float = 72.0  # CommitLog segments older than this are deleted
-    disk_max_used_space_ratio: float = 0.75  # ... and the oldest while the disk is fuller than this
+    # a full disk refuses sends ("refuse") while used at or above disk_high_water_ratio or with less
+    # than disk_reserve_bytes free; "delete_oldest" also deletes unexpired segments, oldest first,
+    # while the disk is fuller than disk_max_used_space_ratio (messages not consumed yet are lost)
+    disk_full_policy: Literal["refuse", "delete_oldest"] = "refuse"
+    disk_high_water_ratio: float = 0.90
+    disk_reserve_bytes: int = 64 * MIB
+    disk_max_used_space_ratio: float = 0.75
     retention_check_interval_s: float = 60.0
     broker_name: str = "siftmq-broker"
     # topics

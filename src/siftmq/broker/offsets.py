@@ -30,6 +30,10 @@ class OffsetTable:
     def get(self, key: OffsetKey) -> int | None:
         return self._offsets.get(key)
 
+    def items(self) -> list[tuple[OffsetKey, int]]:
+        with self._lock:
+            return list(self._offsets.items())
+
     def set(self, key: OffsetKey, offset: int) -> None:
         with self._lock:
             if self._offsets.get(key) != offset:

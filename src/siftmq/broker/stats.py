@@ -46,6 +46,8 @@ class BrokerStats:
         self.delivered_bytes: Counter[tuple[str, str]] = Counter()  # their body bytes
         self.acks: Counter[tuple[str, str]] = Counter()
         self.dead_letters: Counter[str] = Counter()
+        # messages a group had not consumed when retention deleted them for space (delete_oldest)
+        self.deleted_unconsumed: Counter[str] = Counter()
         self._filters: dict[tuple[str, str], FilterStats] = {}
 
     def filter(self, group: str, topic: str) -> FilterStats:

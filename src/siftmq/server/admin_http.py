@@ -233,6 +233,20 @@ class BrokerCollector(Collector):
         dlq = CounterMetricFamily("siftmq_dead_letters", "Messages moved to %DLQ%<group>", labels=["group"])
         for group, n in stats.snapshot(stats.dead_letters).items():
             dlq.add_metric([group], n)
+        deleted = CounterMetricFamily(
+            "siftmq_messages_deleted_unconsumed",
+            "Messages a group had not consumed when retention deleted them for space (delete_oldest)",
+            labels=["group"],
+        )
+        for group, n in stats.snapshot(stats.deleted_unconsumed).items():
+            deleted.add_metric([group], n)
+        disk = self.broker.store.disk.state()
+        disk_used = GaugeMetricFamily("siftmq_disk_used_ratio", "Used share of the disk holding the store")
+        disk_used.add_metric([], disk.used_ratio)
+        disk_refusing = GaugeMetricFamily(
+            "siftmq_disk_refusing_sends", "1 while the disk is past its high-water mark or reserve"
+        )
+        disk_refusing.add_metric([], 1 if disk.full else 0)
         work = CounterMetricFamily(
             "siftmq_filter_work", "Filter work by stage", labels=["group", "topic", "stage"]
         )
@@ -262,4 +276,4 @@ class BrokerCollector(Collector):
         clients = GaugeMetricFamily("siftmq_clients", "Live client sessions")
         clients.add_metric([], len(self.broker.clients.sessions()))
         yield from (sends, sent_bytes, dups, deliveries, delivered_bytes, acks, dlq, work)
-        yield from (inconsistent, lag, store, clients)
+        yield from (inconsistent, lag, store, clients, deleted, disk_used, disk_refusing)

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from siftmq.errors import (
     BrokerError,
+    DiskFullError,
     FilterError,
     FilterSyntaxError,
     MessageTooLargeError,
@@ -48,6 +49,8 @@ def status_of(exc: BaseException, *, call: str) -> pb.Status:
         return status("ILLEGAL_FILTER_EXPRESSION", f"invalid filter expression: {exc.message}")
     if isinstance(exc, MessageTooLargeError):
         return status("MESSAGE_BODY_TOO_LARGE", exc.message)
+    if isinstance(exc, DiskFullError):
+        return status("INTERNAL_SERVER_ERROR", exc.message)
     if isinstance(exc, StoreClosedError):
         return status("INTERNAL_SERVER_ERROR", "the broker is shutting down; retry on another broker")
     if isinstance(exc, SiftError):

@@ -31,7 +31,11 @@ class StoreConfig:
 
     Disk space: the CommitLog segment being written is preallocated to ``commit_log_segment_size``
     bytes when it is created (see ``segment.py``), so a running store holds that much more than
-    its data.
+    its data. Appends are refused (:class:`~siftmq.errors.DiskFullError`) while the disk is used
+    at or above ``disk_high_water_ratio`` or has less than ``disk_reserve_bytes`` free (see
+    ``disk.py``). Retention deletes segments older than ``file_reserved_time_ms``; it deletes
+    younger ones for space only with ``disk_full_policy = "delete_oldest"`` (oldest first, while
+    the disk is fuller than ``disk_max_used_space_ratio``).
     """
 
     data_dir: Path
@@ -46,6 +50,9 @@ class StoreConfig:
     max_transfer_count: int = 32
     file_reserved_time_ms: int = 72 * 3600 * 1000
     disk_max_used_space_ratio: float = 0.75
+    disk_full_policy: Literal["refuse", "delete_oldest"] = "refuse"
+    disk_high_water_ratio: float = 0.90
+    disk_reserve_bytes: int = 64 * MIB
     build_key_index: bool = True
 
     def __post_init__(self) -> None:
@@ -69,6 +76,14 @@ class StoreConfig:
             raise ConfigError("max_transfer_bytes and max_transfer_count must be positive")
         if not 0.0 < self.disk_max_used_space_ratio <= 1.0:
             raise ConfigError("disk_max_used_space_ratio must be in (0, 1]")
+        if self.disk_full_policy not in ("refuse", "delete_oldest"):
+            raise ConfigError(
+                f"disk_full_policy must be 'refuse' or 'delete_oldest', not {self.disk_full_policy!r}"
+            )
+        if not 0.0 < self.disk_high_water_ratio <= 1.0:
+            raise ConfigError("disk_high_water_ratio must be in (0, 1]")
+        if self.disk_reserve_bytes < 0:
+            raise ConfigError("disk_reserve_bytes must not be negative")
 
     @property
     def max_record_size(self) -> int:

@@ -40,6 +40,7 @@ Threads and guarantees:
 from __future__ import annotations
 
 import collections
+import errno
 import fcntl
 import logging
 import os
@@ -59,6 +60,7 @@ from siftmq.store.commitlog import AppendedRecord, CommitLog
 from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from siftmq.store.consumequeue_ext import ConsumeQueueExt
+from siftmq.store.disk import DiskGuard, DiskUsage
 from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, QueueArrival, Reput
 from siftmq.store.filtering import GetMessageResult, GetMessageStatus, MessageFilter
 from siftmq.store.keyindex import KeyIndex
@@ -109,9 +111,17 @@ class MessageStore:
         *,
         dispatchers: Iterable[CommitLogDispatcher] = (),
         bitmap_dispatcher: BitmapDispatcher | None = None,
+        disk_usage: Callable[[str], DiskUsage] | None = None,
     ) -> None:
         self.config = config
         self.data_dir = config.data_dir
+        #: refuses appends before the disk fills (``disk_usage`` stands in for the OS in tests)
+        self.disk = DiskGuard(
+            self.data_dir,
+            high_water_ratio=config.disk_high_water_ratio,
+            reserve_bytes=config.disk_reserve_bytes,
+            usage=disk_usage,
+        )
         self.commit_log = CommitLog(
             self.data_dir / "commitlog", config.commit_log_segment_size, config.max_record_size
         )
@@ -154,9 +164,12 @@ class MessageStore:
         *,
         dispatchers: Iterable[CommitLogDispatcher] = (),
         bitmap_dispatcher: BitmapDispatcher | None = None,
+        disk_usage: Callable[[str], DiskUsage] | None = None,
     ) -> MessageStore:
         """Construct and :meth:`start` a store."""
-        store = cls(config, dispatchers=dispatchers, bitmap_dispatcher=bitmap_dispatcher)
+        store = cls(
+            config, dispatchers=dispatchers, bitmap_dispatcher=bitmap_dispatcher, disk_usage=disk_usage
+        )
         store.start()
         return store
 
@@ -405,6 +418,17 @@ class MessageStore:
         return self._append(codec.prepare_batch(topic, queue_id, entries, max_body_size=self._max_body_size))
 
     def _append(self, prepared: Sequence[codec.EncodedParts] | codec.EncodedBatch) -> list[AppendedRecord]:
+        self.disk.check()
+        try:
+            return self._append_checked(prepared)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise self.disk.refused_by_os() from exc
+
+    def _append_checked(
+        self, prepared: Sequence[codec.EncodedParts] | codec.EncodedBatch
+    ) -> list[AppendedRecord]:
         with self._append_lock:
             if not self._running:
                 raise StoreClosedError("the message store is closed")
@@ -872,12 +896,35 @@ class MessageStore:
     # ----------------------------------------------------------------------------------- retention
 
     def delete_expired_files(
-        self, *, now_ms: int | None = None, disk_usage_ratio: Callable[[], float] | None = None
+        self,
+        *,
+        now_ms: int | None = None,
+        disk_usage_ratio: Callable[[], float] | None = None,
+        before_forced_delete: Callable[[int, int], None] | None = None,
     ) -> retention.RetentionResult:
-        """Delete CommitLog segments past their age or while the disk is too full (see retention.py)."""
+        """Delete CommitLog segments past their age, and younger ones for space only under the
+        ``delete_oldest`` policy (see retention.py)."""
         self._check_open()
         self._catch_up()
-        return retention.delete_expired(self, now_ms=now_ms, disk_usage_ratio=disk_usage_ratio)
+        return retention.delete_expired(
+            self, now_ms=now_ms, disk_usage_ratio=disk_usage_ratio, before_forced_delete=before_forced_delete
+        )
+
+    def queue_offset_at(self, topic: str, queue_id: int, commit_log_offset: int) -> int:
+        """The first offset of a queue whose message starts at or past ``commit_log_offset`` (the
+        queue's max offset when none does): the messages of the queue below an offset of the log."""
+        cq = self.find_consume_queue(topic, queue_id)
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:  # entries are in CommitLog order
+            mid = (lo + hi) // 2
+            entry = cq.get_entry(mid)
+            if entry is not None and entry[0] < commit_log_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     # internal hooks for retention.py
     def _retention_locks(self) -> tuple[threading.Lock, threading.Lock]:
