@@ -228,7 +228,8 @@ def render(node: Node) -> str:
             return node.name
 
         def visit_negate(self, node: Negate, operand: str) -> str:
-            return "-" + _wrap(node.operand, operand)
+            text = _wrap(node.operand, operand)
+            return "- " + text if text.startswith("-") else "-" + text  # "--" would start a comment
 
         def visit_not(self, node: Not, operand: str) -> str:
             inner = node.operand
@@ -277,11 +278,19 @@ def render(node: Node) -> str:
 
 
 def _wrap(node: Node, text: str) -> str:
-    if isinstance(node, (Literal, Property, BoolCast)):
-        return text
-    if isinstance(node, Negate) and isinstance(node.operand, (Literal, Property)):
-        return text
-    return f"({text})"
+    return text if _renders_unary(node) else f"({text})"
+
+
+def _renders_unary(node: Node) -> bool:
+    """Whether ``node`` renders as a unary expression, which needs no parentheses as an operand.
+    Prefix chains stay unparenthesized (``NOT NOT a``, ``- -a``, ``NOT a = 'x'``): wrapping them
+    would add nesting the source did not have, and a filter at the nesting bound would render as
+    text the parser refuses (512 prefix operators as 1,024 levels)."""
+    while isinstance(node, BoolCast):
+        node = node.operand
+    if isinstance(node, (Literal, Property, Negate)):
+        return True
+    return isinstance(node, Not) and not isinstance(node.operand, (Equal, IsNull))
 
 
 def render_literal(value: object, jtype: JType | None) -> str:

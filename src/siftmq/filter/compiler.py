@@ -9,7 +9,6 @@ only when a batch is first evaluated — ``import siftmq.filter`` stays free of 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from siftmq.errors import FilterError, FilterEvaluationError
 from siftmq.filter import ast
 from siftmq.filter.ast import Node
-from siftmq.filter.parser import MAX_DEPTH, parse
+from siftmq.filter.parser import ensure_stack, parse
 from siftmq.filter.scalar import Fn, ScalarCompiler
 from siftmq.filter.spec import TAGS_PROPERTY
 from siftmq.filter.tags import TagFilter
@@ -32,9 +31,6 @@ if TYPE_CHECKING:
 FilterKind = Literal["TAG", "SQL92"]
 KINDS: Final = ("TAG", "SQL92")
 CACHE_SIZE: Final = 1024
-
-# Deep trees recurse once per level while evaluating; make sure such a tree has room.
-_STACK_NEEDED: Final = MAX_DEPTH * 4 + 1000
 
 
 class CompiledFilter:
@@ -56,8 +52,7 @@ class CompiledFilter:
         self._arrow: ArrowEvaluator | None = None
         self._normalized: str | None = None
         if tree is not None:
-            if tree.depth > 100 and sys.getrecursionlimit() < _STACK_NEEDED:
-                sys.setrecursionlimit(_STACK_NEEDED)
+            ensure_stack()  # deep trees recurse once per level while evaluating
             self._fn: Fn = visit(tree, ScalarCompiler())
             self.properties: frozenset[str] = _referenced_properties(tree)
         else:

@@ -10,13 +10,16 @@ One deliberate difference from RocketMQ: input left over after a complete expres
 error whose ``start`` is the first ignored token (RocketMQ silently ignores it).
 
 Bounds: the text is at most :data:`MAX_TEXT_LENGTH` characters, parentheses and prefix operators
-nest at most :data:`MAX_DEPTH` deep, and the tree is at most :data:`MAX_DEPTH` levels deep; beyond
-that a :class:`~siftmq.errors.FilterLimitError` is raised. Prefix operators are applied without
-recursion and each parenthesis level costs three Python frames.
+nest at most :data:`MAX_DEPTH` deep, and the tree is at most :data:`MAX_TREE_DEPTH` levels deep
+(room for every tree that nesting allows: each level of nesting may hold an operator node); beyond
+that a :class:`~siftmq.errors.FilterLimitError` names the limit. The bound never depends on the
+Python call stack: :func:`ensure_stack` raises the interpreter's recursion limit (never lowers it)
+to what the deepest allowed tree needs, before any parsing or evaluation, on every path.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Final
 
 from siftmq.errors import FilterLimitError, FilterSyntaxError, FilterTypeError
@@ -27,6 +30,21 @@ from siftmq.filter.lexer import Lexer, Token, TokenType
 
 MAX_TEXT_LENGTH: Final = 64 * 1024
 MAX_DEPTH: Final = 512
+MAX_TREE_DEPTH: Final = 2 * MAX_DEPTH + 16
+# Python frames the deepest allowed work takes: a parenthesis level costs about three parser
+# frames, a tree level a few evaluator frames; plus the caller's own
+STACK_NEEDED: Final = MAX_TREE_DEPTH * 4 + 1000
+
+
+def ensure_stack() -> None:
+    """Let the deepest filter the bounds allow be parsed and evaluated on any thread of this
+    process, whatever ran before: a RecursionError must never decide what is accepted."""
+    if sys.getrecursionlimit() < STACK_NEEDED:
+        sys.setrecursionlimit(STACK_NEEDED)
+
+
+ensure_stack()  # at import too, so no caller (a test runner among them) sees the limit move later
+
 
 _T = TokenType
 _RELATIONAL: Final = {_T.GT: CmpOp.GT, _T.GE: CmpOp.GE, _T.LT: CmpOp.LT, _T.LE: CmpOp.LE}
@@ -65,6 +83,7 @@ def parse(text: str) -> Node:
             f"filter expression is {len(text)} characters long; the limit is {MAX_TEXT_LENGTH}",
             expression=text[:200] + "...",
         )
+    ensure_stack()
     parser = _Parser(text)
     try:
         return parser.parse_top()
@@ -72,9 +91,10 @@ def parse(text: str) -> Node:
         if exc.expression is None:
             raise FilterTypeError(exc.description, expression=text, start=exc.start, end=exc.end) from None
         raise
-    except RecursionError:
+    except RecursionError:  # a thread with a smaller C stack than the main one: say which limit
         raise FilterLimitError(
-            "filter expression nests too deeply for the current call stack", expression=text[:200]
+            f"filter expression nests too deeply to be parsed here (the limit is {MAX_DEPTH} levels)",
+            expression=text[:200],
         ) from None
 
 
@@ -125,8 +145,11 @@ class _Parser:
         )
 
     def _check_depth(self, node: Node) -> Node:
-        if node.depth > MAX_DEPTH:
-            raise self._too_deep()
+        if node.depth > MAX_TREE_DEPTH:
+            raise FilterLimitError(
+                f"filter expression tree is more than {MAX_TREE_DEPTH} levels deep",
+                expression=self._text[:200],
+            )
         return node
 
     # ------------------------------------------------------------------------------------- grammar
