@@ -1,31 +1,55 @@
-"""Crash-safe JSON files for the broker's own state (topics, filter registrations, consumer progress).
+"""Crash- and tamper-evident JSON files for the broker's own state (topics, groups, filter
+registrations, consumer progress and offsets).
 
-A write goes to a temporary file that is fsynced and renamed over the old one, then the directory
-is fsynced: a reader (or a restart after kill -9) sees the old file or the new one, never a torn one.
+A write goes to a temporary file that is fsynced; the current file becomes the previous generation
+(``NAME.prev``) and the temporary file is renamed over it, then the directory is fsynced. A reader
+(or a restart after kill -9) finds a whole file, never a torn one.
+
+Each file carries a SHA-256 of its content, so damage or an edit that still parses as JSON is found:
+the reader falls back to the previous generation with an ERROR line naming the file. For consumer
+progress an older generation means some messages are delivered again, never that any is skipped.
+When no generation is good, a ``strict`` file (progress) stops the broker with the remedy; any other
+file is moved aside and the broker starts from its defaults for it. Files written before checksums
+were added are read as they are and get one at their next write.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from siftmq.errors import ConfigError
 
 _log = logging.getLogger(__name__)
 
+FORMAT: Final = "siftmq-state-1"
+PREVIOUS_SUFFIX: Final = ".prev"
+
+
+class _Damaged(ValueError):
+    """A state file that cannot be believed (not JSON, or its checksum does not match)."""
+
+
+def _canonical(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomically replace ``path`` with ``data`` as JSON."""
+    """Atomically replace ``path`` with ``data``, keeping the file it replaces as ``NAME.prev``."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    body = _canonical(data)
+    envelope = {"format": FORMAT, "sha256": hashlib.sha256(body).hexdigest(), "data": data}
     tmp = path.with_name(path.name + ".tmp")
-    payload = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
     with open(tmp, "wb") as f:
-        f.write(payload)
+        f.write(_canonical(envelope))
         f.flush()
         os.fsync(f.fileno())
+    if path.exists():
+        os.replace(path, previous_of(path))  # a crash right here leaves .prev and .tmp: read_json takes .prev
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -34,25 +58,67 @@ def write_json(path: Path, data: Any) -> None:
         os.close(dir_fd)
 
 
-def read_json(path: Path, default: Any, *, strict: bool = False) -> Any:
-    """The JSON in ``path``; ``default`` when it does not exist.
+def previous_of(path: Path) -> Path:
+    return path.with_name(path.name + PREVIOUS_SUFFIX)
 
-    A corrupt file is kept aside and logged, or with ``strict`` (consumer progress, where starting
-    from nothing could skip messages) a :class:`ConfigError` that stops the broker from starting.
+
+def read_json(path: Path, default: Any, *, strict: bool = False) -> Any:
+    """The data last written to ``path``; ``default`` when neither it nor a previous generation exists.
+
+    A damaged or edited file falls back to the previous generation (logged at ERROR). With no good
+    generation: ``strict`` raises :class:`ConfigError` naming the file and the remedy; otherwise the
+    file is moved aside (``NAME.corrupt``), logged, and ``default`` returned.
     """
+    previous = previous_of(path)
     try:
-        raw = path.read_bytes()
+        return _load(path)
     except FileNotFoundError:
-        return default
+        if not previous.exists():
+            return default
+        problem = "is missing (a crash while it was being replaced)"
+    except _Damaged as exc:
+        problem = str(exc)
     try:
-        return json.loads(raw)
+        data = _load(previous)
+    except (FileNotFoundError, _Damaged) as exc:
+        fallback = (
+            "no previous generation" if isinstance(exc, FileNotFoundError) else f"{previous.name} {exc}"
+        )
+        return _no_good_generation(path, problem, fallback, default, strict=strict)
+    _log.error(
+        "%s %s; using the previous generation %s (consumer progress from it may deliver some messages again)",
+        path,
+        problem,
+        previous.name,
+    )
+    return data
+
+
+def _load(path: Path) -> Any:
+    raw = path.read_bytes()
+    try:
+        content = json.loads(raw)
     except ValueError as exc:
-        if strict:
-            raise ConfigError(
-                f"{path} is not valid JSON ({exc}); restore it from a backup, or remove it to let every "
-                "group start again from the queue rules (messages may be skipped or delivered twice)"
-            ) from exc
+        raise _Damaged(f"is not valid JSON ({exc})") from exc
+    if not (isinstance(content, dict) and content.get("format") == FORMAT):
+        return content  # written before checksums: believed as it is, given one at the next write
+    data = content.get("data")
+    if hashlib.sha256(_canonical(data)).hexdigest() != content.get("sha256"):
+        raise _Damaged("does not match its checksum (damaged, or edited by hand)")
+    return data
+
+
+def _no_good_generation(path: Path, problem: str, fallback: str, default: Any, *, strict: bool) -> Any:
+    if strict:
+        raise ConfigError(
+            f"{path} {problem}, and {fallback}: restore it from a backup, or remove it (and "
+            f"{previous_of(path).name}) to let every group start again from the queue rules (messages may be "
+            "skipped or delivered twice)"
+        )
+    where = ""
+    if path.exists():
         aside = path.with_name(path.name + ".corrupt")
         os.replace(path, aside)
-        _log.error("%s is not valid JSON; moved to %s and starting from defaults", path, aside)
-        return default
+        where = f"; moved to {aside.name}"
+    _log.error("%s %s, and %s%s; starting from defaults", path, problem, fallback, where)
+    return default
