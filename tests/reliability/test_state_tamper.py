@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -39,7 +40,9 @@ async def _consume(endpoint: str, limit: int | None) -> list[str]:
 def test_edited_progress_delivers_again_and_never_skips(start_broker: Any) -> None:
     broker = start_broker("data", config={"default_queue_nums": 1})
     sent = asyncio.run(_send(broker.endpoint, 20))
-    consumed = asyncio.run(_consume(broker.endpoint, 10))
+    consumed = asyncio.run(_consume(broker.endpoint, 5))
+    time.sleep(1.5)  # progress is written every second: the stop below writes a second generation
+    consumed += asyncio.run(_consume(broker.endpoint, 5))
     assert consumed == sent[:10]
     assert broker.stop() == 0
 
@@ -53,3 +56,20 @@ def test_edited_progress_delivers_again_and_never_skips(start_broker: Any) -> No
     delivered = asyncio.run(_consume(again.endpoint, None))
     assert set(sent[10:]) <= set(delivered)  # none skipped; some of the first ten may come again
     assert "consumer_state.json does not match its checksum" in again.log()
+
+
+def test_edited_progress_without_a_good_generation_stops_the_broker(start_broker: Any) -> None:
+    broker = start_broker("data", config={"default_queue_nums": 1})
+    asyncio.run(_send(broker.endpoint, 4))
+    asyncio.run(_consume(broker.endpoint, 2))
+    assert broker.stop() == 0
+    config = broker.data_dir / "config"
+    for state in (config / "consumer_state.json", config / "consumer_state.json.prev"):
+        if state.exists():
+            content = json.loads(state.read_bytes())
+            for item in content["data"].values():
+                item["pop"] = 3
+            state.write_text(json.dumps(content))
+    with pytest.raises(RuntimeError) as refused:
+        start_broker("data", config={"default_queue_nums": 1})
+    assert "consumer_state.json" in str(refused.value) and "restore it from a backup" in str(refused.value)

@@ -565,7 +565,7 @@ class Broker:
         if not topic.readable:
             raise BadRequestError(f"topic {topic.name!r} is not readable", status="FORBIDDEN")
         invisible = self._invisible_ms(invisible_ms)
-        batch_size = max(1, min(batch_size, self.config.max_batch_size))
+        batch_size = min(_positive_batch(batch_size), self.config.max_batch_size)
         message_filter, own = self._resolve(group, client_id, subscription)
         pgroup = self.progress_group(group, client_id)
         queues = list(range(topic.queue_nums))
@@ -771,7 +771,7 @@ class Broker:
             raise BadRequestError(f"topic {topic.name!r} is not readable", status="FORBIDDEN")
         if offset < 0:
             raise BadRequestError(f"offset must not be negative, got {offset}", status="ILLEGAL_OFFSET")
-        batch_size = max(1, min(batch_size, self.config.max_pull_batch_size))
+        batch_size = min(_positive_batch(batch_size), self.config.max_pull_batch_size)
         self._check_owner(group, topic, queue_id, client_id)
         message_filter, own = self._resolve(group, client_id, subscription)
         S = GetMessageStatus
@@ -1205,3 +1205,10 @@ def _host_bytes(host: str) -> bytes | None:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _positive_batch(batch_size: int) -> int:
+    """A request's batch size: a number below 1 is the client's error, not a request for one."""
+    if batch_size < 1:
+        raise BadRequestError(f"batch_size must be positive, got {batch_size}")
+    return batch_size

@@ -20,6 +20,7 @@ from siftmq.broker.config import BrokerConfig, parse_listen
 from siftmq.broker.long_polling import ArrivalNotifier
 from siftmq.errors import SiftError
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
+from siftmq.server import decoding
 from siftmq.server.service import MessagingService
 
 _log = logging.getLogger(__name__)
@@ -46,7 +47,10 @@ def _method_handler(service: MessagingService, rpc: Rpc) -> grpc.RpcMethodHandle
     behaviour: Any = getattr(service, rpc.name, None)
     if behaviour is None or rpc.request is None:
         behaviour = service.unsupported(rpc.name, rpc.response, rpc.shape != "unary_unary")
-    deserializer = rpc.request.FromString if rpc.request is not None else None
+    deserializer = None
+    if rpc.request is not None:
+        deserializer = decoding.tolerant(rpc.request.FromString)
+        behaviour = decoding.guard(behaviour, rpc.shape, rpc.name, rpc.request.DESCRIPTOR.name)
     serializer = rpc.response.SerializeToString
     make = {
         "unary_unary": grpc.unary_unary_rpc_method_handler,

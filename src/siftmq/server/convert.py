@@ -37,6 +37,15 @@ def topic_name(resource: pb.Resource) -> str:
 _qualified = functools.lru_cache(maxsize=4096)(qualified_name)  # per sent message: names repeat
 
 
+def enum_name(enum: Any, value: int, field: str) -> str:
+    """The name of an enum value a request carries; a number the protocol does not define is the
+    client's error (protobuf keeps unknown enum numbers as they are)."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        raise BadRequestError(f"{field} {value} is not a {enum.DESCRIPTOR.name} value") from None
+
+
 def duration_ms(d: Duration) -> int:
     return d.seconds * 1000 + d.nanos // 1_000_000
 

@@ -309,8 +309,6 @@ class MessagingService:
             hold = self._hold_s(
                 request.long_polling_timeout if request.HasField("long_polling_timeout") else None, context
             )
-            if request.batch_size < 0:
-                raise BadRequestError(f"batch_size must be positive, got {request.batch_size}")
             deliveries = await receive_long_polling(
                 self.broker,
                 self.notifier,
@@ -499,7 +497,9 @@ class MessagingService:
 
     async def QueryOffset(self, request: pb.QueryOffsetRequest, context: Any) -> pb.QueryOffsetResponse:
         try:
-            policy = pb.QueryOffsetPolicy.Name(request.query_offset_policy)
+            policy = convert.enum_name(
+                pb.QueryOffsetPolicy, request.query_offset_policy, "query_offset_policy"
+            )
             ts = convert.timestamp_ms(request.timestamp) if request.HasField("timestamp") else None
             offset = await self._call(
                 self.broker.query_offset,
