@@ -226,6 +226,11 @@ def test_duplicate_message_id_is_stored_once(broker: Broker) -> None:
         ({"topic": "%DLQ%g"}, "ILLEGAL_TOPIC"),
         ({"user_properties": {"TAGS": "x"}}, "ILLEGAL_MESSAGE_PROPERTY_KEY"),
         ({"user_properties": {"a\x01b": "x"}}, "ILLEGAL_MESSAGE_PROPERTY_KEY"),
+        ({"user_properties": {"a\tb": "x"}}, "ILLEGAL_MESSAGE_PROPERTY_KEY"),  # Java's ISO control set
+        ({"user_properties": {"a\x85": "x"}}, "ILLEGAL_MESSAGE_PROPERTY_KEY"),
+        ({"tag": "Pay\n"}, "ILLEGAL_MESSAGE_TAG"),
+        ({"tag": "Pay\x7f"}, "ILLEGAL_MESSAGE_TAG"),
+        ({"keys": ["k\x1b"]}, "ILLEGAL_MESSAGE_KEY"),
         ({"user_properties": {"a": "x\x02"}}, "BAD_REQUEST"),
         ({"user_properties": {f"p{i}": "v" for i in range(200)}}, "MESSAGE_PROPERTIES_TOO_LARGE"),
         ({"keys": ["has space"]}, "ILLEGAL_MESSAGE_KEY"),
