@@ -1,6 +1,6 @@
-"""Retention for space is the operator's choice: by default nothing unexpired is deleted; under
-``delete_oldest`` each forced deletion is logged at WARNING with what each group had not consumed,
-and counted for ``/metrics``."""
+"""Bounds the operator sets. Retention for space is the operator's choice: by default nothing
+unexpired is deleted; under ``delete_oldest`` each forced deletion is logged at WARNING with what
+each group had not consumed, and counted for ``/metrics``. ``max_topics`` caps the topic table."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from siftmq.broker import OutgoingMessage, Subscription
+from siftmq.errors import BadRequestError
 from siftmq.testing import open_broker
 
 TOPIC = "Space"
@@ -71,5 +72,20 @@ def test_delete_oldest_reports_what_each_group_loses(
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert warnings and all("delete_oldest" in w for w in warnings)
         assert any("late=" in w for w in warnings)
+    finally:
+        broker.close()
+
+
+def test_max_topics_refuses_one_more_topic_clearly(tmp_path: Path) -> None:
+    broker = open_broker(tmp_path / "d", max_topics=3)
+    try:
+        for name in ("T1", "T2", "T3"):
+            broker.send(OutgoingMessage(topic=name, body=b"x", message_id=f"01{name}", tag="t"))
+        with pytest.raises(BadRequestError) as refused:
+            broker.send(OutgoingMessage(topic="T4", body=b"x", message_id="01T4", tag="t"))
+        assert refused.value.status == "PRECONDITION_FAILED" and "max_topics" in refused.value.message
+        broker.send(
+            OutgoingMessage(topic="T1", body=b"y", message_id="01T1b", tag="t")
+        )  # existing ones go on
     finally:
         broker.close()

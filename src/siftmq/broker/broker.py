@@ -92,6 +92,7 @@ class Broker:
             auto_create=config.auto_create_topics,
             default_queue_nums=config.default_queue_nums,
             max_queue_nums=config.max_queue_nums,
+            max_topics=config.max_topics,
         )
         self.filters = FilterRegistry(
             config_dir,

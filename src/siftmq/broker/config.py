@@ -70,6 +70,7 @@ class BrokerConfig:
     auto_create_topics: bool = True
     default_queue_nums: int = 8
     max_queue_nums: int = 1024
+    max_topics: int = 10_000  # every topic holds open files and memory: creating one more is refused
     # messages
     max_body_size: int = 4 * MIB
     max_user_properties: int = 128
@@ -117,6 +118,7 @@ class BrokerConfig:
             self,
             "default_queue_nums",
             "max_queue_nums",
+            "max_topics",
             "max_body_size",
             "max_user_properties",
             "max_user_properties_bytes",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from siftmq.broker.persist import read_json, write_json
 from siftmq.broker.validation import check_topic
-from siftmq.errors import BadRequestError, NotFoundError
+from siftmq.errors import BadRequestError, NotFoundError, StatusCode
 
 PERM_READ = 4
 PERM_WRITE = 2
@@ -36,12 +36,19 @@ class TopicManager:
     """The broker's topic table. Thread-safe."""
 
     def __init__(
-        self, config_dir: Path, *, auto_create: bool, default_queue_nums: int, max_queue_nums: int
+        self,
+        config_dir: Path,
+        *,
+        auto_create: bool,
+        default_queue_nums: int,
+        max_queue_nums: int,
+        max_topics: int = 10_000,
     ) -> None:
         self._path = config_dir / "topics.json"
         self._auto_create = auto_create
         self._default_queue_nums = default_queue_nums
         self._max_queue_nums = max_queue_nums
+        self._max_topics = max_topics
         self._lock = threading.Lock()
         self._topics: dict[str, TopicConfig] = {}
         for name, item in read_json(self._path, {}).items():
@@ -82,6 +89,12 @@ class TopicManager:
                 if exist_ok:
                     return found
                 raise BadRequestError(f"topic {name!r} already exists", status="ILLEGAL_TOPIC")
+            if len(self._topics) >= self._max_topics:
+                raise BadRequestError(
+                    f"cannot create topic {name!r}: the broker holds {len(self._topics)} topics, its "
+                    "max_topics; delete topics or raise max_topics",
+                    status=StatusCode.PRECONDITION_FAILED,
+                )
             topic = TopicConfig(name, queue_nums, perm)
             self._topics[name] = topic
             self._save_locked()

@@ -26,6 +26,7 @@ from siftmq.server.service import MessagingService
 _log = logging.getLogger(__name__)
 RPC_THREADS = 64
 SHUTDOWN_GRACE_S = 3.0
+FRAME_OVERHEAD = 4 * 1024 * 1024  # properties, keys and framing around the bodies of one gRPC message
 
 
 class BindError(SiftError):
@@ -72,11 +73,13 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
     try:
         notifier = ArrivalNotifier(loop)
         broker.add_arrival_listener(notifier.on_arrival)
+        # one bound both ways: the largest message, or the largest pull answer, plus room for the rest
+        frame_limit = max(config.max_body_size, config.max_pull_bytes) + FRAME_OVERHEAD
         server = grpc.aio.server(
             options=[
                 ("grpc.so_reuseport", 0),
-                ("grpc.max_receive_message_length", config.max_body_size + 4 * 1024 * 1024),
-                ("grpc.max_send_message_length", -1),
+                ("grpc.max_receive_message_length", frame_limit),
+                ("grpc.max_send_message_length", frame_limit),
             ]
         )
         service = MessagingService(broker, notifier, reads, sends)
