@@ -1,7 +1,10 @@
 """Handlers of ``apache.rocketmq.v2.MessagingService``: decode, call the broker, encode.
 
 Every handler answers with a status (never a bare gRPC error) so the official clients always get
-a response they understand; the mapping of errors to codes is :mod:`siftmq.server.status`.
+a response they understand: unary handlers through one edge, :func:`answering`; streams and
+per-entry answers (Telemetry, Receive, Pull, Ack) map each failure where it happens. The mapping of
+errors to codes is :mod:`siftmq.server.status`; undecodable requests never reach a handler
+(:mod:`siftmq.server.decoding`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -80,6 +83,37 @@ def _seconds(seconds: float) -> Duration:
     return d
 
 
+def answering(
+    response: type[Any], *, on_error: Callable[[Any, pb.Status], dict[str, Any]] | None = None
+) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+    """The one error edge of a unary RPC: whatever the handler raises becomes ``response`` with the
+    status :func:`~siftmq.server.status.status_of` maps it to (``on_error`` adds the fields a client
+    reads from a failed answer), so every call gets an answer the official clients understand."""
+
+    def wrap(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        call = handler.__name__
+
+        @functools.wraps(handler)
+        async def rpc(self: Any, request: Any, context: Any) -> Any:
+            try:
+                return await handler(self, request, context)
+            except Exception as exc:
+                st = status_of(exc, call=call)
+                return response(status=st, **(on_error(request, st) if on_error is not None else {}))
+
+        return rpc
+
+    return wrap
+
+
+def _send_error_entries(request: Any, st: pb.Status) -> dict[str, Any]:
+    return {"entries": [pb.SendResultEntry(status=st)]}  # clients read the entry's status
+
+
+def _same_receipt_handle(request: Any, st: pb.Status) -> dict[str, Any]:
+    return {"receipt_handle": request.receipt_handle}
+
+
 class MessagingService:
     """One instance per server; ``notifier`` drives long polling."""
 
@@ -115,11 +149,9 @@ class MessagingService:
 
     # ------------------------------------------------------------------------------- route, session
 
+    @answering(pb.QueryRouteResponse)
     async def QueryRoute(self, request: pb.QueryRouteRequest, context: Any) -> pb.QueryRouteResponse:
-        try:
-            topic = await self._call(self.broker.route, convert.topic_name(request.topic))
-        except Exception as exc:
-            return pb.QueryRouteResponse(status=status_of(exc, call="QueryRoute"))
+        topic = await self._call(self.broker.route, convert.topic_name(request.topic))
         if not request.endpoints.addresses:
             return pb.QueryRouteResponse(
                 status=status("ILLEGAL_ACCESS_POINT", "QueryRoute needs the endpoints the client used")
@@ -140,14 +172,12 @@ class MessagingService:
         ]
         return pb.QueryRouteResponse(status=ok(), message_queues=queues)
 
+    @answering(pb.HeartbeatResponse)
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         group = convert.topic_name(request.group) if request.HasField("group") else None
-        try:
-            self.broker.heartbeat(
-                _client_id(context), _client_type(request.client_type), group, address=_peer(context)
-            )
-        except Exception as exc:
-            return pb.HeartbeatResponse(status=status_of(exc, call="Heartbeat"))
+        self.broker.heartbeat(
+            _client_id(context), _client_type(request.client_type), group, address=_peer(context)
+        )
         return pb.HeartbeatResponse(status=ok())
 
     async def NotifyClientTermination(
@@ -221,13 +251,10 @@ class MessagingService:
 
     # --------------------------------------------------------------------------------------- send
 
+    @answering(pb.SendMessageResponse, on_error=_send_error_entries)
     async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
-        try:
-            loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(self.send_executor, self._send, request)
-        except Exception as exc:
-            st = status_of(exc, call="SendMessage")
-            return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)])
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(self.send_executor, self._send, request)
         # entries as dicts: protobuf builds them in C, twice as fast as objects
         entries = [
             {"status": OK_FIELDS, "message_id": r.message_id, "offset": r.queue_offset} for r in results
@@ -248,16 +275,14 @@ class MessagingService:
             msgs.append(msg)
         return self.broker.send_many(msgs)
 
+    @answering(batch_pb.SendBatchResponse)
     async def SendMessages(
         self, request: batch_pb.SendBatchRequest, context: Any
     ) -> batch_pb.SendBatchResponse:
         """siftmq's batch extension: SendMessage with the messages column by column."""
-        try:
-            loop = asyncio.get_running_loop()
-            batch = convert.outgoing_batch(request)
-            results = await loop.run_in_executor(self.send_executor, self.broker.send_batch, batch)
-        except Exception as exc:
-            return batch_pb.SendBatchResponse(status=status_of(exc, call="SendMessages"))
+        loop = asyncio.get_running_loop()
+        batch = convert.outgoing_batch(request)
+        results = await loop.run_in_executor(self.send_executor, self.broker.send_batch, batch)
         return batch_pb.SendBatchResponse(
             status=OK_FIELDS,
             queue_id=[r.queue_id for r in results],
@@ -266,17 +291,15 @@ class MessagingService:
 
     # ------------------------------------------------------------------------------------ receive
 
+    @answering(pb.QueryAssignmentResponse)
     async def QueryAssignment(
         self, request: pb.QueryAssignmentRequest, context: Any
     ) -> pb.QueryAssignmentResponse:
-        try:
-            topic_name = convert.topic_name(request.topic)
-            topic = await self._call(self.broker.route, topic_name)
-            queue_ids = await self._call(
-                self.broker.assignment, convert.topic_name(request.group), topic_name, _client_id(context)
-            )
-        except Exception as exc:
-            return pb.QueryAssignmentResponse(status=status_of(exc, call="QueryAssignment"))
+        topic_name = convert.topic_name(request.topic)
+        topic = await self._call(self.broker.route, topic_name)
+        queue_ids = await self._call(
+            self.broker.assignment, convert.topic_name(request.group), topic_name, _client_id(context)
+        )
         broker = pb.Broker(name=self.config.broker_name, id=0, endpoints=request.endpoints)
         perm = pb.Permission.READ_WRITE if topic.perm == 6 else pb.Permission.READ
         # As RocketMQ's proxy: receive (pop) consumers get one assignment per broker (queue id -1 = every
@@ -376,39 +399,31 @@ class MessagingService:
             top = failed[0] if failed else ok()
         return pb.AckMessageResponse(status=top, entries=entries)
 
+    @answering(pb.ChangeInvisibleDurationResponse, on_error=_same_receipt_handle)
     async def ChangeInvisibleDuration(
         self, request: pb.ChangeInvisibleDurationRequest, context: Any
     ) -> pb.ChangeInvisibleDurationResponse:
-        try:
-            handle = await self._call(
-                self.broker.change_invisible_duration,
-                convert.topic_name(request.group),
-                convert.topic_name(request.topic),
-                request.receipt_handle,
-                convert.duration_ms(request.invisible_duration),
-                client_id=_client_id(context),
-            )
-        except Exception as exc:
-            return pb.ChangeInvisibleDurationResponse(
-                status=status_of(exc, call="ChangeInvisibleDuration"), receipt_handle=request.receipt_handle
-            )
+        handle = await self._call(
+            self.broker.change_invisible_duration,
+            convert.topic_name(request.group),
+            convert.topic_name(request.topic),
+            request.receipt_handle,
+            convert.duration_ms(request.invisible_duration),
+            client_id=_client_id(context),
+        )
         return pb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
+    @answering(pb.ForwardMessageToDeadLetterQueueResponse)
     async def ForwardMessageToDeadLetterQueue(
         self, request: pb.ForwardMessageToDeadLetterQueueRequest, context: Any
     ) -> pb.ForwardMessageToDeadLetterQueueResponse:
-        try:
-            await self._call(
-                self.broker.forward_to_dlq,
-                convert.topic_name(request.group),
-                convert.topic_name(request.topic),
-                request.receipt_handle,
-                client_id=_client_id(context),
-            )
-        except Exception as exc:
-            return pb.ForwardMessageToDeadLetterQueueResponse(
-                status=status_of(exc, call="ForwardMessageToDeadLetterQueue")
-            )
+        await self._call(
+            self.broker.forward_to_dlq,
+            convert.topic_name(request.group),
+            convert.topic_name(request.topic),
+            request.receipt_handle,
+            client_id=_client_id(context),
+        )
         return pb.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
     # ------------------------------------------------------------------------------- offset pull
@@ -468,48 +483,40 @@ class MessagingService:
             status=st, messages=convert.message_columns(messages), next_offset=next_offset
         )
 
+    @answering(pb.UpdateOffsetResponse)
     async def UpdateOffset(self, request: pb.UpdateOffsetRequest, context: Any) -> pb.UpdateOffsetResponse:
-        try:
-            await self._call(
-                self.broker.update_offset,
-                convert.topic_name(request.group),
-                convert.topic_name(request.message_queue.topic),
-                request.message_queue.id,
-                request.offset,
-                client_id=_client_id(context),
-            )
-        except Exception as exc:
-            return pb.UpdateOffsetResponse(status=status_of(exc, call="UpdateOffset"))
+        await self._call(
+            self.broker.update_offset,
+            convert.topic_name(request.group),
+            convert.topic_name(request.message_queue.topic),
+            request.message_queue.id,
+            request.offset,
+            client_id=_client_id(context),
+        )
         return pb.UpdateOffsetResponse(status=ok())
 
+    @answering(pb.GetOffsetResponse)
     async def GetOffset(self, request: pb.GetOffsetRequest, context: Any) -> pb.GetOffsetResponse:
-        try:
-            offset = await self._call(
-                self.broker.get_offset,
-                convert.topic_name(request.group),
-                convert.topic_name(request.message_queue.topic),
-                request.message_queue.id,
-                client_id=_client_id(context),
-            )
-        except Exception as exc:
-            return pb.GetOffsetResponse(status=status_of(exc, call="GetOffset"))
+        offset = await self._call(
+            self.broker.get_offset,
+            convert.topic_name(request.group),
+            convert.topic_name(request.message_queue.topic),
+            request.message_queue.id,
+            client_id=_client_id(context),
+        )
         return pb.GetOffsetResponse(status=ok(), offset=offset)
 
+    @answering(pb.QueryOffsetResponse)
     async def QueryOffset(self, request: pb.QueryOffsetRequest, context: Any) -> pb.QueryOffsetResponse:
-        try:
-            policy = convert.enum_name(
-                pb.QueryOffsetPolicy, request.query_offset_policy, "query_offset_policy"
-            )
-            ts = convert.timestamp_ms(request.timestamp) if request.HasField("timestamp") else None
-            offset = await self._call(
-                self.broker.query_offset,
-                convert.topic_name(request.message_queue.topic),
-                request.message_queue.id,
-                policy,
-                ts,
-            )
-        except Exception as exc:
-            return pb.QueryOffsetResponse(status=status_of(exc, call="QueryOffset"))
+        policy = convert.enum_name(pb.QueryOffsetPolicy, request.query_offset_policy, "query_offset_policy")
+        ts = convert.timestamp_ms(request.timestamp) if request.HasField("timestamp") else None
+        offset = await self._call(
+            self.broker.query_offset,
+            convert.topic_name(request.message_queue.topic),
+            request.message_queue.id,
+            policy,
+            ts,
+        )
         return pb.QueryOffsetResponse(status=ok(), offset=offset)
 
     # ----------------------------------------------------------------------------- not served yet
