@@ -248,9 +248,9 @@ class BrokerError(SiftError):
 
     code = "INTERNAL_ERROR"
 
-    def __init__(self, message: str, *, status: str | None = None) -> None:
+    def __init__(self, message: str, *, status: StatusCode | None = None) -> None:
         super().__init__(message)
-        self.status = status or type(self).code
+        self.status: StatusCode = status or StatusCode(type(self).code)
 
 
 class BadRequestError(BrokerError):

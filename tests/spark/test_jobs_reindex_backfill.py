@@ -8,7 +8,6 @@ re-check never has to drop a message).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ import pytest
 
 from siftmq.broker.filter_registry import FilterRegistry
 from siftmq.broker.message_filters import SqlMessageFilter
+from siftmq.broker.persist import read_json, write_json
 from siftmq.client import FilterExpression, blocking
 from siftmq.errors import ConfigError, NotFoundError, StoreError, StoreLockedError
 from siftmq.filter import BloomFilter, compile_filter
@@ -299,9 +299,7 @@ def test_backfill_makes_the_bitmap_skip_cover_history(
     history = len(expected(phase1 + phase2, "SQL92", SQL_EU))
     assert len(expected(phase1, "SQL92", SQL_EU)) <= result.bits_set <= history
     assert result.created == 400  # phase 1 had no bitmaps
-    saved = {
-        (e["group"], e["topic"]): e for e in json.loads((broker_dir / "config/filters.json").read_text())
-    }
+    saved = {(e["group"], e["topic"]): e for e in read_json(broker_dir / "config/filters.json", [])}
     assert saved[("g-late", ORDERS)]["backfill"] == {"version": 1, "until_ms": result.backfilled_until_ms}
     assert "backfill" not in saved[("g-early", ORDERS)]
     assert tree_files(broker_dir / "store" / "consumequeue") == cq_before  # only ext units change
@@ -323,9 +321,7 @@ def test_backfill_makes_the_bitmap_skip_cover_history(
         )
         assert changed.status_code == 200, changed.text
         assert filter_stats(broker, "g-late", ORDERS)["matching_lag"] == 1200
-        [entry] = [
-            e for e in json.loads((broker_dir / "config/filters.json").read_text()) if e["group"] == "g-late"
-        ]
+        [entry] = [e for e in read_json(broker_dir / "config/filters.json", []) if e["group"] == "g-late"]
         assert entry["version"] == 2 and "backfill" not in entry
     finally:
         assert broker.stop() == 0
@@ -412,9 +408,9 @@ def test_backfill_coverage_belongs_to_one_registration_version(tmp_path: Path) -
     assert v2.version == 2 and v2.backfilled_until_ms is None
     assert FilterRegistry(tmp_path, BloomFilter(), expire_s=3600).get("g", "T") == v2
     # a file whose coverage names another version loads without it
-    saved = json.loads((tmp_path / "filters.json").read_text())
+    saved = read_json(tmp_path / "filters.json", [])
     saved[0]["backfill"] = {"version": 1, "until_ms": 99}
-    (tmp_path / "filters.json").write_text(json.dumps(saved))
+    write_json(tmp_path / "filters.json", saved)
     assert FilterRegistry(tmp_path, BloomFilter(), expire_s=3600).get("g", "T").backfilled_until_ms is None  # type: ignore[union-attr]
     with pytest.raises(NotFoundError):
         registry.record_backfill("nobody", "T", version=1, until_ms=1)

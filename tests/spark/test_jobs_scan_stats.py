@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from siftmq.broker.persist import read_json, write_json
 from siftmq.client import FilterExpression, blocking
 from siftmq.filter import compile_filter
 from siftmq.spark.jobs import common
@@ -238,9 +238,9 @@ def test_stats_reports_a_bad_stored_expression_and_counts_the_rest(
     copy = tmp_path / "data"
     (copy / "config").mkdir(parents=True)
     (copy / "store").symlink_to(data_dir / "store")
-    groups = json.loads((data_dir / "config" / "groups.json").read_text())
+    groups = read_json(data_dir / "config" / "groups.json", {})
     groups["g_bad"] = {"subscriptions": {TOPIC: {"kind": "SQL92", "expression": "price >", "version": 1}}}
-    (copy / "config" / "groups.json").write_text(json.dumps(groups))
+    write_json(copy / "config" / "groups.json", groups)
     subs = read_subscriptions(copy, TOPIC)
     assert [s.group for s in subs] == sorted(["g_bad", *(g for g, (t, _) in GROUPS.items() if t == TOPIC)])
     result = run_stats(spark, copy, TOPIC, None)
@@ -309,7 +309,8 @@ def test_cli_stats_prints_a_table(spark: Any, broker_data: tuple[Path, list[Sent
     (broken / "store").symlink_to(data_dir / "store")
     (broken / "config" / "groups.json").write_text("{not json")
     bad = runner.invoke(spark_app, ["stats", "--data-dir", str(broken), "--topic", TOPIC, "--out", str(out)])
-    assert bad.exit_code == 1 and "groups.json is not a groups file" in bad.output
+    assert bad.exit_code == 1 and "groups.json cannot be read" in bad.output
+    assert (broken / "config" / "groups.json").read_text() == "{not json"  # a reader moves nothing
 
 
 def test_cli_scan_of_a_store_a_broker_has_open(spark: Any, start_broker: Any, tmp_path: Path) -> None:

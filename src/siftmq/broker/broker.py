@@ -50,7 +50,14 @@ from siftmq.broker.validation import (
     check_tag,
     check_topic,
 )
-from siftmq.errors import BadRequestError, CorruptRecordError, FilterError, NotFoundError, UnsupportedError
+from siftmq.errors import (
+    BadRequestError,
+    CorruptRecordError,
+    FilterError,
+    NotFoundError,
+    StatusCode,
+    UnsupportedError,
+)
 from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
 from siftmq.store import (
     BatchEntry,
@@ -245,7 +252,7 @@ class Broker:
             found = self.topics.get(topic)
             if found is None:
                 raise NotFoundError(
-                    f"dead-letter topic {topic!r} has no messages yet", status="TOPIC_NOT_FOUND"
+                    f"dead-letter topic {topic!r} has no messages yet", status=StatusCode.TOPIC_NOT_FOUND
                 )
             return found
         return self.topics.get_or_create(topic)
@@ -273,12 +280,13 @@ class Broker:
         for m in msgs:
             if m.message_group is not None:
                 raise UnsupportedError(
-                    "FIFO messages (message_group) are not supported by this broker yet", status="UNSUPPORTED"
+                    "FIFO messages (message_group) are not supported by this broker yet",
+                    status=StatusCode.UNSUPPORTED,
                 )
             if m.delivery_timestamp_ms is not None:
                 raise UnsupportedError(
                     "delay messages (delivery_timestamp) are not supported by this broker yet",
-                    status="UNSUPPORTED",
+                    status=StatusCode.UNSUPPORTED,
                 )
         return self.send_batch(OutgoingBatch.of(msgs[0].topic, msgs))
 
@@ -303,7 +311,7 @@ class Broker:
         entries = self._prepare(batch)
         topic = self.topics.get_or_create(batch.topic, for_send=True)
         if not topic.writable:
-            raise BadRequestError(f"topic {topic.name!r} is not writable", status="FORBIDDEN")
+            raise BadRequestError(f"topic {topic.name!r} is not writable", status=StatusCode.FORBIDDEN)
         message_ids = batch.message_ids
         # Same message id, same stripe: a client's retry waits for the first attempt, then sees it.
         stripes = sorted({hash(m) % len(self._send_locks) for m in message_ids})
@@ -338,17 +346,19 @@ class Broker:
         """Check every message of ``batch`` (its topic is checked by the caller); the store's entries."""
         message_ids = batch.message_ids
         if len(set(message_ids)) != len(message_ids):
-            raise BadRequestError("a batch holds the same message id twice", status="ILLEGAL_MESSAGE_ID")
+            raise BadRequestError(
+                "a batch holds the same message id twice", status=StatusCode.ILLEGAL_MESSAGE_ID
+            )
         for message_id in message_ids:
             check_message_id(message_id)
         bodies = batch.bodies
         if min(map(len, bodies)) == 0:
-            raise BadRequestError("message body is empty", status="MESSAGE_BODY_EMPTY")
+            raise BadRequestError("message body is empty", status=StatusCode.MESSAGE_BODY_EMPTY)
         largest = max(map(len, bodies))
         if largest > self.config.max_body_size:
             raise BadRequestError(
                 f"message body of {largest} bytes exceeds the limit {self.config.max_body_size}",
-                status="MESSAGE_BODY_TOO_LARGE",
+                status=StatusCode.MESSAGE_BODY_TOO_LARGE,
             )
         for tag in set(batch.tags):
             if tag is not None:
@@ -381,7 +391,7 @@ class Broker:
             if len(properties) != prop_count:
                 raise BadRequestError(
                     f"message {message_ids[i]!r} has a user property twice",
-                    status="ILLEGAL_MESSAGE_PROPERTY_KEY",
+                    status=StatusCode.ILLEGAL_MESSAGE_PROPERTY_KEY,
                 )
             prop_pos = end
             if tag is not None:
@@ -428,7 +438,7 @@ class Broker:
         if kind is None:
             raise BadRequestError(
                 f"unknown filter type {subscription.kind!r}; use TAG or SQL92",
-                status="ILLEGAL_FILTER_EXPRESSION",
+                status=StatusCode.ILLEGAL_FILTER_EXPRESSION,
             )
         if kind == "SQL92" and not self.config.enable_property_filter:
             raise UnsupportedError(
@@ -474,7 +484,9 @@ class Broker:
                 raise UnsupportedError(text)
             raise BadRequestError(
                 text,
-                status=first.status if isinstance(first, BadRequestError) else "ILLEGAL_FILTER_EXPRESSION",
+                status=first.status
+                if isinstance(first, BadRequestError)
+                else StatusCode.ILLEGAL_FILTER_EXPRESSION,
             )
         # check before recording: a refused client must not become the holder of anything
         self.clients.touch(client_id, client_type=client_type, group=group, address=address)
@@ -564,7 +576,7 @@ class Broker:
         check_group(group)
         topic = self._readable_topic(subscription.topic)
         if not topic.readable:
-            raise BadRequestError(f"topic {topic.name!r} is not readable", status="FORBIDDEN")
+            raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
         invisible = self._invisible_ms(invisible_ms)
         batch_size = min(_positive_batch(batch_size), self.config.max_batch_size)
         message_filter, own = self._resolve(group, client_id, subscription)
@@ -625,7 +637,7 @@ class Broker:
             raise BadRequestError(
                 f"invisible duration {invisible_ms} ms is outside {cfg.min_invisible_time_s:g} s.."
                 f"{cfg.max_invisible_time_s:g} s",
-                status="ILLEGAL_INVISIBLE_TIME",
+                status=StatusCode.ILLEGAL_INVISIBLE_TIME,
             )
         return invisible_ms
 
@@ -769,9 +781,11 @@ class Broker:
         check_group(group)
         topic = self._queue(subscription.topic, queue_id)
         if not topic.readable:
-            raise BadRequestError(f"topic {topic.name!r} is not readable", status="FORBIDDEN")
+            raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
         if offset < 0:
-            raise BadRequestError(f"offset must not be negative, got {offset}", status="ILLEGAL_OFFSET")
+            raise BadRequestError(
+                f"offset must not be negative, got {offset}", status=StatusCode.ILLEGAL_OFFSET
+            )
         batch_size = min(_positive_batch(batch_size), self.config.max_pull_batch_size)
         self._check_owner(group, topic, queue_id, client_id)
         message_filter, own = self._resolve(group, client_id, subscription)
@@ -822,7 +836,8 @@ class Broker:
         hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
         if not 0 <= offset <= hi:
             raise BadRequestError(
-                f"offset {offset} is outside 0..{hi} of {topic.name}:{queue_id}", status="ILLEGAL_OFFSET"
+                f"offset {offset} is outside 0..{hi} of {topic.name}:{queue_id}",
+                status=StatusCode.ILLEGAL_OFFSET,
             )
         self.offsets.set((self.progress_group(group, client_id), topic.name, queue_id), offset)
 
@@ -839,7 +854,7 @@ class Broker:
             with prog.lock:
                 return prog.committed_offset
         raise NotFoundError(
-            f"group {group!r} has no offset on {topic.name}:{queue_id}", status="OFFSET_NOT_FOUND"
+            f"group {group!r} has no offset on {topic.name}:{queue_id}", status=StatusCode.OFFSET_NOT_FOUND
         )
 
     def query_offset(
@@ -914,7 +929,7 @@ class Broker:
             raise BadRequestError(
                 f"queue {queue_id} of topic {topic.name!r} is assigned to another member of group {group!r}; "
                 "query the assignment again",
-                status="PRECONDITION_FAILED",
+                status=StatusCode.PRECONDITION_FAILED,
             )
 
     # -------------------------------------------------------------------------------- ack / nack
@@ -928,12 +943,12 @@ class Broker:
         if handle.topic != topic:
             raise BadRequestError(
                 f"receipt handle belongs to topic {handle.topic!r}, not {topic!r}",
-                status="INVALID_RECEIPT_HANDLE",
+                status=StatusCode.INVALID_RECEIPT_HANDLE,
             )
         prog = self.consumers.get((self.progress_group(group, client_id), topic, handle.queue_id))
         if prog is None:
             raise BadRequestError(
-                f"receipt handle is unknown to group {group!r}", status="INVALID_RECEIPT_HANDLE"
+                f"receipt handle is unknown to group {group!r}", status=StatusCode.INVALID_RECEIPT_HANDLE
             )
         prog.lock.acquire()
         item = prog.inflight.get(handle.queue_offset)
@@ -946,7 +961,7 @@ class Broker:
             problem = "the receipt handle expired: the message's invisible time is over"
         if problem is not None:
             prog.lock.release()
-            raise BadRequestError(problem, status="INVALID_RECEIPT_HANDLE")
+            raise BadRequestError(problem, status=StatusCode.INVALID_RECEIPT_HANDLE)
         assert item is not None
         return prog, item
 
@@ -971,7 +986,7 @@ class Broker:
         if not 0 <= invisible_ms <= self.config.max_invisible_time_s * 1000:
             raise BadRequestError(
                 f"invisible duration {invisible_ms} ms is outside 0..{self.config.max_invisible_time_s:g} s",
-                status="ILLEGAL_INVISIBLE_TIME",
+                status=StatusCode.ILLEGAL_INVISIBLE_TIME,
             )
         handle = ReceiptHandle.decode(handle_text)
         prog, item = self._in_flight(group, topic, handle_text, client_id)
@@ -1046,7 +1061,7 @@ class Broker:
         """
         cfg = self.topics.get(topic)
         if cfg is None:
-            raise NotFoundError(f"topic {topic!r} does not exist", status="TOPIC_NOT_FOUND")
+            raise NotFoundError(f"topic {topic!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
         index_filter = self._index_filter(group, topic)
         rows: list[dict[str, object]] = []
         for qid in range(cfg.queue_nums):
@@ -1107,7 +1122,9 @@ class Broker:
         info = self.groups.get(group)
         members = self.clients.members(group)
         if info is None and not members:
-            raise NotFoundError(f"consumer group {group!r} is unknown", status="CONSUMER_GROUP_NOT_FOUND")
+            raise NotFoundError(
+                f"consumer group {group!r} is unknown", status=StatusCode.CONSUMER_GROUP_NOT_FOUND
+            )
         now = time.monotonic()
         subs = info.subscriptions if info is not None else {}
         return {

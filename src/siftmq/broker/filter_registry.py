@@ -34,7 +34,7 @@ import numpy as np
 from siftmq.broker.message_filters import SqlMessageFilter
 from siftmq.broker.persist import read_json, write_json
 from siftmq.broker.stats import FilterStats
-from siftmq.errors import ConfigError, FilterError, NotFoundError
+from siftmq.errors import ConfigError, FilterError, NotFoundError, StatusCode
 from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
 from siftmq.store import DispatchRequest
 
@@ -167,7 +167,8 @@ class FilterRegistry:
             current = self._by_key.get((group, topic))
             if current is None:
                 raise NotFoundError(
-                    f"no SQL92 filter registration {group}#{topic}", status="CONSUMER_GROUP_NOT_FOUND"
+                    f"no SQL92 filter registration {group}#{topic}",
+                    status=StatusCode.CONSUMER_GROUP_NOT_FOUND,
                 )
             if current.version != version:
                 raise ConfigError(

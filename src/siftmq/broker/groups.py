@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Final
 
 from siftmq.broker.persist import read_json, write_json
-from siftmq.errors import BadRequestError, BrokerError
+from siftmq.errors import BadRequestError, BrokerError, StatusCode
 
 _log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ class GroupManager:
                 raise BadRequestError(
                     f"group {group!r} has {live_clients} live client(s); stop them before switching it "
                     f"from {info.mode} to {mode}",
-                    status="PRECONDITION_FAILED",
+                    status=StatusCode.PRECONDITION_FAILED,
                 )
             if mode is not None:
                 info.mode = mode

@@ -94,6 +94,25 @@ def read_json(path: Path, default: Any, *, strict: bool = False) -> Any:
     return data
 
 
+def peek_json(path: Path, default: Any) -> Any:
+    """What :func:`read_json` would give, for a reader that does not own the file (an offline job
+    beside a running broker): nothing is moved or logged; no good generation raises ConfigError."""
+    for candidate in (path, previous_of(path)):
+        try:
+            return _load(candidate)
+        except FileNotFoundError:
+            continue
+        except _Damaged as exc:
+            if candidate == path:
+                continue
+            raise ConfigError(f"{path} and its previous generation cannot be read: {exc}") from exc
+    if path.exists():
+        raise ConfigError(
+            f"{path} cannot be read (damaged, or edited by hand) and has no previous generation"
+        )
+    return default
+
+
 def _load(path: Path) -> Any:
     raw = path.read_bytes()
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from siftmq.errors import BadRequestError
+from siftmq.errors import BadRequestError, StatusCode
 
 _VERSION = "v1"
 MAX_HANDLE_LENGTH = 512
@@ -28,7 +28,9 @@ class ReceiptHandle:
     def decode(cls, text: str) -> ReceiptHandle:
         """Parse a handle; anything malformed is ``INVALID_RECEIPT_HANDLE``."""
         if not text or len(text) > MAX_HANDLE_LENGTH:
-            raise BadRequestError("receipt handle is empty or too long", status="INVALID_RECEIPT_HANDLE")
+            raise BadRequestError(
+                "receipt handle is empty or too long", status=StatusCode.INVALID_RECEIPT_HANDLE
+            )
         parts = text.split(":", 4)
         try:
             if len(parts) != 5 or parts[0] != _VERSION or not parts[4]:
@@ -38,6 +40,6 @@ class ReceiptHandle:
                 raise ValueError
         except ValueError:
             raise BadRequestError(
-                f"malformed receipt handle {text[:100]!r}", status="INVALID_RECEIPT_HANDLE"
+                f"malformed receipt handle {text[:100]!r}", status=StatusCode.INVALID_RECEIPT_HANDLE
             ) from None
         return cls(parts[4], qid, offset, nonce)

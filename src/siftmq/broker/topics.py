@@ -72,7 +72,7 @@ class TopicManager:
         if not (self._auto_create or system):
             raise NotFoundError(
                 f"topic {name!r} does not exist and auto-creation is off; create it first",
-                status="TOPIC_NOT_FOUND",
+                status=StatusCode.TOPIC_NOT_FOUND,
             )
         return self.create(name, 1 if system else self._default_queue_nums, exist_ok=True)
 
@@ -88,7 +88,7 @@ class TopicManager:
             if found is not None:
                 if exist_ok:
                     return found
-                raise BadRequestError(f"topic {name!r} already exists", status="ILLEGAL_TOPIC")
+                raise BadRequestError(f"topic {name!r} already exists", status=StatusCode.ILLEGAL_TOPIC)
             if len(self._topics) >= self._max_topics:
                 raise BadRequestError(
                     f"cannot create topic {name!r}: the broker holds {len(self._topics)} topics, its "
@@ -105,7 +105,7 @@ class TopicManager:
         with self._lock:
             found = self._topics.get(name)
             if found is None:
-                raise NotFoundError(f"topic {name!r} does not exist", status="TOPIC_NOT_FOUND")
+                raise NotFoundError(f"topic {name!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
             if queue_nums is not None and not found.queue_nums <= queue_nums <= self._max_queue_nums:
                 raise BadRequestError(
                     f"queue_nums can grow from {found.queue_nums} up to {self._max_queue_nums}, not to "
@@ -122,7 +122,7 @@ class TopicManager:
         """Forget a topic (its stored messages go with CommitLog retention)."""
         with self._lock:
             if self._topics.pop(name, None) is None:
-                raise NotFoundError(f"topic {name!r} does not exist", status="TOPIC_NOT_FOUND")
+                raise NotFoundError(f"topic {name!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
             self._save_locked()
 
     def _save_locked(self) -> None:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from siftmq.errors import BadRequestError
+from siftmq.errors import BadRequestError, StatusCode
 
 MAX_TOPIC_LENGTH: Final = 127
 MAX_GROUP_LENGTH: Final = 122  # %DLQ%<group> must be a valid topic (127)
@@ -68,30 +68,32 @@ def qualified_name(namespace: str, name: str) -> str:
 def check_topic(topic: str, *, for_send: bool = False) -> None:
     """1..127 characters of ``[%|a-zA-Z0-9_-]``; producers may not write system topics (``%...``)."""
     if not topic:
-        raise BadRequestError("topic name is empty", status="ILLEGAL_TOPIC")
+        raise BadRequestError("topic name is empty", status=StatusCode.ILLEGAL_TOPIC)
     if len(topic) > MAX_TOPIC_LENGTH:
         raise BadRequestError(
-            f"topic name of {len(topic)} characters exceeds {MAX_TOPIC_LENGTH}", status="ILLEGAL_TOPIC"
+            f"topic name of {len(topic)} characters exceeds {MAX_TOPIC_LENGTH}",
+            status=StatusCode.ILLEGAL_TOPIC,
         )
     if not _NAME_RE.fullmatch(topic):
         raise BadRequestError(
-            f"illegal topic name {topic!r}: use characters of [%|a-zA-Z0-9_-]", status="ILLEGAL_TOPIC"
+            f"illegal topic name {topic!r}: use characters of [%|a-zA-Z0-9_-]",
+            status=StatusCode.ILLEGAL_TOPIC,
         )
     if for_send and topic.startswith(_SYSTEM_PREFIX) and "%" in topic[1:]:
         raise BadRequestError(
-            f"topic {topic!r} is a system topic; producers cannot send to it", status="ILLEGAL_TOPIC"
+            f"topic {topic!r} is a system topic; producers cannot send to it", status=StatusCode.ILLEGAL_TOPIC
         )
 
 
 def check_group(group: str) -> None:
     """1..255 characters of ``[%|a-zA-Z0-9_-]`` (so ``group#topic`` bloom keys are unambiguous)."""
     if not group:
-        raise BadRequestError("consumer group name is empty", status="ILLEGAL_CONSUMER_GROUP")
+        raise BadRequestError("consumer group name is empty", status=StatusCode.ILLEGAL_CONSUMER_GROUP)
     if len(group) > MAX_GROUP_LENGTH or not _NAME_RE.fullmatch(group):
         raise BadRequestError(
             f"illegal consumer group name {group[:300]!r}: use 1..{MAX_GROUP_LENGTH} characters of "
             "[%|a-zA-Z0-9_-]",
-            status="ILLEGAL_CONSUMER_GROUP",
+            status=StatusCode.ILLEGAL_CONSUMER_GROUP,
         )
 
 
@@ -102,21 +104,29 @@ MAX_EXPRESSION_LENGTH: Final = 65_536
 def check_tag(tag: str) -> None:
     """A tag is non-blank, at most 255 characters, and never contains ``|`` (the subscription separator)."""
     if not tag.strip():
-        raise BadRequestError("message tag is blank", status="ILLEGAL_MESSAGE_TAG")
+        raise BadRequestError("message tag is blank", status=StatusCode.ILLEGAL_MESSAGE_TAG)
     if "|" in tag:
-        raise BadRequestError(f"message tag {tag[:300]!r} contains '|'", status="ILLEGAL_MESSAGE_TAG")
+        raise BadRequestError(
+            f"message tag {tag[:300]!r} contains '|'", status=StatusCode.ILLEGAL_MESSAGE_TAG
+        )
     if len(tag) > MAX_TAG_LENGTH:
         raise BadRequestError(
-            f"message tag must be at most {MAX_TAG_LENGTH} characters", status="ILLEGAL_MESSAGE_TAG"
+            f"message tag must be at most {MAX_TAG_LENGTH} characters", status=StatusCode.ILLEGAL_MESSAGE_TAG
         )
     if _CONTROL.search(tag) is not None:
         raise BadRequestError(
-            f"message tag {tag[:300]!r} contains a control character", status="ILLEGAL_MESSAGE_TAG"
+            f"message tag {tag[:300]!r} contains a control character", status=StatusCode.ILLEGAL_MESSAGE_TAG
         )
 
 
 def check_counts(
-    counts: Sequence[int], sent: int, what: str, *, limit: int, status: str, limit_status: str | None = None
+    counts: Sequence[int],
+    sent: int,
+    what: str,
+    *,
+    limit: int,
+    status: StatusCode,
+    limit_status: StatusCode | None = None,
 ) -> None:
     """Per-message counts of a flattened column of ``sent`` entries: none negative, adding up to
     ``sent``, none above ``limit`` (refused with ``limit_status``, by default ``status``)."""
@@ -134,7 +144,7 @@ def check_key_columns(counts: Sequence[int], keys: Sequence[str]) -> None:
 
     At most 32 keys per message, each a valid key (:func:`check_key`).
     """
-    check_counts(counts, len(keys), "message keys", limit=MAX_KEYS, status="ILLEGAL_MESSAGE_KEY")
+    check_counts(counts, len(keys), "message keys", limit=MAX_KEYS, status=StatusCode.ILLEGAL_MESSAGE_KEY)
     for key in set(keys):
         check_key(key)
 
@@ -150,7 +160,7 @@ def check_key(key: str) -> None:
         raise BadRequestError(
             f"illegal message key {key[:300]!r}: 1..{MAX_KEY_LENGTH} characters, no whitespace or control "
             "characters",
-            status="ILLEGAL_MESSAGE_KEY",
+            status=StatusCode.ILLEGAL_MESSAGE_KEY,
         )
 
 
@@ -161,7 +171,9 @@ def check_message_id(message_id: str) -> None:
         or len(message_id) > MAX_MESSAGE_ID_LENGTH
         or not (message_id.isascii() and message_id.isprintable() and " " not in message_id)
     ):
-        raise BadRequestError(f"illegal message id {message_id[:200]!r}", status="ILLEGAL_MESSAGE_ID")
+        raise BadRequestError(
+            f"illegal message id {message_id[:200]!r}", status=StatusCode.ILLEGAL_MESSAGE_ID
+        )
 
 
 def check_property_columns(
@@ -177,15 +189,15 @@ def check_property_columns(
     """
     if len(names) != len(values):
         raise BadRequestError(
-            f"{len(values)} property values for {len(names)} property names", status="BAD_REQUEST"
+            f"{len(values)} property values for {len(names)} property names", status=StatusCode.BAD_REQUEST
         )
     check_counts(
         counts,
         len(names),
         "user properties",
         limit=max_count,
-        status="BAD_REQUEST",
-        limit_status="MESSAGE_PROPERTIES_TOO_LARGE",
+        status=StatusCode.BAD_REQUEST,
+        limit_status=StatusCode.MESSAGE_PROPERTIES_TOO_LARGE,
     )
     for name in set(names):
         (_check_short_property_name if len(name) <= _CACHED_NAME_LENGTH else check_property_name)(name)
@@ -194,7 +206,7 @@ def check_property_columns(
         bad = next(i for i, v in enumerate(values) if "\x01" in v or "\x02" in v)
         raise BadRequestError(
             f"value of user property {names[bad][:200]!r} contains a control separator (\\x01/\\x02)",
-            status="BAD_REQUEST",
+            status=StatusCode.BAD_REQUEST,
         )
     if len("".join(names).encode()) + len(joined.encode()) - max(len(values) - 1, 0) <= max_bytes:
         return  # the whole batch's properties fit one message's limit: so does every message's
@@ -205,7 +217,7 @@ def check_property_columns(
         if total > max_bytes:
             raise BadRequestError(
                 f"user properties of {total} bytes exceed the limit {max_bytes}",
-                status="MESSAGE_PROPERTIES_TOO_LARGE",
+                status=StatusCode.MESSAGE_PROPERTIES_TOO_LARGE,
             )
         pos = end
 
@@ -214,17 +226,17 @@ def check_property_name(name: str) -> None:
     """Non-empty, no surrounding whitespace, not reserved by the broker, no control separators."""
     if not name or name.strip() != name:
         raise BadRequestError(
-            f"illegal user property name {name[:200]!r}", status="ILLEGAL_MESSAGE_PROPERTY_KEY"
+            f"illegal user property name {name[:200]!r}", status=StatusCode.ILLEGAL_MESSAGE_PROPERTY_KEY
         )
     if name in RESERVED_PROPERTIES or name.startswith("__"):
         raise BadRequestError(
             f"user property name {name[:200]!r} is reserved by the broker",
-            status="ILLEGAL_MESSAGE_PROPERTY_KEY",
+            status=StatusCode.ILLEGAL_MESSAGE_PROPERTY_KEY,
         )
     if _CONTROL.search(name) is not None:
         raise BadRequestError(
             f"user property name {name[:200]!r} contains a control character",
-            status="ILLEGAL_MESSAGE_PROPERTY_KEY",
+            status=StatusCode.ILLEGAL_MESSAGE_PROPERTY_KEY,
         )
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from siftmq.broker.broker import Broker
 from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
-from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError
+from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError, StatusCode
 from siftmq.store import StoredMessage
 
 _HTTP_STATUS = {"PRECONDITION_FAILED": 409, "UNSUPPORTED": 501, "TOO_MANY_REQUESTS": 429}
@@ -69,11 +69,12 @@ def create_app(broker: Broker) -> FastAPI:
 
     @app.exception_handler(SiftError)
     async def sift_error(request: Request, exc: SiftError) -> JSONResponse:
+        code: str  # a wire status, or for other errors their own code
         if isinstance(exc, BrokerError):
             code = exc.status
             http = _HTTP_STATUS.get(code, 404 if isinstance(exc, NotFoundError) else 400)
         elif isinstance(exc, FilterError):
-            code, http = "ILLEGAL_FILTER_EXPRESSION", 400
+            code, http = StatusCode.ILLEGAL_FILTER_EXPRESSION, 400
         else:
             code, http = exc.code, 500
         return JSONResponse({"error": code, "message": exc.message}, status_code=http)
@@ -83,7 +84,7 @@ def create_app(broker: Broker) -> FastAPI:
     def describe_topic(name: str) -> dict[str, Any]:
         cfg = broker.topics.get(name)
         if cfg is None:
-            raise NotFoundError(f"topic {name!r} does not exist", status="TOPIC_NOT_FOUND")
+            raise NotFoundError(f"topic {name!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
         queues = [
             {"queue_id": q, "min_offset": broker.store.get_min_offset_in_queue(name, q),
              "max_offset": broker.store.get_max_offset_in_queue(name, q)}
@@ -166,7 +167,7 @@ def create_app(broker: Broker) -> FastAPI:
     async def message_by_id(message_id: str) -> dict[str, Any]:
         msg = await call(broker.store.query_message_by_uniq_key, message_id)
         if msg is None:
-            raise NotFoundError(f"no message with id {message_id!r}", status="MESSAGE_NOT_FOUND")
+            raise NotFoundError(f"no message with id {message_id!r}", status=StatusCode.MESSAGE_NOT_FOUND)
         return message_json(msg)
 
     @app.get("/messages")
@@ -179,10 +180,12 @@ def create_app(broker: Broker) -> FastAPI:
     @app.get("/topics/{name}/queues/{queue_id}/messages/{offset}")
     async def message_at(name: str, queue_id: int, offset: int) -> dict[str, Any]:
         if broker.topics.get(name) is None:
-            raise NotFoundError(f"topic {name!r} does not exist", status="TOPIC_NOT_FOUND")
+            raise NotFoundError(f"topic {name!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
         result = await call(broker.store.get_messages, "", name, queue_id, offset, 1, None)
         if not result.messages or result.messages[0].queue_offset != offset:
-            raise NotFoundError(f"no message at {name}:{queue_id}@{offset}", status="MESSAGE_NOT_FOUND")
+            raise NotFoundError(
+                f"no message at {name}:{queue_id}@{offset}", status=StatusCode.MESSAGE_NOT_FOUND
+            )
         return message_json(result.messages[0])
 
     # ---------------------------------------------------------------------------------- metrics

@@ -12,7 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from siftmq.broker.model import PROPERTY_BORN_HOST, Delivery, OutgoingBatch, OutgoingMessage, Subscription
 from siftmq.broker.validation import qualified_name
-from siftmq.errors import BadRequestError
+from siftmq.errors import BadRequestError, StatusCode
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.protocol.fields import map_to_dict
@@ -58,7 +58,9 @@ def subscription_of(topic: str, expression: pb.FilterExpression) -> Subscription
     """A TAG/SQL filter expression (unspecified type means TAG, empty expression means ``*``)."""
     kind = FILTER_TYPES.get(expression.type, "TAG") if expression.type else "TAG"
     if expression.type and expression.type not in FILTER_TYPES:
-        raise BadRequestError(f"unknown filter type {expression.type}", status="ILLEGAL_FILTER_EXPRESSION")
+        raise BadRequestError(
+            f"unknown filter type {expression.type}", status=StatusCode.ILLEGAL_FILTER_EXPRESSION
+        )
     return Subscription(topic, kind, expression.expression or ("*" if kind == "TAG" else ""))
 
 
@@ -111,7 +113,9 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     except zlib.error as exc:
         raise BadRequestError(f"GZIP body cannot be decompressed: {exc}") from exc
     if len(out) > limit or inflater.unconsumed_tail:
-        raise BadRequestError(f"decompressed body exceeds the limit {limit}", status="MESSAGE_BODY_TOO_LARGE")
+        raise BadRequestError(
+            f"decompressed body exceeds the limit {limit}", status=StatusCode.MESSAGE_BODY_TOO_LARGE
+        )
     return out
 
 

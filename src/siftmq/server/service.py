@@ -24,7 +24,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from siftmq.broker.broker import MAX_BATCH_MESSAGES, Broker
 from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, receive_long_polling
 from siftmq.broker.model import Subscription
-from siftmq.errors import BadRequestError
+from siftmq.errors import BadRequestError, StatusCode
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.server import convert
@@ -154,7 +154,9 @@ class MessagingService:
         topic = await self._call(self.broker.route, convert.topic_name(request.topic))
         if not request.endpoints.addresses:
             return pb.QueryRouteResponse(
-                status=status("ILLEGAL_ACCESS_POINT", "QueryRoute needs the endpoints the client used")
+                status=status(
+                    StatusCode.ILLEGAL_ACCESS_POINT, "QueryRoute needs the endpoints the client used"
+                )
             )
         perm = {6: pb.Permission.READ_WRITE, 4: pb.Permission.READ, 2: pb.Permission.WRITE}.get(
             topic.perm, pb.Permission.NONE
@@ -346,7 +348,9 @@ class MessagingService:
             )
         except Exception as exc:
             return status_of(exc, call="ReceiveMessage"), []
-        return (ok() if deliveries else status("MESSAGE_NOT_FOUND", "no matching message")), deliveries
+        return (
+            ok() if deliveries else status(StatusCode.MESSAGE_NOT_FOUND, "no matching message")
+        ), deliveries
 
     async def ReceiveMessage(
         self, request: pb.ReceiveMessageRequest, context: Any
@@ -392,9 +396,9 @@ class MessagingService:
         ]
         failed = [err for err in errors if err is not None]
         if not request.entries:
-            top = status("BAD_REQUEST", "AckMessage has no entries")
+            top = status(StatusCode.BAD_REQUEST, "AckMessage has no entries")
         elif failed and len(failed) < len(errors):
-            top = status("MULTIPLE_RESULTS", "some entries failed; see each entry's status")
+            top = status(StatusCode.MULTIPLE_RESULTS, "some entries failed; see each entry's status")
         else:
             top = failed[0] if failed else ok()
         return pb.AckMessageResponse(status=top, entries=entries)
@@ -455,13 +459,13 @@ class MessagingService:
             st = ok()
         elif result.status == "ILLEGAL_OFFSET":
             st = status(
-                "ILLEGAL_OFFSET",
+                StatusCode.ILLEGAL_OFFSET,
                 f"offset {request.offset} is outside {result.min_offset}.."
                 f"{result.max_offset}; resume at {result.next_offset}",
             )
         else:
             st = status(
-                "MESSAGE_NOT_FOUND",
+                StatusCode.MESSAGE_NOT_FOUND,
                 "no matching message" if result.status == "NO_MATCHED_MESSAGE" else "no new message",
             )
         return st, result.messages, result.next_offset
@@ -523,7 +527,7 @@ class MessagingService:
 
     def unsupported(self, name: str, response: type[Any], streaming: bool) -> Callable[..., Any]:
         message = f"{name} is not supported by this broker"
-        code = "UNSUPPORTED"
+        code = StatusCode.UNSUPPORTED
 
         if streaming:
 

@@ -12,6 +12,7 @@ from siftmq.errors import (
     FilterSyntaxError,
     MessageTooLargeError,
     SiftError,
+    StatusCode,
     StoreClosedError,
 )
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -31,10 +32,9 @@ def ok(message: str = "OK") -> pb.Status:
     return pb.Status(code=_OK, message=message)
 
 
-def status(code_name: str, message: str) -> pb.Status:
-    if code_name not in pb.Code.DESCRIPTOR.values_by_name:
-        code_name = "INTERNAL_ERROR"
-    return pb.Status(code=code_name, message=message[:MAX_STATUS_MESSAGE])
+def status(code: StatusCode, message: str) -> pb.Status:
+    """A status of the protocol (every :class:`StatusCode` is one of its codes; a test checks)."""
+    return pb.Status(code=code.value, message=message[:MAX_STATUS_MESSAGE])
 
 
 def status_of(exc: BaseException, *, call: str) -> pb.Status:
@@ -43,18 +43,23 @@ def status_of(exc: BaseException, *, call: str) -> pb.Status:
         return status(exc.status, exc.message)
     if isinstance(exc, FilterSyntaxError):
         return status(
-            "ILLEGAL_FILTER_EXPRESSION", f"invalid filter expression at {exc.start}..{exc.end}: {exc.message}"
+            StatusCode.ILLEGAL_FILTER_EXPRESSION,
+            f"invalid filter expression at {exc.start}..{exc.end}: {exc.message}",
         )
     if isinstance(exc, FilterError):
-        return status("ILLEGAL_FILTER_EXPRESSION", f"invalid filter expression: {exc.message}")
+        return status(StatusCode.ILLEGAL_FILTER_EXPRESSION, f"invalid filter expression: {exc.message}")
     if isinstance(exc, MessageTooLargeError):
-        return status("MESSAGE_BODY_TOO_LARGE", exc.message)
+        return status(StatusCode.MESSAGE_BODY_TOO_LARGE, exc.message)
     if isinstance(exc, DiskFullError):
-        return status("INTERNAL_SERVER_ERROR", exc.message)
+        return status(StatusCode.INTERNAL_SERVER_ERROR, exc.message)
     if isinstance(exc, StoreClosedError):
-        return status("INTERNAL_SERVER_ERROR", "the broker is shutting down; retry on another broker")
+        return status(
+            StatusCode.INTERNAL_SERVER_ERROR, "the broker is shutting down; retry on another broker"
+        )
     if isinstance(exc, SiftError):
         _log.error("%s failed: %s", call, exc)
-        return status("INTERNAL_ERROR", f"{type(exc).__name__}: {exc.message}")
+        return status(StatusCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc.message}")
     _log.exception("%s failed unexpectedly", call, exc_info=exc)
-    return status("INTERNAL_ERROR", f"internal error in {call} ({type(exc).__name__}); see the broker log")
+    return status(
+        StatusCode.INTERNAL_ERROR, f"internal error in {call} ({type(exc).__name__}); see the broker log"
+    )

@@ -43,7 +43,7 @@ from typing import Any, Final
 import numpy as np
 
 from siftmq.broker.message_filters import REGISTRATION_MARGIN_MS
-from siftmq.errors import NotFoundError, StoreError
+from siftmq.errors import NotFoundError, StatusCode, StoreError
 from siftmq.spark.jobs.common import ProgressCallback
 from siftmq.spark.jobs.reindex import (
     WRITE_CHUNK,
@@ -319,7 +319,7 @@ def run_backfill(
             raise NotFoundError(
                 f"no SQL92 filter registration {group}#{topic} in {config_dir / 'filters.json'}; "
                 f"registered: {listing or 'none'}",
-                status="CONSUMER_GROUP_NOT_FOUND",
+                status=StatusCode.CONSUMER_GROUP_NOT_FOUND,
             )
         specs = specs_by_topic(r for r in registry.all() if r.topic == topic)[topic]
         plan = checked_plan(spark, store_dir, plan, target_bytes, "backfill")

@@ -17,7 +17,6 @@ failing the whole job. Read-only, like the scan: a store a broker has open may b
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import pyarrow as pa
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
+from siftmq.broker.persist import peek_json
 from siftmq.errors import ConfigError, FilterError
 from siftmq.filter import CompiledFilter, compile_filter
 from siftmq.spark.jobs.common import ProgressCallback, commitlog_dataframe, plan_commitlog, run_tracked
@@ -101,13 +101,10 @@ def read_subscriptions(data_dir: Path, topic: str | None = None) -> list[Subscri
     """
     path = Path(data_dir) / GROUPS_FILE
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return []
+        groups = peek_json(path, {})
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
     try:
-        groups = json.loads(raw)
         subs = [
             Subscription(str(group), str(sub_topic), str(sub["kind"]), str(sub["expression"]))
             for group, info in groups.items()
