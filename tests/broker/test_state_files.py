@@ -75,3 +75,15 @@ def test_files_from_before_checksums_are_read_as_they_are(tmp_path: Path) -> Non
     assert read_json(path, {}) == {"g": {"mode": "clustering"}}
     write_json(path, read_json(path, {}))
     assert json.loads(path.read_bytes())["format"] == "siftmq-state-1"
+
+
+def test_subscriptions_stored_in_an_older_normal_form_load_in_todays(tmp_path: Path) -> None:
+    """Prefix chains lost their parentheses in the normalized text: a member that comes back with the
+    same expression after an upgrade still holds the same subscription."""
+    from siftmq.broker.groups import GroupManager
+
+    old = {"kind": "SQL92", "expression": "(NOT a) = 'x'", "version": 3}
+    write_json(tmp_path / "groups.json", {"g": {"subscriptions": {"T": old}}})
+    info = GroupManager(tmp_path).get("g")
+    assert info is not None and info.subscriptions["T"].expression == "NOT a = 'x'"
+    assert info.subscriptions["T"].version == 3

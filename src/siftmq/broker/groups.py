@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Final
 
 from siftmq.broker.persist import read_json, write_json
-from siftmq.errors import BadRequestError, BrokerError, StatusCode
+from siftmq.errors import BadRequestError, BrokerError, FilterError, StatusCode
+from siftmq.filter import compile_filter
 
 _log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class GroupManager:
                 info.subscriptions[topic] = GroupSubscription(
                     topic,
                     sub["kind"],
-                    sub["expression"],
+                    _renormalized(sub["kind"], sub["expression"]),
                     int(sub["version"]),
                     pinned=bool(sub.get("pinned")),
                     restored_until=time.monotonic() + restore_grace_s,
@@ -302,3 +303,13 @@ class GroupManager:
                 for g in self._groups.values()
             },
         )
+
+
+def _renormalized(kind: str, expression: str) -> str:
+    """A stored expression in today's normalized form: a release that renders a filter differently
+    (prefix chains lost their parentheses) must not see a returning member's unchanged
+    subscription as a different one."""
+    try:
+        return compile_filter(kind, expression).normalized
+    except FilterError:
+        return expression  # kept as it is: compared as text, as before
