@@ -5,12 +5,14 @@ each group had not consumed, and counted for ``/metrics``. ``max_topics`` caps t
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
 
 from siftmq.broker import OutgoingMessage, Subscription
 from siftmq.errors import BadRequestError
+from siftmq.store.disk import DiskUsage
 from siftmq.testing import open_broker
 
 TOPIC = "Space"
@@ -87,5 +89,28 @@ def test_max_topics_refuses_one_more_topic_clearly(tmp_path: Path) -> None:
         broker.send(
             OutgoingMessage(topic="T1", body=b"y", message_id="01T1b", tag="t")
         )  # existing ones go on
+    finally:
+        broker.close()
+
+
+def test_a_full_disk_delays_dead_letters_and_keeps_serving_the_rest(tmp_path: Path) -> None:
+    broker = open_broker(tmp_path / "d", max_delivery_attempts=1, default_queue_nums=1)
+    try:
+        for i in range(3):
+            broker.send(OutgoingMessage(topic=TOPIC, body=b"%d" % i, message_id=f"01DLQ{i}", tag="t"))
+        sub = Subscription(TOPIC, "TAG", "*")
+        assert len(broker.receive("g", sub, batch_size=2, invisible_ms=50)) == 2  # never acked
+        time.sleep(0.1)
+        gib = 1024**3
+        full = DiskUsage(100 * gib, 99 * gib, gib)
+        broker.store.disk._usage = lambda path: full
+        broker.store.disk.state(fresh=True)
+        served = broker.receive("g", sub, batch_size=16, invisible_ms=60_000)
+        assert [d.message.body for d in served] == [b"2"]  # the two due for the DLQ wait, nothing fails
+        broker.store.disk._usage = lambda path: DiskUsage(100 * gib, 10 * gib, 90 * gib)
+        broker.store.disk.state(fresh=True)
+        time.sleep(1.1)  # DLQ_RETRY_MS
+        broker.receive("g", sub, batch_size=16, invisible_ms=60_000)
+        assert broker.stats.dead_letters["g"] == 2
     finally:
         broker.close()

@@ -53,6 +53,7 @@ from siftmq.broker.validation import (
 from siftmq.errors import (
     BadRequestError,
     CorruptRecordError,
+    DiskFullError,
     FilterError,
     NotFoundError,
     StatusCode,
@@ -73,6 +74,7 @@ from siftmq.store import (
 _log = logging.getLogger(__name__)
 
 DLQ_PREFIX = "%DLQ%"
+DLQ_RETRY_MS = 1000  # a dead-letter move refused for disk space is tried again this much later
 #: Index entries a single receive may scan per queue before it answers (bounds one call's work).
 MAX_SCAN_PER_RECEIVE = 64_000
 #: Subscriptions one client may declare.
@@ -667,7 +669,14 @@ class Broker:
                     self.consumers.mark_dirty()
                     continue
                 if item.attempt >= self.config.max_delivery_attempts:
-                    self._to_dlq(rp.group, msg, item.attempt)
+                    try:
+                        self._to_dlq(rp.group, msg, item.attempt)
+                    except DiskFullError:
+                        # the dead-letter copy waits for room; the message stays in flight and the
+                        # group's other messages are served meanwhile
+                        item.visible_at_ms = rp.now + DLQ_RETRY_MS
+                        prog.put(item)
+                        continue
                     del prog.inflight[item.queue_offset]
                     self.consumers.mark_dirty()
                     continue
