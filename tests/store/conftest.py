@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_helpers import small_config
 
 from siftmq.store import MessageStore
+from store_helpers import small_config
 
 
 @pytest.fixture

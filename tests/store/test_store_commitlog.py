@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from store_helpers import msg, small_config
 
 from siftmq.errors import ConfigError, MessageTooLargeError, StoreClosedError, StoreLockedError
 from siftmq.store import MessageStore, codec
+from store_helpers import msg, small_config
 
 Opener = Callable[..., MessageStore]
 

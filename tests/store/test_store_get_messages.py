@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 import pytest
-from store_helpers import msg
 
 from siftmq.store import (
     CqExtBlock,
@@ -18,6 +17,7 @@ from siftmq.store import (
     MessageStore,
     tags_code_of,
 )
+from store_helpers import msg
 
 S = GetMessageStatus
 Opener = Callable[..., MessageStore]

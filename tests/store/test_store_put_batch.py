@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import small_config
 
 from siftmq.errors import MessageTooLargeError
 from siftmq.store import Message, MessageStore, codec
+from store_helpers import small_config
 
 Opener = Callable[..., MessageStore]
 HOST = codec.encode_host("10.1.2.3", 4567)

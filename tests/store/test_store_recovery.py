@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import msg, small_config
 
 from siftmq.errors import StoreError
 from siftmq.store import GetMessageStatus, MessageStore, StoreConfig
 from siftmq.store import store as store_module
 from siftmq.testing import SteppedClock
+from store_helpers import msg, small_config
 
 
 def _write(cfg: StoreConfig, n: int, *, crash: bool, body_size: int = 3000) -> dict[int, bytes]:

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_helpers import msg, small_config
 
 from siftmq.errors import StoreError
 from siftmq.store import AppendedRecord, DispatchRequest, GetMessageStatus, MessageStore, StoreConfig
 from siftmq.store.recovery import Checkpoint
+from store_helpers import msg, small_config
 
 S = GetMessageStatus
 
