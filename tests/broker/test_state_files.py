@@ -37,6 +37,9 @@ def test_an_edit_that_stays_valid_json_falls_back_to_the_previous_generation(
     _tamper(path, "offset", 500)
     with caplog.at_level(logging.ERROR):
         assert read_json(path, {}, strict=True) == {"offset": 10}
+    assert path.with_name("consumer_state.json.corrupt").exists()
+    write_json(path, {"offset": 11})  # the damaged file is not rotated into .prev
+    assert read_json(previous_of(path), None) == {"offset": 10}
     assert any(
         "consumer_state.json" in r.getMessage() and "checksum" in r.getMessage() for r in caplog.records
     )

@@ -85,10 +85,14 @@ def read_json(path: Path, default: Any, *, strict: bool = False) -> Any:
             "no previous generation" if isinstance(exc, FileNotFoundError) else f"{previous.name} {exc}"
         )
         return _no_good_generation(path, problem, fallback, default, strict=strict)
+    if path.exists():  # kept for a look, and out of the way: the next write must not rotate it into .prev
+        os.replace(path, path.with_name(path.name + ".corrupt"))
     _log.error(
-        "%s %s; using the previous generation %s (consumer progress from it may deliver some messages again)",
+        "%s %s (kept as %s.corrupt); using the previous generation %s (consumer progress from it may "
+        "deliver some messages again)",
         path,
         problem,
+        path.name,
         previous.name,
     )
     return data
