@@ -22,8 +22,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from siftmq.broker.message_filters import REGISTRATION_MARGIN_MS
 from siftmq.client import FilterExpression, OutgoingMessage, Producer, PullConsumer, SimpleConsumer
+from siftmq.filter.registrations import REGISTRATION_MARGIN_MS
 from siftmq.testing import running_broker
 
 BODY = os.urandom(1024)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from siftmq.broker.persist import previous_of, read_json, write_json
 from siftmq.errors import ConfigError
+from siftmq.store.statefile import previous_of, read_json, write_json
 
 
 def _tamper(path: Path, key: str, value: object) -> None:

@@ -23,13 +23,13 @@ import pytest
 
 from siftmq.broker.filter_registry import FilterRegistry
 from siftmq.broker.message_filters import SqlMessageFilter
-from siftmq.broker.persist import read_json, write_json
 from siftmq.client import FilterExpression, blocking
 from siftmq.errors import ConfigError, NotFoundError, StoreError, StoreLockedError
 from siftmq.filter import BloomFilter, compile_filter
 from siftmq.spark.jobs.backfill import run_backfill
 from siftmq.spark.jobs.common import plan_commitlog
-from siftmq.spark.jobs.reindex import load_registry, run_reindex, store_layout, write_queues
+from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec
+from siftmq.spark.jobs.reindex import run_reindex, store_layout, write_queues
 from siftmq.store import CqExtUnit, MessageStore, StoreConfig
 from siftmq.store.offline import (
     JOURNAL_FILE,
@@ -42,6 +42,7 @@ from siftmq.store.offline import (
     stored_queues,
 )
 from siftmq.store.recovery import Checkpoint
+from siftmq.store.statefile import read_json, write_json
 from siftmq.testing import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -216,7 +217,7 @@ def compare_ext(store: Path, original: Path) -> None:
     """Rebuilt ext units against the ones dispatch wrote, where a registration reads them: same store
     times and tags codes everywhere, and every registration decides every entry the same way."""
     layout = store_layout(store)
-    registrations = load_registry(store.parent / "config").all()
+    registrations = FilterRegistry(store.parent / "config", BloomFilter(), expire_s=3600).all()
     assert registrations
     for topic, queue_id in stored_queues(original):
         old = open_queue(original, topic, queue_id, layout)
@@ -289,7 +290,7 @@ def test_backfill_makes_the_bitmap_skip_cover_history(
         run_backfill(spark, broker_dir, "g-late", ORDERS, before_install=crash)
     assert tree_files(broker_dir / "store" / "consumequeue_ext") == ext_before
     assert not (broker_dir / "store" / STAGING_DIR).exists()
-    assert load_registry(broker_dir / "config").get("g-late", ORDERS).backfilled_until_ms is None  # type: ignore[union-attr]
+    assert RegistrationFile(broker_dir / "config").get("g-late", ORDERS).backfilled_until_ms is None  # type: ignore[union-attr]
 
     result = run_backfill(spark, broker_dir, "g-late", ORDERS, target_bytes=48 * 1024)
     assert (result.records, result.queues, result.version) == (1200, 4, 1)
@@ -414,3 +415,23 @@ def test_backfill_coverage_belongs_to_one_registration_version(tmp_path: Path) -
     assert FilterRegistry(tmp_path, BloomFilter(), expire_s=3600).get("g", "T").backfilled_until_ms is None  # type: ignore[union-attr]
     with pytest.raises(NotFoundError):
         registry.record_backfill("nobody", "T", version=1, until_ms=1)
+
+
+def test_the_jobs_and_the_broker_read_and_write_one_registration_format(tmp_path: Path) -> None:
+    registry = FilterRegistry(tmp_path, BloomFilter(), expire_s=3600)
+    reg = registry.register("g", "T", compile_filter("SQL92", "a > 1"))
+    jobs = RegistrationFile(tmp_path)
+    [seen] = jobs.all()
+    assert (seen.bloom_key, seen.version, seen.expression, seen.born_time_ms) == (
+        "g#T",
+        1,
+        reg.expression,
+        reg.born_time_ms,
+    )
+    until = reg.born_time_ms - 10
+    assert jobs.record_backfill("g", "T", version=1, until_ms=until).backfilled_until_ms == until
+    with pytest.raises(ConfigError, match="version 1, not 2"):
+        jobs.record_backfill("g", "T", version=2, until_ms=until)
+    loaded = FilterRegistry(tmp_path, BloomFilter(), expire_s=3600).get("g", "T")
+    assert loaded is not None and loaded.backfilled_until_ms == until
+    assert loaded.positions == RegistrationSpec.of(seen).positions

@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from siftmq.broker.persist import read_json, write_json
 from siftmq.client import FilterExpression, blocking
 from siftmq.filter import compile_filter
 from siftmq.spark.jobs import common
@@ -24,6 +23,7 @@ from siftmq.spark.jobs.stats import read_subscriptions, run_stats
 from siftmq.spark_cli import spark_app
 from siftmq.store import Message, MessageStore, StoreConfig, bulk
 from siftmq.store.segment import list_segment_starts, segment_name
+from siftmq.store.statefile import read_json, write_json
 from siftmq.testing import BrokerProcess
 
 TOPIC = "Orders"

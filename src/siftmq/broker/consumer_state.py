@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from siftmq.broker.persist import read_json, write_json
+from siftmq.store.statefile import read_json, write_json
 
 QueueKey = tuple[str, str, int]  # group, topic, queue id
 

@@ -13,11 +13,9 @@ of records stored before it say nothing about it, so those records are evaluated
 ``config/filters.json`` and dropped ``expire_s`` after the group was last seen alive.
 
 The offline ``backfill`` Spark job (``siftmq spark backfill``) computes a registration's bits for the
-records stored before its born time and then calls :meth:`FilterRegistry.record_backfill`: the
-registration gets ``backfilled_until_ms`` (kept in ``filters.json`` as ``"backfill": {"version": v,
-"until_ms": t}``) and its bitmaps are trusted for records stored up to that time too. The coverage
-belongs to one version: a new expression (a new version) starts without it, and an entry whose
-``backfill.version`` is not its ``version`` is loaded without it.
+records stored before its born time and records ``backfilled_until_ms`` in ``filters.json``; its
+bitmaps are then trusted for records stored up to that time too. The file format and the trust rule
+are in :mod:`siftmq.filter.registrations`, which the jobs share.
 """
 
 from __future__ import annotations
@@ -26,40 +24,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from siftmq.broker.message_filters import SqlMessageFilter
-from siftmq.broker.persist import read_json, write_json
 from siftmq.broker.stats import FilterStats
-from siftmq.errors import ConfigError, FilterError, NotFoundError, StatusCode
 from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
+from siftmq.filter.registrations import Registration, read_entries, with_backfill
 from siftmq.store import DispatchRequest
+from siftmq.store.statefile import read_json, write_json
 
 _log = logging.getLogger(__name__)
 _NEVER = 1 << 62
+_RECORD_FIELDS = tuple(f.name for f in fields(Registration))
 
 
-@dataclass(frozen=True, slots=True)
-class FilterRegistration:
-    """One ``group#topic`` SQL92 registration."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FilterRegistration(Registration):
+    """One ``group#topic`` SQL92 registration, with its bloom bit positions and compiled expression."""
 
-    group: str
-    topic: str
-    expression: str
-    version: int
-    born_time_ms: int
-    last_seen_ms: int
     positions: tuple[int, ...]
     compiled: CompiledFilter
-    #: Records stored up to this time have this version's bits (set by the backfill job); None: never.
-    backfilled_until_ms: int | None = None
-
-    @property
-    def bloom_key(self) -> str:
-        return f"{self.group}#{self.topic}"
 
     def message_filter(self, stats: FilterStats | None = None) -> SqlMessageFilter:
         return SqlMessageFilter(
@@ -91,31 +78,22 @@ class FilterRegistry:
         self._by_key: dict[tuple[str, str], FilterRegistration] = {}
         self._by_topic: dict[str, tuple[FilterRegistration, ...]] = {}
         self._dirty = False
-        for item in read_json(self._path, []):
-            try:
-                reg = self._make(
-                    item["group"],
-                    item["topic"],
-                    item["expression"],
-                    int(item["version"]),
-                    born=int(item["born_time_ms"]),
-                    seen=int(item["last_seen_ms"]),
-                )
-            except (KeyError, TypeError, ValueError, FilterError) as exc:
-                _log.error("dropping unreadable filter registration %r: %s", item, exc)
-                continue
-            reg = replace(reg, backfilled_until_ms=_backfill_of(item, reg.version))
+        records, problems = read_entries(read_json(self._path, []))
+        for problem in problems:
+            _log.error("%s: %s", self._path, problem)
+        for record in records:
+            reg = self._make(record)
             self._by_key[(reg.group, reg.topic)] = reg
         self._reindex_locked()
 
     # ------------------------------------------------------------------------------------ registering
 
-    def _make(
-        self, group: str, topic: str, expression: str, version: int, *, born: int, seen: int
-    ) -> FilterRegistration:
-        compiled = compile_filter("SQL92", expression)
-        positions = tuple(self.bloom.bit_positions(f"{group}#{topic}"))
-        return FilterRegistration(group, topic, expression, version, born, seen, positions, compiled)
+    def _make(self, record: Registration) -> FilterRegistration:
+        return FilterRegistration(
+            **{f: getattr(record, f) for f in _RECORD_FIELDS},
+            positions=tuple(self.bloom.bit_positions(record.bloom_key)),
+            compiled=compile_filter("SQL92", record.expression),
+        )
 
     def register(self, group: str, topic: str, compiled: CompiledFilter) -> FilterRegistration:
         """Register (or refresh) ``group``'s SQL92 expression on ``topic``; returns the registration."""
@@ -131,14 +109,14 @@ class FilterRegistry:
             version = current.version + 1 if current is not None else 1
             # Until its born time is set below, no bitmap is trusted for this registration.
             reg = FilterRegistration(
-                group,
-                topic,
-                compiled.normalized,
-                version,
-                _NEVER,
-                now,
-                tuple(self.bloom.bit_positions(f"{group}#{topic}")),
-                compiled,
+                group=group,
+                topic=topic,
+                expression=compiled.normalized,
+                version=version,
+                born_time_ms=_NEVER,
+                last_seen_ms=now,
+                positions=tuple(self.bloom.bit_positions(f"{group}#{topic}")),
+                compiled=compiled,
             )
             self._by_key[key] = reg
             self._reindex_locked()
@@ -160,24 +138,12 @@ class FilterRegistry:
         """Record that every record of ``topic`` stored up to ``until_ms`` has the bits of version
         ``version`` of ``group``'s registration (the backfill job calls this once they are installed).
 
-        Raises :class:`NotFoundError` if the registration is gone, and :class:`ConfigError` if its
-        version is no longer ``version`` (the expression changed meanwhile: the bits are not its).
+        Raises as :func:`~siftmq.filter.registrations.with_backfill` does.
         """
         with self._lock:
-            current = self._by_key.get((group, topic))
-            if current is None:
-                raise NotFoundError(
-                    f"no SQL92 filter registration {group}#{topic}",
-                    status=StatusCode.CONSUMER_GROUP_NOT_FOUND,
-                )
-            if current.version != version:
-                raise ConfigError(
-                    f"the registration {group}#{topic} is at version {current.version}, not {version}: "
-                    "its expression changed since the backfill read it; run the backfill again"
-                )
-            if current.backfilled_until_ms is not None:
-                until_ms = max(until_ms, current.backfilled_until_ms)
-            reg = replace(current, backfilled_until_ms=until_ms)
+            reg = with_backfill(
+                self._by_key.get((group, topic)), group, topic, version=version, until_ms=until_ms
+            )
             self._by_key[(group, topic)] = reg
             self._reindex_locked()
             self._save_locked()
@@ -229,7 +195,7 @@ class FilterRegistry:
         self._by_topic = {t: tuple(regs) for t, regs in by_topic.items()}
 
     def _save_locked(self) -> None:
-        write_json(self._path, [_entry(r) for r in self._by_key.values()])
+        write_json(self._path, [r.to_entry() for r in self._by_key.values()])
         self._dirty = False
 
     # ----------------------------------------------------------------------------------- dispatching
@@ -306,34 +272,6 @@ def _bitmaps_vectorized(
             bits[matched, p >> 3] |= np.uint8(1 << (p & 7))
     flat = bits.tobytes()  # one copy, then a bytes slice per row (cheaper than a numpy row each)
     return [flat[j * size : (j + 1) * size] for j in range(len(rows))]
-
-
-def _entry(reg: FilterRegistration) -> dict[str, object]:
-    entry: dict[str, object] = {
-        "group": reg.group,
-        "topic": reg.topic,
-        "expression": reg.expression,
-        "version": reg.version,
-        "born_time_ms": reg.born_time_ms,
-        "last_seen_ms": reg.last_seen_ms,
-    }
-    if reg.backfilled_until_ms is not None:
-        entry["backfill"] = {"version": reg.version, "until_ms": reg.backfilled_until_ms}
-    return entry
-
-
-def _backfill_of(item: dict[str, object], version: int) -> int | None:
-    """The backfill coverage of a stored entry, if it belongs to ``version``."""
-    backfill = item.get("backfill")
-    if not isinstance(backfill, dict):
-        return None
-    try:
-        if int(backfill["version"]) != version:
-            return None
-        return int(backfill["until_ms"])
-    except (KeyError, TypeError, ValueError):
-        _log.error("ignoring unreadable backfill coverage %r", backfill)
-        return None
 
 
 def _now_ms() -> int:

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from siftmq.broker.persist import read_json, write_json
 from siftmq.errors import BadRequestError, BrokerError, FilterError, StatusCode
 from siftmq.filter import compile_filter
+from siftmq.store.statefile import read_json, write_json
 
 _log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@
   nothing about) the entry may match. CommitLog stage: the exact SQL92 evaluation over the message's
   properties (``TAGS`` is the tag).
 
-Which bitmaps a registration covers (:func:`bitmap_trusted`): those of messages stored more than
-:data:`REGISTRATION_MARGIN_MS` after its born time (live dispatch computed its bits), and — after the
-offline ``backfill`` job computed its bits for the stored history — those of messages stored up to its
-``backfilled_until_ms``. The offline ``reindex`` job uses the same rule to decide whose bits a rebuilt
-bitmap carries, so the broker and the jobs can never disagree about which bitmaps are complete.
+Which bitmaps a registration covers is :func:`siftmq.filter.registrations.bitmap_trusted`: those of
+messages stored more than ``REGISTRATION_MARGIN_MS`` after its born time (live dispatch computed its
+bits), and — after the offline ``backfill`` job computed its bits for the stored history — those of
+messages stored up to its ``backfilled_until_ms``. The offline ``reindex`` job uses the same rule to
+decide whose bits a rebuilt bitmap carries, so the broker and the jobs cannot disagree about it.
 """
 
 from __future__ import annotations
@@ -24,28 +24,9 @@ import numpy.typing as npt
 
 from siftmq.broker.stats import FilterStats
 from siftmq.filter import CompiledFilter
+from siftmq.filter.registrations import bitmap_covers, bitmap_trusted
 from siftmq.filter.tags import TagFilter
 from siftmq.store import CqExtBlock, CqExtUnit
-
-#: Messages stored within this many ms after a registration's born time are evaluated exactly
-#: rather than trusted to their bitmap: a safety margin around the registration (a born time is
-#: never earlier than an older message's store time, so a clock that steps back is covered anyway).
-REGISTRATION_MARGIN_MS = 1000
-
-
-def bitmap_trusted(
-    store_timestamps: npt.NDArray[np.int64], born_time_ms: int, backfilled_until_ms: int | None
-) -> npt.NDArray[np.bool_]:
-    """Which of these messages have bitmaps that hold a registration's bits wherever it matches.
-
-    True for messages stored more than :data:`REGISTRATION_MARGIN_MS` after ``born_time_ms``, and
-    for messages stored at or before ``backfilled_until_ms`` (None: never backfilled).
-    """
-    ts = np.asarray(store_timestamps, dtype=np.int64)
-    trusted = ts > born_time_ms + REGISTRATION_MARGIN_MS
-    if backfilled_until_ms is not None:
-        trusted |= ts <= backfilled_until_ms
-    return trusted
 
 
 class TagMessageFilter:
@@ -100,11 +81,9 @@ class SqlMessageFilter:
         self._masks = np.array([1 << (p & 7) for p in self.positions], dtype=np.uint8)
 
     def _bitmap_trusted(self, store_timestamp: int) -> bool:
-        if not self.positions:
-            return False
-        if store_timestamp > self.born_time_ms + REGISTRATION_MARGIN_MS:
-            return True
-        return self.backfilled_until_ms is not None and store_timestamp <= self.backfilled_until_ms
+        return bool(self.positions) and bitmap_covers(
+            store_timestamp, self.born_time_ms, self.backfilled_until_ms
+        )
 
     def is_matched_by_consume_queue(self, tags_code: int | None, ext: CqExtUnit | None) -> bool:
         if ext is None or ext.filter_bitmap is None or not self._bitmap_trusted(ext.store_timestamp):

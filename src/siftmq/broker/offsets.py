@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from siftmq.broker.persist import read_json, write_json
+from siftmq.store.statefile import read_json, write_json
 
 OffsetKey = tuple[str, str, int]  # group, topic, queue id
 

@@ -6,9 +6,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from siftmq.broker.persist import read_json, write_json
 from siftmq.broker.validation import check_topic
 from siftmq.errors import BadRequestError, NotFoundError, StatusCode
+from siftmq.store.statefile import read_json, write_json
 
 PERM_READ = 4
 PERM_WRITE = 2

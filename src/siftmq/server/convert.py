@@ -16,8 +16,7 @@ from siftmq.errors import BadRequestError, StatusCode
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.protocol.fields import map_to_dict
-from siftmq.store import StoredMessage
-from siftmq.store.codec import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from siftmq.store import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, StoredMessage
 
 #: Properties the broker keeps in the system part of a delivered message, not the user part.
 SYSTEM_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_BORN_HOST})

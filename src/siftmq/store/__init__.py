@@ -6,7 +6,16 @@ Imports only ``siftmq.errors`` (never filter, broker, server, client or spark). 
 """
 
 from siftmq.hashing import java_string_hash
-from siftmq.store.codec import BatchEntry, Message, StoredMessage, encode_host, tags_code_of
+from siftmq.store.codec import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    BatchEntry,
+    Message,
+    StoredMessage,
+    encode_host,
+    tags_code_of,
+)
 from siftmq.store.commitlog import AppendedRecord
 from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue_ext import CqExtBlock, CqExtUnit
@@ -16,6 +25,9 @@ from siftmq.store.retention import RetentionResult
 from siftmq.store.store import MessageArrivingListener, MessageStore
 
 __all__ = [
+    "PROPERTY_KEYS",
+    "PROPERTY_TAGS",
+    "PROPERTY_UNIQ_KEY",
     "AppendedRecord",
     "BatchEntry",
     "BitmapDispatcher",

@@ -13,7 +13,7 @@ already stored, so the bitmap skip covers the history too:
    of ``T`` is processed (the job is idempotent), and each gets the bitmap it would have if the
    registration had always existed: ``G#T``'s bits where it matches, plus the bits of the topic's
    other registrations where they match and cover the record (the rule of
-   :func:`~siftmq.broker.message_filters.bitmap_trusted`).
+   :func:`~siftmq.filter.registrations.bitmap_trusted`).
 3. The records are shuffled by queue and sorted by queue offset; each task writes complete new
    ConsumeQueueExt files for its queues into a staging tree: each unit is the record's store time,
    tags code, and its existing bitmap OR-ed with the computed one (a missing unit or bitmap is
@@ -21,11 +21,11 @@ already stored, so the bitmap skip covers the history too:
    must point at exactly these records (otherwise run ``reindex`` first; nothing is installed).
 4. The new ext directories of ``T``'s queues are installed crash-safely
    (:func:`~siftmq.store.offline.install`), and only then the coverage is recorded in
-   ``filters.json`` (:meth:`FilterRegistry.record_backfill`): the registration's version and the
-   latest store time processed, ``backfilled_until_ms``. From then on the broker's
-   SqlMessageFilter trusts the group's bits in bitmaps of records stored up to that time, so the
-   history is skipped by bitmap like new messages are. The coverage belongs to the version: when the
-   group's expression changes, the new version starts without it.
+   ``filters.json`` (:meth:`~siftmq.spark.jobs.registrations.RegistrationFile.record_backfill`):
+   the registration's version and the latest store time processed, ``backfilled_until_ms``. From
+   then on the broker's SqlMessageFilter trusts the group's bits in bitmaps of records stored up to
+   that time, so the history is skipped by bitmap like new messages are. The coverage belongs to the
+   version: when the group's expression changes, the new version starts without it.
 
 OR-ing bits only adds bits, so a bitmap written here never hides a message from any registration;
 until the coverage is recorded, the broker does not rely on the new bits at all. A crash at any
@@ -42,22 +42,20 @@ from typing import Any, Final
 
 import numpy as np
 
-from siftmq.broker.message_filters import REGISTRATION_MARGIN_MS
 from siftmq.errors import NotFoundError, StatusCode, StoreError
+from siftmq.filter.registrations import REGISTRATION_MARGIN_MS
 from siftmq.spark.jobs.common import ProgressCallback
+from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec, specs_by_topic
 from siftmq.spark.jobs.reindex import (
     WRITE_CHUNK,
     ConsecutiveChecker,
-    FilterSpec,
     QueueKey,
     QueueReport,
     checked_plan,
     filter_bitmaps,
     group_by_queue,
-    load_registry,
     queue_partition,
     run_action,
-    specs_by_topic,
     store_layout,
     store_paths,
     tags_codes,
@@ -90,7 +88,7 @@ def backfill_entries(
     ranges: Iterable[ByteRange],
     *,
     topic: str,
-    specs: tuple[FilterSpec, ...],
+    specs: tuple[RegistrationSpec, ...],
     group: str,
     bitmap_size: int,
 ) -> Iterator[tuple[QueueKey, _Entry]]:
@@ -311,7 +309,7 @@ def run_backfill(
     store_dir, config_dir = store_paths(data_dir)
     with open_offline(store_dir, what=f"the broker data dir {data_dir}") as offline:
         layout = store_layout(store_dir)
-        registry = load_registry(config_dir)
+        registry = RegistrationFile(config_dir)
         registration = registry.get(group, topic)
         if registration is None:
             known = [f"{r.bloom_key} (v{r.version}: {r.expression})" for r in registry.all()]
@@ -345,7 +343,7 @@ def run_backfill(
                         store_dir=str(store_dir),
                         staging_root=str(staging.root),
                         layout=layout,
-                        positions=registration.positions,
+                        positions=RegistrationSpec.of(registration).positions,
                     )
                 )
                 reports = run_action(spark, written.collect, on_progress, f"backfill {group}#{topic}")

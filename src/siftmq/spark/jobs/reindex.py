@@ -28,7 +28,7 @@ Bitmaps: the registrations in ``<data>/config/filters.json`` are evaluated with 
 dispatch uses (``CompiledFilter.matches_batch`` over the property columns, an evaluation failure
 setting the bits). A registration's bloom bits go into a record's bitmap when its expression matches
 the record *and* the registration covers the record
-(:func:`~siftmq.broker.message_filters.bitmap_trusted`: stored more than the margin after its born
+(:func:`~siftmq.filter.registrations.bitmap_trusted`: stored more than the margin after its born
 time, or up to its backfill coverage), the rule the broker's SqlMessageFilter applies when it reads
 them. A record that no registration covers gets no bitmap. So for every registration and every
 record, the broker skips exactly the entries it skipped before; the rebuilt ConsumeQueue files are
@@ -55,10 +55,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from siftmq.broker.filter_registry import FilterRegistration, FilterRegistry
-from siftmq.broker.message_filters import bitmap_trusted
 from siftmq.errors import ConfigError, SiftError, StoreError
-from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
+from siftmq.filter import BloomFilter
+from siftmq.filter.registrations import Registration, bitmap_trusted
 from siftmq.spark.jobs.common import (
     ProgressCallback,
     plan_commitlog,
@@ -66,6 +65,7 @@ from siftmq.spark.jobs.common import (
     store_dir_of,
     worker_error,
 )
+from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec, specs_by_topic
 from siftmq.store import StoreConfig, tags_code_of
 from siftmq.store.bulk import ByteRange, ScanPlan, plan_scan, read_range
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue, encode_entry_columns
@@ -88,7 +88,6 @@ from siftmq.store.segment import list_segment_starts
 WRITE_CHUNK: Final = 8192
 #: Problems (gaps, duplicates) reported per queue.
 MAX_PROBLEMS_PER_QUEUE: Final = 5
-_EXPIRE_NEVER_S: Final = 1e12  # the jobs read registrations; they never expire them
 
 _T = TypeVar("_T")
 
@@ -154,53 +153,6 @@ def store_layout(store_dir: Path) -> IndexLayout:
     return layout
 
 
-# -------------------------------------------------------------------------------------- registrations
-
-
-@dataclass(frozen=True, slots=True)
-class FilterSpec:
-    """A SQL92 registration as the executors need it (picklable; compiled where it is used)."""
-
-    group: str
-    topic: str
-    expression: str
-    version: int
-    born_time_ms: int
-    backfilled_until_ms: int | None
-    positions: tuple[int, ...]
-
-    @classmethod
-    def of(cls, reg: FilterRegistration) -> FilterSpec:
-        return cls(
-            reg.group,
-            reg.topic,
-            reg.expression,
-            reg.version,
-            reg.born_time_ms,
-            reg.backfilled_until_ms,
-            reg.positions,
-        )
-
-    @property
-    def bloom_key(self) -> str:
-        return f"{self.group}#{self.topic}"
-
-    def compiled(self) -> CompiledFilter:
-        return compile_filter("SQL92", self.expression)
-
-
-def load_registry(config_dir: Path) -> FilterRegistry:
-    """The broker's SQL92 registrations, read from ``config_dir/filters.json``."""
-    return FilterRegistry(config_dir, BloomFilter(), expire_s=_EXPIRE_NEVER_S)
-
-
-def specs_by_topic(registrations: Iterable[FilterRegistration]) -> dict[str, tuple[FilterSpec, ...]]:
-    by_topic: dict[str, list[FilterSpec]] = {}
-    for reg in registrations:
-        by_topic.setdefault(reg.topic, []).append(FilterSpec.of(reg))
-    return {topic: tuple(specs) for topic, specs in by_topic.items()}
-
-
 # ------------------------------------------------------------------------------ entries (executors)
 
 
@@ -223,7 +175,7 @@ def tags_codes(tags: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
 
 def filter_bitmaps(
     batch: pa.RecordBatch,
-    specs: Sequence[FilterSpec],
+    specs: Sequence[RegistrationSpec],
     bitmap_size: int,
     *,
     covers_all: str | None = None,
@@ -282,7 +234,7 @@ def _topic_rows(batch: pa.RecordBatch) -> dict[str, npt.NDArray[np.int64]]:
 def index_entries(
     ranges: Iterable[ByteRange],
     *,
-    specs: dict[str, tuple[FilterSpec, ...]],
+    specs: dict[str, tuple[RegistrationSpec, ...]],
     bitmap_size: int,
 ) -> Iterator[tuple[QueueKey, tuple[int, int, int, int, bytes | None]]]:
     """The index entry of every record in ``ranges`` (a Spark task's partition of the plan).
@@ -532,7 +484,7 @@ def run_reindex(
     store_dir, config_dir = store_paths(data_dir)
     with open_offline(store_dir, what=f"the broker data dir {data_dir}") as offline:
         layout = store_layout(store_dir)
-        registrations = load_registry(config_dir).all()
+        registrations = RegistrationFile(config_dir).all()
         plan = checked_plan(spark, store_dir, plan, target_bytes, "reindex")
         staging = offline.new_staging()
         try:
@@ -589,7 +541,7 @@ def _build(
     on_progress: ProgressCallback | None,
     *,
     ranges: Sequence[ByteRange],
-    registrations: Sequence[FilterRegistration],
+    registrations: Sequence[Registration],
     layout: IndexLayout,
     staging: IndexStaging,
 ) -> list[QueueReport]:

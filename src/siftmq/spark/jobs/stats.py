@@ -26,12 +26,12 @@ import pyarrow as pa
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
-from siftmq.broker.persist import peek_json
 from siftmq.errors import ConfigError, FilterError
 from siftmq.filter import CompiledFilter, compile_filter
 from siftmq.spark.jobs.common import ProgressCallback, commitlog_dataframe, plan_commitlog, run_tracked
 from siftmq.spark.jobs.scan import filter_column
 from siftmq.store.bulk import ScanPlan
+from siftmq.store.statefile import peek_json
 
 GROUPS_FILE: Final = Path("config") / "groups.json"
 PARQUET_NAME: Final = "stats.parquet"
