@@ -68,23 +68,61 @@ def test_torn_tail_is_truncated(tmp_path: Path, crash: bool) -> None:
         r = store.put_message(msg(body=b"after", queue_id=1))
         assert r.commit_log_offset == max(bodies)
         assert r.queue_offset == 19  # message 39 (queue 1, offset 19) was lost; its offset is reused
+    [copy] = (tmp_path / "quarantine").iterdir()  # the torn bytes are kept aside
+    assert copy.name.startswith(f"commitlog-{max(bodies):020d}-") and copy.stat().st_size == size - 100 - (
+        max(bodies) - int(last.name)
+    )
 
 
-def test_corrupted_byte_in_middle_truncates_at_last_good_record(tmp_path: Path) -> None:
-    cfg = small_config(tmp_path)
-    bodies = _write(cfg, 20, crash=True)
-    offsets = sorted(bodies)
-    victim = offsets[10]
-    with open(_commitlog_files(tmp_path)[0], "r+b") as f:
-        f.seek(victim + 200)
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
         b = f.read(1)
-        f.seek(victim + 200)
+        f.seek(at)
         f.write(bytes([b[0] ^ 0x40]))
-    with MessageStore.open(cfg) as store:
-        assert store.max_commit_log_offset == victim
+
+
+@pytest.mark.parametrize("crash", [True, False])
+def test_a_corrupted_byte_costs_that_record_only(
+    tmp_path: Path, crash: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = small_config(tmp_path)
+    bodies = _write(cfg, 20, crash=crash)
+    offsets = sorted(bodies)
+    victim, after = offsets[10], offsets[11]  # message 10: queue 0, offset 5
+    end = offsets[-1] + len(bodies[offsets[-1]])  # (a lower bound: headers come on top)
+    _flip(_commitlog_files(tmp_path)[0], victim + 200)
+    with caplog.at_level("ERROR"), MessageStore.open(cfg) as store:
+        assert store.max_commit_log_offset > end  # nothing truncated
         got = _read_all(store)
-        assert sorted(b for _q, _o, b in got) == sorted(bodies[o] for o in offsets[:10])
-        assert store.query_message_by_uniq_key("u12") is None
+        assert [(q, o) for q, o, _b in got if q == 0] == [(0, o) for o in range(10) if o != 5]
+        assert sorted(b for _q, _o, b in got) == sorted(bodies[o] for o in offsets if o != victim)
+        assert store.damaged_reads == 1
+        assert store.query_message_by_uniq_key("u12") is not None
+        r = store.put_message(msg(body=b"after", queue_id=0))
+        assert r.queue_offset == 10  # the damaged record keeps its queue offset
+    copy = tmp_path / "quarantine" / f"commitlog-{victim:020d}-{after - victim}.bin"
+    damaged = bytearray((tmp_path / "commitlog" / f"{0:020d}").read_bytes()[victim:after])
+    assert copy.read_bytes() == bytes(damaged)
+    assert f"{after - victim} damaged bytes at commit log offset {victim}" in caplog.text
+    assert "segment 00000000000000000000" in caplog.text and "truncating" not in caplog.text
+
+
+def test_records_lost_to_damage_keep_their_queue_offsets_when_the_queues_are_rebuilt(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path)
+    bodies = _write(cfg, 30, crash=False)
+    offsets = sorted(bodies)
+    with MessageStore.open(cfg) as store:
+        expected = _read_all(store)
+    for i in (4, 6, 7):  # queue 0 offsets 2 and 3, queue 1 offset 3
+        _flip(_commitlog_files(tmp_path)[0], offsets[i] + 150)
+    shutil.rmtree(tmp_path / "consumequeue")
+    (tmp_path / "abort").touch()
+    with MessageStore.open(cfg) as store:
+        got = _read_all(store)
+        assert got == [e for e in expected if (e[0], e[1]) not in {(0, 2), (0, 3), (1, 3)}]
+        assert store.damaged_reads == 3  # the filler entries, passed over and counted
+        assert store.put_message(msg(body=b"x", queue_id=0)).queue_offset == 15
 
 
 def test_lost_consume_queues_are_rebuilt(tmp_path: Path) -> None:
@@ -262,16 +300,19 @@ def test_preallocated_tail_after_a_crash_is_cut_quietly(
 
 def test_zeroed_header_with_data_after_it_is_damage(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = small_config(tmp_path / "data")
-    bodies, _end = _crashed_copy(cfg, 30, tmp_path / "crashed")
+    bodies, end = _crashed_copy(cfg, 30, tmp_path / "crashed")
     offsets = sorted(bodies)
     crashed = small_config(tmp_path / "crashed")
     with open(_commitlog_files(crashed.data_dir)[0], "r+b") as f:
         f.seek(offsets[20])
         f.write(bytes(8))  # size and magic code of message 20
     with caplog.at_level("WARNING"), MessageStore.open(crashed) as store:
-        assert store.max_commit_log_offset == offsets[20]
-        assert len(_read_all(store)) == 20
-    assert any(rec.levelname == "ERROR" and "truncating" in rec.getMessage() for rec in caplog.records)
+        assert store.max_commit_log_offset == end
+        assert sorted(b for _q, _o, b in _read_all(store)) == sorted(
+            bodies[o] for o in offsets if o != offsets[20]
+        )
+    assert f"{offsets[21] - offsets[20]} damaged bytes at commit log offset {offsets[20]}" in caplog.text
+    assert "torn tail" not in caplog.text  # only the preallocated zeros after the end are cut
 
 
 def test_writes_fall_back_to_pwrite_when_a_segment_cannot_be_preallocated(

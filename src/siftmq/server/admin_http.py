@@ -276,7 +276,12 @@ class BrokerCollector(Collector):
         store.add_metric(
             [], self.broker.store.max_commit_log_offset - self.broker.store.min_commit_log_offset
         )
+        damaged = CounterMetricFamily(
+            "siftmq_damaged_records_skipped",
+            "Records reads passed over because their bytes are damaged (siftmq store check lists them)",
+        )
+        damaged.add_metric([], self.broker.store.damaged_reads)
         clients = GaugeMetricFamily("siftmq_clients", "Live client sessions")
         clients.add_metric([], len(self.broker.clients.sessions()))
         yield from (sends, sent_bytes, dups, deliveries, delivered_bytes, acks, dlq, work)
-        yield from (inconsistent, lag, store, clients, deleted, disk_used, disk_refusing)
+        yield from (inconsistent, lag, store, clients, deleted, disk_used, disk_refusing, damaged)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
+import os
 import struct
 import threading
 import zlib
@@ -26,7 +27,8 @@ from typing import Final, NamedTuple
 from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
 from siftmq.store import codec
 from siftmq.store.codec import EncodedBatch, EncodedParts, StoredMessage
-from siftmq.store.segment import Segment, list_segment_starts
+from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, next_intact
+from siftmq.store.segment import Segment, fsync_dir, list_segment_starts, segment_name
 
 _log = logging.getLogger(__name__)
 
@@ -82,17 +84,32 @@ class CommitLog:
         kept: list[int] = []
         for start in starts:
             if start % self.segment_size != 0 or (kept and start != kept[-1] + self.segment_size):
-                _log.error("commit log segment %d breaks the sequence; it and later ones are removed", start)
                 break
             kept.append(start)
         for start in starts[len(kept) :]:
-            Segment(self.directory, start, self.segment_size).destroy()
+            self._quarantine_segment(start)
         for start in kept:
             seg = Segment.open(self.directory, start, self.segment_size)
             if seg.length > self.segment_size:
                 seg.truncate(self.segment_size)
             self._segments.append(seg)
         self.flushed_offset = self.max_offset
+
+    def adopt(self, segments: list[Segment]) -> None:
+        """Use these already opened segments as they are (a read-only check: :meth:`load` would
+        move misplaced files and cut overlong ones)."""
+        self._segments = list(segments)
+        self.flushed_offset = self.max_offset
+
+    def _quarantine_segment(self, start: int) -> None:
+        """Move a segment the log cannot use aside, into ``quarantine/`` (never delete it)."""
+        directory = self.directory.parent / QUARANTINE_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / f"commitlog-segment-{segment_name(start)}"
+        os.replace(self.directory / segment_name(start), target)
+        fsync_dir(directory)
+        fsync_dir(self.directory)
+        _log.error("commit log segment %d breaks the sequence of segments; moved to %s", start, target)
 
     def close(self) -> None:
         """Close every segment file (no flush)."""
@@ -345,57 +362,69 @@ class CommitLog:
     def scan(self, from_offset: int) -> Iterator[StoredMessage]:
         """Verified records from ``from_offset`` (a record boundary) to the end.
 
-        Stops at the first bad record; after the iteration :attr:`scan_end` is the offset right
-        after the last good record (or blank marker) and :attr:`scan_error` says why it stopped.
+        Bytes that fail their checks but are followed by an intact record (or blank marker) in
+        their segment, or that end a segment before the last, are passed over and listed in
+        :attr:`damaged`. The scan stops where nothing intact follows in the last segment (a torn
+        tail): after the iteration :attr:`scan_end` is the offset right after the last good record
+        (or blank marker) and :attr:`scan_error` says why it stopped (None: at the end of the data).
         """
         self.scan_end = from_offset
         self.scan_error: CorruptRecordError | None = None
-        for seg in list(self._segments):
-            if seg.start_offset + seg.length <= from_offset and seg is not self._segments[-1]:
+        self.damaged: list[DamagedRange] = []
+        segments = list(self._segments)
+        for seg in segments:
+            if seg.start_offset + seg.length <= from_offset and seg is not segments[-1]:
                 continue
+            last = seg is segments[-1]
             pos = max(0, from_offset - seg.start_offset)
             buf = b""
             buf_start = pos
             while pos < seg.length:
+                problem: CorruptRecordError | None = None
                 if pos + 8 > buf_start + len(buf):
                     buf = seg.read(pos, _SCAN_CHUNK)
                     buf_start = pos
-                    if len(buf) < 8:
-                        self.scan_error = CorruptRecordError(
-                            "torn record header", offset=seg.start_offset + pos
-                        )
-                        return
                 rel = pos - buf_start
-                total_size, magic = codec.peek_header(buf, rel)
-                if magic == codec.BLANK_MAGIC_CODE and total_size == seg.capacity - pos:
-                    self.scan_end = seg.start_offset + seg.capacity
-                    break
-                if total_size == 0 and magic == 0 and self._unwritten(seg, pos):
-                    # the preallocated tail of the segment that was being written
-                    if seg is not self._segments[-1]:
-                        self.scan_error = CorruptRecordError(
-                            "segment ends without a blank marker", offset=seg.start_offset + pos
-                        )
-                    return
                 offset = seg.start_offset + pos
-                if 0 < total_size <= self.max_record_size and rel + total_size > len(buf):
-                    buf = seg.read(pos, max(_SCAN_CHUNK, total_size))
-                    buf_start = pos
-                    rel = 0
-                try:
-                    msg = codec.decode_record(buf, rel, offset, max_record_size=self.max_record_size)
-                except CorruptRecordError as exc:
-                    self.scan_error = exc
+                if len(buf) - rel < 8:
+                    problem = CorruptRecordError("torn record header", offset=offset)
+                else:
+                    total_size, magic = codec.peek_header(buf, rel)
+                    if magic == codec.BLANK_MAGIC_CODE and total_size == seg.capacity - pos:
+                        self.scan_end = seg.start_offset + seg.capacity
+                        break
+                    if total_size == 0 and magic == 0 and self._unwritten(seg, pos):
+                        if last:  # the preallocated tail of the segment that was being written
+                            return
+                        problem = CorruptRecordError("segment ends without a blank marker", offset=offset)
+                    else:
+                        if 0 < total_size <= self.max_record_size and rel + total_size > len(buf):
+                            buf = seg.read(pos, max(_SCAN_CHUNK, total_size))
+                            buf_start = pos
+                            rel = 0
+                        try:
+                            msg = codec.decode_record(buf, rel, offset, max_record_size=self.max_record_size)
+                        except CorruptRecordError as exc:
+                            problem = exc
+                if problem is None:
+                    pos += msg.store_size
+                    self.scan_end = seg.start_offset + pos
+                    yield msg
+                    continue
+                resume = next_intact(seg, pos, self.max_record_size)
+                if resume is None and last:
+                    self.scan_error = problem
                     return
-                pos += msg.store_size
-                self.scan_end = seg.start_offset + pos
-                yield msg
+                end = seg.length if resume is None else resume
+                self.damaged.append(damaged_range(seg, pos, end, str(problem)))
+                if resume is None:
+                    break
+                pos = resume
+                buf = b""
             else:
-                if seg is not self._segments[-1]:
-                    self.scan_error = CorruptRecordError(
-                        "segment ends without a blank marker", offset=seg.start_offset + pos
-                    )
-                    return
+                if not last:  # the file is shorter than its data was: the rest is missing
+                    reason = "segment ends without a blank marker (file cut short)"
+                    self.damaged.append(damaged_range(seg, pos, seg.capacity, reason))
 
     @staticmethod
     def _unwritten(seg: Segment, pos: int) -> bool:

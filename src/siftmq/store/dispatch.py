@@ -125,6 +125,31 @@ def _row(r: DispatchRequest) -> _Row:
     )
 
 
+def _with_fillers(
+    rows: Sequence[_Row], bitmaps: Sequence[bytes | None] | None, first: int
+) -> tuple[list[_Row], list[bytes | None] | None]:
+    """``rows`` with a filler entry for each queue offset from ``first`` on that no row has.
+
+    Only recovery sees such gaps: records of one queue passed over as damaged. A filler keeps the
+    queue offsets of the records after it where they were (consumers' progress points at them); it
+    has size 0, which reads pass over and count, and the CommitLog offset of the record after it,
+    so retention and the offset lookups see the queue's offsets still rising.
+    """
+    out: list[_Row] = []
+    out_bitmaps: list[bytes | None] = []
+    expected = first
+    for i, row in enumerate(rows):
+        topic, queue_id, phy, _size, _tags_code, store_timestamp, queue_offset = row
+        while expected < queue_offset:
+            out.append((topic, queue_id, phy, 0, 0, store_timestamp, expected))
+            out_bitmaps.append(None)
+            expected += 1
+        out.append(row)
+        out_bitmaps.append(bitmaps[i] if bitmaps is not None else None)
+        expected = queue_offset + 1
+    return out, (out_bitmaps if bitmaps is not None else None)
+
+
 class Reput:
     """Writes ConsumeQueue/ext entries for batches of records and calls the dispatchers.
 
@@ -221,6 +246,11 @@ class Reput:
         first = rows[0][6]
         if first < cq.max_offset:
             cq.truncate(first)
+        elif first > cq.max_offset and cq.log.segment_count():
+            first = cq.max_offset  # records lost to damage come before these (recovery only)
+            rows, bitmaps = _with_fillers(rows, bitmaps, first)
+        if rows[-1][6] - first != len(rows) - 1:
+            rows, bitmaps = _with_fillers(rows, bitmaps, first)
         offsets = [r[2] for r in rows]
         sizes = [r[3] for r in rows]
         tags_codes = [r[4] for r in rows]

@@ -5,16 +5,21 @@
 * The ``checkpoint`` file (JSON with a CRC) records the CommitLog offset up to which the
   ConsumeQueues (and their extensions) are known durable.
 
-Recovery scans the CommitLog, verifying magic and CRC of every record, and truncates at the
-first record that fails (a torn tail, or a corrupted byte: everything after it is dropped, as
-RocketMQ does). The scan starts at the first segment when the key index is enabled (it is
-rebuilt by the same pass), otherwise at the segment holding the checkpoint (after a crash) or
-at the last segment (after a clean stop).
+Recovery scans the CommitLog, verifying magic and CRC of every record. Bytes that fail and are
+followed by an intact record are passed over (:mod:`siftmq.store.damage`): they cost the records in
+them, not the log after them (RocketMQ truncates there). Only a torn tail, where nothing intact
+follows in the last segment, is truncated. Either way the bytes are copied to ``quarantine/`` and
+logged with their segment, position and length. The scan starts at the first segment when the
+key index is enabled (it is rebuilt by the same pass), otherwise at the segment holding the
+checkpoint (after a crash) or at the last segment (after a clean stop); damage in segments before
+that is found by the reads that meet it and by ``siftmq store check``.
 
 The ConsumeQueues are then made to agree with the CommitLog: records past the checkpoint are
 re-dispatched (entries verified, missing ones written, stale tails cut), queues are cut after
-their last surviving record, and if any queue misses entries that cannot be re-dispatched from
-the scanned range, every ConsumeQueue is rebuilt from the CommitLog alone.
+their last surviving record (entries of damaged records are kept: reads pass over them), and if
+any queue misses entries that cannot be re-dispatched from the scanned range, every ConsumeQueue
+is rebuilt from the CommitLog alone; records lost to damage then get filler entries, so the queue
+offsets of the records after them do not move.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 
 from siftmq.store.commitlog import CommitLog
 from siftmq.store.consumequeue import ConsumeQueue
+from siftmq.store.damage import DamagedRange, damaged_range, quarantine
 from siftmq.store.dispatch import DispatchRequest, Reput
 from siftmq.store.keyindex import KeyIndex
 from siftmq.store.segment import write_atomically
@@ -80,10 +86,6 @@ class Checkpoint:
             return None
 
 
-class _NeedsRebuild(Exception):
-    """A ConsumeQueue misses entries that the scanned range cannot restore."""
-
-
 def recover(
     commit_log: CommitLog,
     queues: dict[tuple[str, int], ConsumeQueue],
@@ -130,12 +132,16 @@ def recover(
             batch = []
     if batch and not rebuild:
         rebuild = not _redispatch(batch, find_or_create, reput)
+    damaged = commit_log.damaged
+    _quarantine_damage(commit_log)
     if commit_log.scan_error is not None:
         _log.error(
-            "commit log recovery: %s; truncating %d bytes from offset %d",
+            "commit log recovery: %s; truncating %d bytes from offset %d (nothing intact follows: a "
+            "torn tail)%s",
             commit_log.scan_error,
             commit_log.max_offset - commit_log.scan_end,
             commit_log.scan_end,
+            _kept_as(_quarantine_tail(commit_log)),
         )
     elif abnormal and commit_log.scan_end != commit_log.max_offset:
         _log.warning("commit log recovery: truncating at %d", commit_log.scan_end)
@@ -143,7 +149,7 @@ def recover(
         commit_log.truncate(commit_log.scan_end)
 
     if not rebuild:
-        rebuild = not _reconcile(commit_log, queues, last_of_queue, scan_from)
+        rebuild = not _reconcile(commit_log, queues, last_of_queue, scan_from, damaged)
     if rebuild:
         _log.error("consume queues disagree with the commit log; rebuilding them all from the commit log")
         _rebuild_all(commit_log, queues, reput)
@@ -183,24 +189,63 @@ def _reconcile(
     queues: dict[tuple[str, int], ConsumeQueue],
     last_of_queue: dict[tuple[str, int], DispatchRequest],
     scan_from: int,
+    damaged: list[DamagedRange],
 ) -> bool:
-    """Cut each queue after its last surviving record; False if a queue misses entries."""
+    """Cut each queue after its last surviving record, keeping the entries of damaged records
+    there (reads pass over them; their queue offsets stay taken); False if a queue misses entries."""
     for key, cq in queues.items():
         cq.truncate_dirty(commit_log.max_offset)
         last = last_of_queue.get(key)
         if last is None:
             cq.correct_min_offset(commit_log.min_offset)
-            if scan_from <= commit_log.min_offset and cq.max_offset > cq.min_offset:
+            whole_log = scan_from <= commit_log.min_offset
+            if whole_log and _past_damage(cq, cq.min_offset, damaged) > cq.min_offset:
                 return False  # the whole log was scanned and holds no record this queue indexes
             continue
         q = last.consume_queue_offset
-        if cq.max_offset > q + 1:
-            cq.truncate(q + 1)
+        keep = _past_damage(cq, q + 1, damaged)
+        if cq.max_offset > keep:
+            cq.truncate(keep)
         entry = cq.get_entry(q)
         if entry is None or entry[0] != last.commit_log_offset or entry[1] != last.msg_size:
             return False
         cq.correct_min_offset(commit_log.min_offset)
     return all(key in queues for key in last_of_queue)
+
+
+def _past_damage(cq: ConsumeQueue, start: int, damaged: list[DamagedRange]) -> int:
+    """The first queue offset from ``start`` whose entry does not point into a damaged range."""
+    at = start
+    while damaged and at < cq.max_offset:
+        entry = cq.get_entry(at)
+        if entry is None or not any(d.offset <= entry[0] < d.offset + d.length for d in damaged):
+            break
+        at += 1
+    return at
+
+
+def _quarantine_damage(commit_log: CommitLog) -> None:
+    for damage in commit_log.damaged:
+        seg = commit_log.segment_holding(damage.offset)
+        copy = quarantine(commit_log.directory.parent, seg, damage) if seg is not None else None
+        _log.error(
+            "commit log recovery: %s; the records after it are kept%s",
+            damage.describe(),
+            _kept_as(copy),
+        )
+
+
+def _quarantine_tail(commit_log: CommitLog) -> Path | None:
+    seg = commit_log.segment_holding(commit_log.scan_end)
+    if seg is None:
+        return None
+    pos = commit_log.scan_end - seg.start_offset
+    tail = damaged_range(seg, pos, seg.length, str(commit_log.scan_error))
+    return quarantine(commit_log.directory.parent, seg, tail, tail=True)
+
+
+def _kept_as(copy: Path | None) -> str:
+    return f"; the damaged bytes are kept in {copy}" if copy is not None else ""
 
 
 def _rebuild_all(commit_log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue], reput: Reput) -> None:

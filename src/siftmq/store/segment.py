@@ -117,9 +117,11 @@ class Segment:
         return self.start_offset + self.length
 
     @classmethod
-    def open(cls, directory: Path, start_offset: int, capacity: int, *, create: bool = False) -> Segment:
+    def open(
+        cls, directory: Path, start_offset: int, capacity: int, *, create: bool = False, writable: bool = True
+    ) -> Segment:
         """Open (or create) the segment file; ``length`` is the file's current size."""
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | (os.O_CREAT if create else 0)
         seg = cls(directory, start_offset, capacity)
         seg.fd = os.open(seg.path, flags, 0o644)
         seg.length = os.fstat(seg.fd).st_size

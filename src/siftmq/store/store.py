@@ -141,6 +141,9 @@ class MessageStore:
         )
         self._appended_offset = 0  # end of the last appended record
         self._max_store_timestamp = 0  # the largest store timestamp any record has had
+        #: records a read passed over because they are damaged (see ``siftmq store check``)
+        self.damaged_reads = 0
+        self._damage_logged_at = -1.0
         self._dispatched_offset = 0  # end of the last dispatched record
         self._listeners: list[MessageArrivingListener] = []
         self._commit_cond = threading.Condition()
@@ -674,7 +677,8 @@ class MessageStore:
         is scanned per call. A batch is full at ``max_count`` messages or at the configured
         transfer limits (``max_transfer_bytes``/``max_transfer_count``), but always holds one.
         Every message whose ``put_message`` returned before the call is visible.
-        Raises :class:`CorruptRecordError` if an index entry leads to a damaged record.
+        A damaged record (or the filler entry of one lost to damage) is passed over and counted
+        in :attr:`damaged_reads`.
         """
         del group  # kept for RocketMQ's signature (statistics)
         self._check_open()
@@ -793,13 +797,27 @@ class MessageStore:
                                 removing_at = idx
                             next_phy_file_start = commit_log.roll_next_file(phy)
                             continue
-                        if not plausible:
-                            raise CorruptRecordError(f"implausible record size {size}", offset=phy)
+                        if not plausible:  # a filler for a record lost to damage, or a damaged entry
+                            self._skip_damaged(cq, offset + idx, phy, f"index entry of size {size}")
+                            continue
                         span, span_start, span_end = read, phy, phy + len(read)
                     buf, at = span, phy - span_start
-                msg = decode(
-                    buf, at, phy, size, max_record_size, topic, topic_bytes, queue_id, offset + idx, accept
-                )
+                try:
+                    msg = decode(
+                        buf,
+                        at,
+                        phy,
+                        size,
+                        max_record_size,
+                        topic,
+                        topic_bytes,
+                        queue_id,
+                        offset + idx,
+                        accept,
+                    )
+                except CorruptRecordError as exc:
+                    self._skip_damaged(cq, offset + idx, phy, str(exc))
+                    continue
                 if msg is None:  # rejected by the exact (CommitLog) stage of the filter
                     continue
                 messages.append(msg)
@@ -815,6 +833,24 @@ class MessageStore:
             if rejected[removing_at + 1 : scanned].any():
                 status = GetMessageStatus.NO_MATCHED_MESSAGE
         return _new_result(status, offset + scanned, min_offset, max_offset, messages, scanned)
+
+    def _skip_damaged(self, cq: ConsumeQueue, queue_offset: int, phy: int, reason: str) -> None:
+        """Pass over a record that cannot be read intact: it is counted and logged (at most once a
+        second), and the read goes on with the next one, so one bad record never stops a queue."""
+        self.damaged_reads += 1
+        now = time.monotonic()
+        if now - self._damage_logged_at >= 1.0:
+            self._damage_logged_at = now
+            _log.error(
+                "skipped the damaged record of %s:%d at queue offset %d (commit log offset %d): %s; "
+                "%d damaged reads so far (siftmq store check lists the damaged ranges)",
+                cq.topic,
+                cq.queue_id,
+                queue_offset,
+                phy,
+                reason,
+                self.damaged_reads,
+            )
 
     def _index_candidates(
         self, cq: ConsumeQueue, entries: np.ndarray, offset: int, message_filter: MessageFilter | None

@@ -1,0 +1,207 @@
+"""``siftmq store check``: find the damaged bytes of a stopped store without changing anything.
+
+Every CommitLog segment is read and every record verified (magic, size, CRC, physical offset), as
+recovery does, but nothing is truncated, quarantined or rebuilt: files are opened read-only, and
+the store's lock is taken shared, so a running broker (which holds it exclusively) makes the check
+refuse rather than report a tail that is being written. For each damaged range the ConsumeQueue
+entries that point into it are listed: those are the messages the damage cost, by topic, queue
+and queue offset. Filler entries (size 0, written by recovery for records lost to damage) are
+counted too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+
+from siftmq.errors import StoreError, StoreLockedError
+from siftmq.store import codec
+from siftmq.store.commitlog import CommitLog
+from siftmq.store.config import GIB
+from siftmq.store.consumequeue import CQ_DTYPE
+from siftmq.store.damage import QUARANTINE_DIR, DamagedRange
+from siftmq.store.segment import Segment, list_segment_starts
+
+#: The segment size of a store whose single segment file does not show it (StoreConfig's default).
+DEFAULT_SEGMENT_SIZE: Final = GIB
+#: Queue offsets listed per damaged range (the count is always complete).
+MAX_LISTED: Final = 20
+
+
+@dataclass(frozen=True, slots=True)
+class LostEntry:
+    """ConsumeQueue entries of one queue that point into damaged bytes (or are fillers)."""
+
+    topic: str
+    queue_id: int
+    queue_offsets: tuple[int, ...]  # the first MAX_LISTED
+    count: int
+
+
+@dataclass(slots=True)
+class CheckReport:
+    """What :func:`check_store` found."""
+
+    store_dir: Path
+    segments: int = 0
+    records: int = 0
+    bytes_scanned: int = 0
+    damaged: list[DamagedRange] = field(default_factory=list)
+    #: bytes at the end that recovery would cut (nothing intact follows them), if any
+    torn_tail: DamagedRange | None = None
+    #: segment files that break the sequence of start offsets
+    misplaced_segments: list[str] = field(default_factory=list)
+    lost: list[LostEntry] = field(default_factory=list)
+    fillers: int = 0
+    quarantined: list[str] = field(default_factory=list)
+    crashed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not (self.damaged or self.torn_tail or self.misplaced_segments or self.lost or self.fillers)
+
+
+def check_store(
+    store_dir: Path,
+    *,
+    segment_size: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> CheckReport:
+    """Verify every record of the stopped store at ``store_dir``; nothing is changed.
+
+    ``segment_size`` defaults to the spacing of the segment files (or the store default when there
+    is one file). ``on_progress(bytes_done, bytes_total)`` is called as segments are read.
+    Raises :class:`StoreError` if there is no store there and :class:`StoreLockedError` while a
+    broker has it open.
+    """
+    log_dir = store_dir / "commitlog"
+    if not log_dir.is_dir():
+        raise StoreError(f"{store_dir} holds no siftmq store ({log_dir} does not exist)")
+    with _shared_lock(store_dir):
+        report = CheckReport(store_dir, crashed=(store_dir / "abort").exists())
+        starts = list_segment_starts(log_dir)
+        size = segment_size or _segment_size(starts)
+        kept = _sequence(starts, size)
+        report.misplaced_segments = [f"{s:020d}" for s in starts[len(kept) :]]
+        commit_log = CommitLog(log_dir, size, size - codec.BLANK_MARKER_SIZE)
+        segments = [Segment.open(log_dir, s, size, writable=False) for s in kept]
+        try:
+            commit_log.adopt(segments)
+            total = sum(seg.length for seg in segments)
+            report.segments = len(segments)
+            for msg in commit_log.scan(kept[0] if kept else 0):
+                report.records += 1
+                report.bytes_scanned = msg.commit_log_offset + msg.store_size - (kept[0] if kept else 0)
+                if on_progress is not None and report.records % 65536 == 0:
+                    on_progress(report.bytes_scanned, total)
+            report.bytes_scanned = total
+            report.damaged = list(commit_log.damaged)
+            if commit_log.scan_error is not None:
+                report.torn_tail = _tail(commit_log)
+        finally:
+            for seg in segments:
+                seg.close()
+        report.lost, report.fillers = _lost_entries(store_dir, [*report.damaged, *_opt(report.torn_tail)])
+        quarantine = store_dir / QUARANTINE_DIR
+        report.quarantined = sorted(p.name for p in quarantine.iterdir()) if quarantine.is_dir() else []
+        return report
+
+
+def _opt(damage: DamagedRange | None) -> list[DamagedRange]:
+    return [damage] if damage is not None else []
+
+
+def _tail(commit_log: CommitLog) -> DamagedRange:
+    seg = commit_log.segment_holding(commit_log.scan_end)
+    assert seg is not None and commit_log.scan_error is not None
+    pos = commit_log.scan_end - seg.start_offset
+    # the zeros of a segment preallocated at a crash are not data: stop at the first run of them
+    length = seg.length - pos
+    data = seg.read(pos, min(length, 1 << 20))
+    zeros = data.find(bytes(codec.BLANK_MARKER_SIZE * 8))
+    if zeros >= 0:
+        length = zeros
+    return DamagedRange(
+        commit_log.scan_end, length, str(commit_log.scan_error), f"{seg.start_offset:020d}", pos
+    )
+
+
+def _segment_size(starts: list[int]) -> int:
+    if len(starts) >= 2:
+        return starts[1] - starts[0]
+    return DEFAULT_SEGMENT_SIZE
+
+
+def _sequence(starts: list[int], size: int) -> list[int]:
+    kept: list[int] = []
+    for start in starts:
+        if start % size != 0 or (kept and start != kept[-1] + size):
+            break
+        kept.append(start)
+    return kept
+
+
+def _lost_entries(store_dir: Path, damaged: list[DamagedRange]) -> tuple[list[LostEntry], int]:
+    """The entries of every ConsumeQueue that point into ``damaged``, and the filler entries."""
+    lost: list[LostEntry] = []
+    fillers = 0
+    starts = np.array([d.offset for d in damaged], dtype=np.int64)
+    ends = np.array([d.offset + d.length for d in damaged], dtype=np.int64)
+    for topic, queue_id, first, entries in _queue_entries(store_dir):
+        phy = entries["commit_log_offset"].astype(np.int64)
+        sizes = entries["size"].astype(np.int64)
+        fillers += int(np.count_nonzero((sizes == 0) & (phy != 0)))
+        if not len(damaged):
+            continue
+        at = np.searchsorted(starts, phy, side="right") - 1
+        inside = (at >= 0) & (phy < ends[np.maximum(at, 0)]) & (sizes > 0)
+        hits = np.nonzero(inside)[0]
+        if len(hits):
+            offsets = tuple(int(first + i) for i in hits[:MAX_LISTED])
+            lost.append(LostEntry(topic, queue_id, offsets, len(hits)))
+    return lost, fillers
+
+
+def _queue_entries(store_dir: Path) -> Iterator[tuple[str, int, int, np.ndarray]]:
+    """(topic, queue_id, first queue offset, entries) of every ConsumeQueue file, read as they are."""
+    root = store_dir / "consumequeue"
+    if not root.is_dir():
+        return
+    unit = CQ_DTYPE.itemsize
+    for topic_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+            for start in list_segment_starts(queue_dir):
+                raw = (queue_dir / f"{start:020d}").read_bytes()
+                entries = np.frombuffer(raw[: len(raw) - len(raw) % unit], dtype=CQ_DTYPE)
+                # the unused leading slots of a queue's first file, and a zero tail, are not entries
+                used = np.nonzero((entries["commit_log_offset"] != 0) | (entries["size"] != 0))[0]
+                if len(used):
+                    lo, hi = int(used[0]), int(used[-1]) + 1
+                    yield topic_dir.name, int(queue_dir.name), start // unit + lo, entries[lo:hi]
+
+
+@contextlib.contextmanager
+def _shared_lock(store_dir: Path) -> Iterator[None]:
+    """The store's lock, shared: a broker holds it exclusively, so a running broker is refused."""
+    path = store_dir / "lock"
+    if not path.exists():
+        yield
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise StoreLockedError(
+                f"{store_dir} is in use: a broker (or a job) has it open; stop it and run this again"
+            ) from exc
+        yield
+    finally:
+        os.close(fd)
