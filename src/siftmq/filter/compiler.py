@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from siftmq.errors import FilterError, FilterEvaluationError
 from siftmq.filter import ast
 from siftmq.filter.ast import Node
+from siftmq.filter.bind import BoundTree, bind
 from siftmq.filter.parser import ensure_stack, parse
-from siftmq.filter.scalar import Fn, ScalarCompiler
+from siftmq.filter.scalar import Fn, ScalarCompiler, fold
 from siftmq.filter.spec import TAGS_PROPERTY
 from siftmq.filter.tags import TagFilter
 from siftmq.filter.visitor import visit
@@ -42,7 +43,7 @@ class CompiledFilter:
     ``TAGS`` property.
     """
 
-    __slots__ = ("_arrow", "_fn", "_normalized", "kind", "properties", "tag_filter", "text", "tree")
+    __slots__ = ("_arrow", "_fn", "_normalized", "bound", "kind", "properties", "tag_filter", "text", "tree")
 
     def __init__(self, kind: FilterKind, text: str, tree: Node | None, tag_filter: TagFilter | None) -> None:
         self.kind = kind
@@ -51,10 +52,12 @@ class CompiledFilter:
         self.tag_filter = tag_filter
         self._arrow: ArrowEvaluator | None = None
         self._normalized: str | None = None
+        self.bound: BoundTree | None = None
         if tree is not None:
             ensure_stack()  # deep trees recurse once per level while evaluating
-            self._fn: Fn = visit(tree, ScalarCompiler())
-            self.properties: frozenset[str] = _referenced_properties(tree)
+            self.bound = bind(tree, fold)
+            self._fn: Fn = visit(tree, ScalarCompiler(self.bound))
+            self.properties: frozenset[str] = self.bound.properties
         else:
             assert tag_filter is not None
             self._fn = _tag_fn(tag_filter)
@@ -111,17 +114,6 @@ def _tag_fn(tag_filter: TagFilter) -> Fn:
     return tag_match
 
 
-def _referenced_properties(tree: Node) -> frozenset[str]:
-    names: set[str] = set()
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.Property):
-            names.add(node.name)
-        stack.extend(ast.children(node))
-    return frozenset(names)
-
-
 @lru_cache(maxsize=CACHE_SIZE)
 def _compile_cached(kind: str, text: str) -> CompiledFilter:
     if kind == "TAG":
@@ -142,7 +134,3 @@ def compile_filter(kind: str, text: str | None) -> CompiledFilter:
     if not isinstance(text, str):
         raise FilterError(f"filter expression must be a string, got {type(text).__name__}")
     return _compile_cached(kind, text)
-
-
-def clear_cache() -> None:
-    _compile_cached.cache_clear()

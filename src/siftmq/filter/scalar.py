@@ -24,13 +24,15 @@ from siftmq.filter.ast import (
     IsNull,
     Literal,
     Negate,
+    Node,
     Not,
     Or,
     Property,
     StringMatch,
 )
+from siftmq.filter.bind import BoundTree, Comparison, Shape
 from siftmq.filter.javalang import JType
-from siftmq.filter.visitor import ExprVisitor
+from siftmq.filter.visitor import ExprVisitor, visit
 
 Props: TypeAlias = Mapping[str, Any]
 Fn: TypeAlias = Callable[[Props], Any]
@@ -41,10 +43,24 @@ _parse_double = javalang.parse_double
 _double_compare = javalang.double_compare
 _compare = javalang.compare
 _relational_compare = javalang.relational_compare
+_NUMBERS = (JType.INTEGER, JType.LONG, JType.DOUBLE)
 
 
 class ScalarCompiler(ExprVisitor[Fn]):
-    """Builds the closure of each node from its children's closures."""
+    """Builds the closure of each node from its children's closures.
+
+    With a :class:`~siftmq.filter.bind.BoundTree` of the tree, a property compared with a constant
+    gets a specialised closure; without one (folding a constant sub-tree) every node is generic.
+    """
+
+    def __init__(self, bound: BoundTree | None = None) -> None:
+        self._bound = bound
+
+    def _property_constant(self, node: Equal | Compare) -> Comparison | None:
+        if self._bound is None:
+            return None
+        c = self._bound.comparison(node)
+        return c if c.shape is Shape.PROPERTY_CONSTANT and c.constant is not None else None
 
     def visit_literal(self, node: Literal) -> Fn:
         value = node.value
@@ -149,9 +165,9 @@ class ScalarCompiler(ExprVisitor[Fn]):
         return or_n
 
     def visit_equal(self, node: Equal, left: Fn, right: Fn) -> Fn:
-        lnode, rnode = node.left, node.right
-        if isinstance(lnode, Property) and isinstance(rnode, Literal) and rnode.jtype is not None:
-            return _equal_prop_literal(lnode.name, rnode.value, rnode.jtype)
+        c = self._property_constant(node)
+        if c is not None:
+            return _equal_prop_literal(c.property, c.constant, javalang.java_type(c.constant))
         equal = javalang.equal
 
         def eq(p: Props) -> Any:
@@ -160,10 +176,10 @@ class ScalarCompiler(ExprVisitor[Fn]):
         return eq
 
     def visit_compare(self, node: Compare, left: Fn, right: Fn) -> Fn:
-        lnode, rnode = node.left, node.right
         holds = node.op.holds
-        if isinstance(lnode, Property) and isinstance(rnode, Literal):
-            return _compare_prop_literal(lnode.name, node.op, rnode.value, rnode.jtype)
+        c = self._property_constant(node)
+        if c is not None and javalang.java_type(c.constant) in _NUMBERS:
+            return _compare_prop_literal(c.property, node.op, c.constant, javalang.java_type(c.constant))
 
         def cmp(p: Props) -> Any:
             lv = left(p)
@@ -216,7 +232,8 @@ class ScalarCompiler(ExprVisitor[Fn]):
 
 
 def _equal_prop_literal(name: str, lit: Any, jtype: JType) -> Fn:
-    """``prop = literal``: a string property is compared without the generic coercion dispatch."""
+    """``prop = constant`` (not NULL): a string property is compared without the generic coercion
+    dispatch."""
     if jtype is JType.STRING:
 
         def eq_str(p: Props) -> Any:
@@ -266,8 +283,8 @@ def _equal_prop_literal(name: str, lit: Any, jtype: JType) -> Fn:
     return eq_int
 
 
-def _compare_prop_literal(name: str, op: CmpOp, lit: Any, jtype: JType | None) -> Fn:
-    """``prop > literal`` and friends (the literal is numeric: the parser rejects the rest)."""
+def _compare_prop_literal(name: str, op: CmpOp, lit: Any, jtype: JType) -> Fn:
+    """``prop > constant`` and friends, for a numeric constant."""
     holds = op.holds
     if jtype is JType.INTEGER or jtype is JType.LONG:
         parse: Callable[[str], Any] = _parse_int if jtype is JType.INTEGER else _parse_long
@@ -314,3 +331,8 @@ def _compare_prop_literal(name: str, op: CmpOp, lit: Any, jtype: JType | None) -
         return holds(_relational_compare(v, lit))
 
     return cmp_other
+
+
+def fold(node: Node) -> object:
+    """The value of a sub-tree that reads no property (raises where RocketMQ's evaluator throws)."""
+    return visit(node, ScalarCompiler())({})

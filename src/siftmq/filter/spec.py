@@ -1,8 +1,9 @@
 """What a backend needs of a compiled filter, without importing the compiler.
 
 :class:`FilterSpec` is the read-only face of :class:`~siftmq.filter.compiler.CompiledFilter` that
-the Arrow and Spark backends work from (its tree, the properties it reads, its tag set, and the
-scalar ``matches`` to fall back on), and :data:`TAGS_PROPERTY` is the property a TAG filter reads.
+the Arrow and Spark backends work from (its tree and binding, the properties it reads, its tag
+set, and the scalar ``matches`` to fall back on), and :data:`TAGS_PROPERTY` is the property a
+TAG filter reads.
 The compiler imports a backend lazily (so ``import siftmq.filter`` loads no pyarrow); the backends
 import this module and never the compiler, so that lazy import is the only edge between them.
 """
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
 from siftmq.filter.ast import Node
+from siftmq.filter.bind import BoundTree
 from siftmq.filter.tags import TagFilter
 
 __all__ = ["TAGS_PROPERTY", "FilterSpec"]
@@ -28,6 +30,9 @@ class FilterSpec(Protocol):
 
     @property
     def tag_filter(self) -> TagFilter | None: ...
+
+    @property
+    def bound(self) -> BoundTree | None: ...
 
     @property
     def properties(self) -> frozenset[str]: ...

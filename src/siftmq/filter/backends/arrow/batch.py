@@ -30,7 +30,7 @@ class ArrowEvaluator:
         self.compiled = compiled
         self.tree = compiled.tree
         self.properties = sorted(compiled.properties)
-        self._plan = _Plan(self.tree) if self.tree is not None else None
+        self._plan = _Plan(compiled.bound) if compiled.bound is not None else None
 
     def matches(self, batch: Any) -> npt.NDArray[np.bool_]:
         n, columns, raw = _normalize(batch, self.properties)

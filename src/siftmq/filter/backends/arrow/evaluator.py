@@ -37,7 +37,8 @@ from siftmq.filter.ast import (
 )
 from siftmq.filter.backends.arrow.columns import _Column
 from siftmq.filter.backends.arrow.kernels import Mask, _bool_numpy, _double_key, _sign
-from siftmq.filter.backends.arrow.plan import _HOLDS, _MIRRORED, _THROWS, _bool, _Plan, _Val
+from siftmq.filter.backends.arrow.plan import _HOLDS, _MIRRORED, _bool, _Plan, _Val
+from siftmq.filter.bind import THROWS
 from siftmq.filter.javalang import JType
 from siftmq.filter.visitor import ExprVisitor, dispatch
 
@@ -79,7 +80,7 @@ class _Evaluator(ExprVisitor[_Val]):
         return results[0]
 
     def _constant(self, value: object) -> _Val:
-        if value is _THROWS:
+        if value is THROWS:
             return _Val("const", np.ones(self.n, dtype=np.bool_), const=None)
         if value is True or value is False:
             return _Val("bool", self.none, t=np.full(self.n, value), f=np.full(self.n, not value))

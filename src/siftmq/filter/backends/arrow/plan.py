@@ -1,8 +1,8 @@
 """Per-row values and the per-filter plan.
 
 Owns :class:`_Val` (a sub-expression's four-valued result: TRUE/FALSE masks, errors, or a
-constant), :class:`_Plan` (built once per filter: costs, which sub-trees read one column and
-are worth evaluating on its dictionary, constants folded by the scalar backend).
+constant), :class:`_Plan` (built once per filter from its binding: costs, and which sub-trees
+read one column and are worth evaluating on its dictionary).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from siftmq.errors import FilterEvaluationError
 from siftmq.filter.ast import (
     CmpOp,
     Compare,
@@ -23,16 +22,14 @@ from siftmq.filter.ast import (
     Literal,
     Negate,
     Node,
-    Property,
     StringMatch,
     children,
     is_boolean,
 )
 from siftmq.filter.backends.arrow.columns import _Column
 from siftmq.filter.backends.arrow.kernels import _MATCH_COST, ENCODE_MIN_COST, Mask
+from siftmq.filter.bind import BoundTree
 from siftmq.filter.javalang import JType
-from siftmq.filter.scalar import ScalarCompiler
-from siftmq.filter.visitor import visit
 
 # ------------------------------------------------------------------------------------------ values
 
@@ -82,7 +79,6 @@ def _bool(t: Mask, f: Mask, e: Mask) -> _Val:
     return _Val("bool", e, t=t & ~e, f=f & ~e)
 
 
-_THROWS: Final = object()  # a constant sub-tree whose evaluation throws
 _HOLDS: Final[dict[CmpOp, Callable[[npt.NDArray[Any], Any], Mask]]] = {
     CmpOp.GT: np.greater,
     CmpOp.GE: np.greater_equal,
@@ -95,41 +91,28 @@ _MIRRORED: Final = {CmpOp.GT: CmpOp.LT, CmpOp.GE: CmpOp.LE, CmpOp.LT: CmpOp.GT, 
 class _Plan:
     """What a filter's tree needs for every batch, worked out once.
 
-    ``props``: the properties each sub-tree reads; ``cost``: its predicates' rough cost (see
-    ``ENCODE_MIN_COST``); ``constants``: the value (or ``_THROWS``) of every maximal sub-tree that
-    reads no property, other than a bare literal, computed by the scalar backend.
+    ``props`` and ``constants`` are the binding's (:mod:`siftmq.filter.bind`: the properties each
+    sub-tree reads; the folded value, or ``THROWS``, of every maximal property-free sub-tree);
+    ``cost`` is each sub-tree's predicates' rough cost (see ``ENCODE_MIN_COST``).
     """
 
-    def __init__(self, tree: Node) -> None:
-        self.tree = tree
-        self.props: dict[int, frozenset[str]] = {}
+    def __init__(self, bound: BoundTree) -> None:
+        self.tree = bound.tree
+        self.props = bound.props
+        self.constants = bound.constants
         self.cost: dict[int, int] = {}
-        stack: list[tuple[Node, bool]] = [(tree, False)]
+        stack: list[tuple[Node, bool]] = [(self.tree, False)]
         while stack:
             node, done = stack.pop()
             key = id(node)
-            if key in self.props:
+            if key in self.cost:
                 continue
             kids = children(node)
             if not done and kids:
                 stack.append((node, True))
                 stack.extend((c, False) for c in kids)
                 continue
-            props = frozenset((node.name,)) if isinstance(node, Property) else frozenset()
-            cost = _own_cost(node)
-            for c in kids:
-                props |= self.props[id(c)]
-                cost += self.cost[id(c)]
-            self.props[key] = props
-            self.cost[key] = cost
-        self.constants: dict[int, object] = {}
-        todo = [tree]
-        while todo:
-            node = todo.pop()
-            if self.props[id(node)]:
-                todo.extend(children(node))
-            elif not isinstance(node, Literal):
-                self.constants[id(node)] = _scalar_value(node)
+            self.cost[key] = _own_cost(node) + sum(self.cost[id(c)] for c in kids)
 
     def dictionary_subtrees(self, columns: Mapping[str, _Column]) -> list[tuple[Node, str]]:
         """The maximal boolean sub-trees to evaluate once per distinct value of their one column."""
@@ -170,11 +153,3 @@ def _is_number(node: Node) -> bool:
     while isinstance(node, Negate):
         node = node.operand
     return isinstance(node, Literal) and node.jtype in (JType.INTEGER, JType.LONG, JType.DOUBLE)
-
-
-def _scalar_value(node: Node) -> object:
-    fn = visit(node, ScalarCompiler())
-    try:
-        return fn({})
-    except FilterEvaluationError:
-        return _THROWS

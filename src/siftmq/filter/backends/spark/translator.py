@@ -92,6 +92,7 @@ from siftmq.filter.backends.spark.outcomes import (
     _Val,
 )
 from siftmq.filter.backends.spark.render import _column_tree, _depth, _sql_node
+from siftmq.filter.bind import BoundTree, Shape
 from siftmq.filter.javalang import JType
 from siftmq.filter.spec import TAGS_PROPERTY, FilterSpec
 from siftmq.filter.visitor import ExprVisitor, visit
@@ -100,8 +101,9 @@ from siftmq.filter.visitor import ExprVisitor, visit
 class SparkSqlTranslator(ExprVisitor[_Val]):
     """Translates a bound SQL92 tree; ``property_column(name)`` is where a property is read."""
 
-    def __init__(self, property_column: Callable[[str], _X]) -> None:
+    def __init__(self, property_column: Callable[[str], _X], bound: BoundTree) -> None:
         self.property_column = property_column
+        self.bound = bound
 
     def translate(self, tree: Node) -> _X:
         """The whole filter as a Spark boolean that is never NULL."""
@@ -178,28 +180,35 @@ class SparkSqlTranslator(ExprVisitor[_Val]):
     # ---------------------------------------------------------------------------- comparisons
 
     def visit_equal(self, node: Equal, left: _Val, right: _Val) -> _Val:
-        if isinstance(left, _Str) and isinstance(right, _Str):
-            same = isinstance(node.left, Property) and node.left == node.right
-            if same:
-                return _Const(True)  # both NULL is TRUE, else the same text
-            return _equal_strings(left.expr, right.expr)
-        if isinstance(left, _Str) and isinstance(right, _Const):
-            return _equal_string_constant(left.expr, right.value)
-        if isinstance(left, _Const) and isinstance(right, _Str):
-            return _equal_constant_string(left.value, right.expr)
+        c = self.bound.comparison(node)
+        if c.shape is Shape.SAME_PROPERTY:
+            return _Const(True)  # both NULL is TRUE, else the same text
+        if c.shape is Shape.PROPERTIES:
+            return _equal_strings(_expr(left), _expr(right))
+        if c.shape is Shape.PROPERTY_CONSTANT:
+            return _equal_string_constant(_expr(left), c.constant)
+        if c.shape is Shape.CONSTANT_PROPERTY:
+            return _equal_constant_string(c.constant, _expr(right))
         return _node(_sem_equal, [left, right])
 
     def visit_compare(self, node: Compare, left: _Val, right: _Val) -> _Val:
         op = node.op
-        if isinstance(left, _Str) and isinstance(right, _Str):
-            return _compare_strings(op, left.expr, right.expr)
-        if isinstance(left, _Str) and isinstance(right, _Const):
-            return _compare_string_constant(op, left.expr, right.value)
-        if isinstance(left, _Const) and isinstance(right, _Str):
-            if left.value is None:
+        c = self.bound.comparison(node)
+        if c.shape is Shape.SAME_PROPERTY or c.shape is Shape.PROPERTIES:
+            return _compare_strings(op, _expr(left), _expr(right))
+        if c.shape is Shape.PROPERTY_CONSTANT:
+            return _compare_string_constant(op, _expr(left), c.constant)
+        if c.shape is Shape.CONSTANT_PROPERTY:
+            if c.constant is None:
                 return _Const(None)  # NULL on the left: the right side is not even evaluated
-            return _compare_string_constant(_MIRRORED[op], right.expr, left.value)
+            return _compare_string_constant(_MIRRORED[op], _expr(right), c.constant)
         return _node(_sem_compare(op), [left, right])
+
+
+def _expr(val: _Val) -> _X:
+    """The Spark expression of a property operand (the binding says it is one)."""
+    assert isinstance(val, _Str)
+    return val.expr
 
 
 def _junction(op: str, semantics: Semantics, operands: list[_Val]) -> _Val:
@@ -355,7 +364,8 @@ def _translate(compiled: FilterSpec, property_column: Callable[[str], _X]) -> _X
     needed = compiled.tree.depth * 8 + 1000
     if sys.getrecursionlimit() < needed:
         sys.setrecursionlimit(needed)
-    expr = SparkSqlTranslator(property_column).translate(compiled.tree)
+    assert compiled.bound is not None
+    expr = SparkSqlTranslator(property_column, compiled.bound).translate(compiled.tree)
     depth = _depth(expr)
     if depth > MAX_NESTING:
         raise UnsupportedFilterError(
