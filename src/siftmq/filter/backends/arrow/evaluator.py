@@ -38,7 +38,7 @@ from siftmq.filter.ast import (
 from siftmq.filter.backends.arrow.columns import _Column
 from siftmq.filter.backends.arrow.kernels import Mask, _bool_numpy, _double_key, _sign
 from siftmq.filter.backends.arrow.plan import _HOLDS, _MIRRORED, _bool, _Plan, _Val
-from siftmq.filter.bind import THROWS
+from siftmq.filter.bind import THROWS, Shape
 from siftmq.filter.javalang import JType
 from siftmq.filter.visitor import ExprVisitor, dispatch
 
@@ -144,7 +144,7 @@ class _Evaluator(ExprVisitor[_Val]):
         return _bool(t, f, e)
 
     def visit_equal(self, node: Equal, left: _Val, right: _Val) -> _Val:
-        fast = self._column_constant_equal(left, right)
+        fast = self._column_constant_equal(node, left, right)
         if fast is not None:
             return fast
         n = self.n
@@ -159,7 +159,7 @@ class _Evaluator(ExprVisitor[_Val]):
         return _bool(t, f, e)
 
     def visit_compare(self, node: Compare, left: _Val, right: _Val) -> _Val:
-        fast = self._column_constant_compare(node.op, left, right)
+        fast = self._column_constant_compare(node, left, right)
         if fast is not None:
             return fast
         n = self.n
@@ -223,9 +223,24 @@ class _Evaluator(ExprVisitor[_Val]):
 
     # ------------------------------------------------------------------------------- comparison
 
-    def _column_constant_equal(self, left: _Val, right: _Val) -> _Val | None:
+    def _column_and_constant(
+        self, node: Equal | Compare, left: _Val, right: _Val
+    ) -> tuple[_Column, Any, bool] | None:
+        """(column, constant, constant-is-on-the-left) for a property against a non-null constant."""
+        c = self.plan.bound.comparison(node)
+        if c.constant is None:
+            return None
+        if c.shape is Shape.PROPERTY_CONSTANT:
+            assert left.column is not None
+            return left.column, c.constant, False
+        if c.shape is Shape.CONSTANT_PROPERTY:
+            assert right.column is not None
+            return right.column, c.constant, True
+        return None
+
+    def _column_constant_equal(self, node: Equal, left: _Val, right: _Val) -> _Val | None:
         """``column = constant`` or ``constant = column`` for a string or number constant."""
-        pair = _column_and_constant(left, right)
+        pair = self._column_and_constant(node, left, right)
         if pair is None:
             return None
         column, const, flipped = pair
@@ -242,9 +257,10 @@ class _Evaluator(ExprVisitor[_Val]):
         f = ok & ~same
         return _Val("bool", err, t=ok & same, f=f | ~column.valid if flipped else f)
 
-    def _column_constant_compare(self, op: CmpOp, left: _Val, right: _Val) -> _Val | None:
+    def _column_constant_compare(self, node: Compare, left: _Val, right: _Val) -> _Val | None:
         """``column <op> number`` or ``number <op> column``: NULL on a null row, else the comparison."""
-        pair = _column_and_constant(left, right)
+        op = node.op
+        pair = self._column_and_constant(node, left, right)
         if pair is None:
             return None
         column, const, flipped = pair
@@ -322,17 +338,6 @@ class _Evaluator(ExprVisitor[_Val]):
         values, err, key = _numeric(column, const)
         sign = _sign(values, key)
         return (-sign if flip else sign), err
-
-
-def _column_and_constant(left: _Val, right: _Val) -> tuple[_Column, Any, bool] | None:
-    """(column, constant, constant-is-on-the-left) for a property against a non-null constant."""
-    if left.kind == "str" and right.kind == "const" and right.const is not None:
-        assert left.column is not None
-        return left.column, right.const, False
-    if right.kind == "str" and left.kind == "const" and left.const is not None:
-        assert right.column is not None
-        return right.column, left.const, True
-    return None
 
 
 def _numeric(column: _Column, const: Any) -> tuple[npt.NDArray[Any], Mask, int]:

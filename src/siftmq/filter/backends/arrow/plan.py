@@ -97,6 +97,7 @@ class _Plan:
     """
 
     def __init__(self, bound: BoundTree) -> None:
+        self.bound = bound
         self.tree = bound.tree
         self.props = bound.props
         self.constants = bound.constants
