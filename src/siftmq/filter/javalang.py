@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
 from siftmq.errors import FilterEvaluationError
@@ -330,3 +330,29 @@ def negate(value: object) -> object:
     if t is float:
         return -value  # type: ignore[operator]
     return None
+
+
+# ------------------------------------------------------------------------------------------- logic
+
+
+def and_all(values: Iterable[object]) -> bool | None:
+    """RocketMQ's AND over operands evaluated left to right (``values`` is lazy: evaluation stops
+    at the first FALSE, so a later operand that would throw is never evaluated); NULL is unknown."""
+    unknown = False
+    for value in values:
+        if value is False:
+            return False
+        if value is None:
+            unknown = True
+    return None if unknown else True
+
+
+def or_any(values: Iterable[object]) -> bool | None:
+    """RocketMQ's OR, as :func:`and_all`: stops at the first TRUE; NULL is unknown."""
+    unknown = False
+    for value in values:
+        if value is True:
+            return True
+        if value is None:
+            unknown = True
+    return None if unknown else False

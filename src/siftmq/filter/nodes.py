@@ -24,6 +24,11 @@ class CmpOp(enum.Enum):
     LT = "<"
     LE = "<="
 
+    @property
+    def mirrored(self) -> CmpOp:
+        """The operator with its operands swapped: ``a < b`` is ``b > a``."""
+        return _MIRRORED[self]
+
     def holds(self, cmp: int) -> bool:
         """Whether a comparator result (<0, 0, >0) satisfies the operator."""
         if self is CmpOp.GT:
@@ -33,6 +38,14 @@ class CmpOp(enum.Enum):
         if self is CmpOp.LT:
             return cmp < 0
         return cmp <= 0
+
+
+_MIRRORED: dict[CmpOp, CmpOp] = {
+    CmpOp.GT: CmpOp.LT,
+    CmpOp.GE: CmpOp.LE,
+    CmpOp.LT: CmpOp.GT,
+    CmpOp.LE: CmpOp.GE,
+}
 
 
 class MatchOp(enum.Enum):

@@ -121,16 +121,10 @@ class ScalarCompiler(ExprVisitor[Fn]):
 
             return and2
         fns = tuple(operands)
+        and_all = javalang.and_all
 
         def and_n(p: Props) -> Any:
-            unknown = False
-            for f in fns:
-                r = f(p)
-                if r is False:
-                    return False
-                if r is None:
-                    unknown = True
-            return None if unknown else True
+            return and_all(f(p) for f in fns)
 
         return and_n
 
@@ -151,16 +145,10 @@ class ScalarCompiler(ExprVisitor[Fn]):
 
             return or2
         fns = tuple(operands)
+        or_any = javalang.or_any
 
         def or_n(p: Props) -> Any:
-            unknown = False
-            for f in fns:
-                r = f(p)
-                if r is True:
-                    return True
-                if r is None:
-                    unknown = True
-            return None if unknown else False
+            return or_any(f(p) for f in fns)
 
         return or_n
 

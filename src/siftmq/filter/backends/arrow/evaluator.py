@@ -37,7 +37,7 @@ from siftmq.filter.ast import (
 )
 from siftmq.filter.backends.arrow.columns import _Column
 from siftmq.filter.backends.arrow.kernels import Mask, _bool_numpy, _double_key, _sign
-from siftmq.filter.backends.arrow.plan import _HOLDS, _MIRRORED, _bool, _Plan, _Val
+from siftmq.filter.backends.arrow.plan import _HOLDS, _bool, _Plan, _Val
 from siftmq.filter.bind import THROWS, Shape
 from siftmq.filter.javalang import JType
 from siftmq.filter.visitor import ExprVisitor, dispatch
@@ -267,7 +267,7 @@ class _Evaluator(ExprVisitor[_Val]):
         if javalang.java_type(const) not in (JType.INTEGER, JType.LONG, JType.DOUBLE):
             return None
         values, err, key = _numeric(column, const)
-        holds = _HOLDS[_MIRRORED[op] if flipped else op](values, key)
+        holds = _HOLDS[op.mirrored if flipped else op](values, key)
         ok = column.valid & ~err
         return _Val("bool", err, t=ok & holds, f=ok & ~holds)
 

@@ -85,7 +85,6 @@ _HOLDS: Final[dict[CmpOp, Callable[[npt.NDArray[Any], Any], Mask]]] = {
     CmpOp.LT: np.less,
     CmpOp.LE: np.less_equal,
 }
-_MIRRORED: Final = {CmpOp.GT: CmpOp.LT, CmpOp.GE: CmpOp.LE, CmpOp.LT: CmpOp.GT, CmpOp.LE: CmpOp.GE}
 
 
 class _Plan:

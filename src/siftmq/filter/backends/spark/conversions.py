@@ -118,7 +118,6 @@ def _parse_double(s: _X) -> tuple[_X, _X]:
 
 
 _SQL_OP: Final = {CmpOp.GT: ">", CmpOp.GE: ">=", CmpOp.LT: "<", CmpOp.LE: "<="}
-_MIRRORED: Final = {CmpOp.GT: CmpOp.LT, CmpOp.GE: CmpOp.LE, CmpOp.LT: CmpOp.GT, CmpOp.LE: CmpOp.GE}
 
 
 def _holds(op: CmpOp | None, sign: int) -> bool:

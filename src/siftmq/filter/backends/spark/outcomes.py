@@ -83,25 +83,11 @@ def _sem_not(operand: Thunk) -> object:
 
 
 def _sem_and(*operands: Thunk) -> object:
-    unknown = False
-    for operand in operands:
-        value = operand()
-        if value is False:
-            return False
-        if value is None:
-            unknown = True
-    return None if unknown else True
+    return javalang.and_all(operand() for operand in operands)
 
 
 def _sem_or(*operands: Thunk) -> object:
-    unknown = False
-    for operand in operands:
-        value = operand()
-        if value is True:
-            return True
-        if value is None:
-            unknown = True
-    return None if unknown else False
+    return javalang.or_any(operand() for operand in operands)
 
 
 def _sem_equal(left: Thunk, right: Thunk) -> object:

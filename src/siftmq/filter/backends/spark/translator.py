@@ -32,7 +32,6 @@ from siftmq.filter.ast import (
 )
 from siftmq.filter.backends.spark.conversions import (
     _FALSE,
-    _MIRRORED,
     _SQL_OP,
     _TRUE,
     _double_against,
@@ -201,7 +200,7 @@ class SparkSqlTranslator(ExprVisitor[_Val]):
         if c.shape is Shape.CONSTANT_PROPERTY:
             if c.constant is None:
                 return _Const(None)  # NULL on the left: the right side is not even evaluated
-            return _compare_string_constant(_MIRRORED[op], _expr(right), c.constant)
+            return _compare_string_constant(op.mirrored, _expr(right), c.constant)
         return _node(_sem_compare(op), [left, right])
 
 
