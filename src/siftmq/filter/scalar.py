@@ -121,10 +121,17 @@ class ScalarCompiler(ExprVisitor[Fn]):
 
             return and2
         fns = tuple(operands)
-        and_all = javalang.and_all
 
+        # javalang.and_all, inlined: a generator per evaluation costs ~0.04 µs an operand
         def and_n(p: Props) -> Any:
-            return and_all(f(p) for f in fns)
+            unknown = False
+            for f in fns:
+                r = f(p)
+                if r is False:
+                    return False
+                if r is None:
+                    unknown = True
+            return None if unknown else True
 
         return and_n
 
@@ -145,10 +152,17 @@ class ScalarCompiler(ExprVisitor[Fn]):
 
             return or2
         fns = tuple(operands)
-        or_any = javalang.or_any
 
+        # javalang.or_any, inlined (see and_n)
         def or_n(p: Props) -> Any:
-            return or_any(f(p) for f in fns)
+            unknown = False
+            for f in fns:
+                r = f(p)
+                if r is True:
+                    return True
+                if r is None:
+                    unknown = True
+            return None if unknown else False
 
         return or_n
 
