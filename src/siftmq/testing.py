@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -60,8 +61,11 @@ class BrokerProcess:
         flush: str = "async",
         config: dict[str, object] | None = None,
         listen: str = "127.0.0.1:0",
+        open_files: int | None = None,
     ) -> None:
         self.data_dir = data_dir
+        #: the process's RLIMIT_NOFILE (soft and hard), when given
+        self.open_files = open_files
         self.flush = flush
         self.listen = listen
         self.config_path: Path | None = None
@@ -97,6 +101,7 @@ class BrokerProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=self._limit_open_files if self.open_files is not None else None,  # noqa: PLW1509
         )
         ready = threading.Event()
 
@@ -119,6 +124,10 @@ class BrokerProcess:
                 self.kill()
                 raise RuntimeError("broker did not become ready:\n" + "\n".join(self.output[-50:]))
         return self
+
+    def _limit_open_files(self) -> None:
+        assert self.open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
 
     def stop(self, timeout: float = 30) -> int:
         """SIGTERM and wait; returns the exit code."""

@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+from siftmq.store.filepool import PooledSegment
 from siftmq.store.segment import Segment, list_segment_starts
 
 _log = logging.getLogger(__name__)
@@ -31,8 +32,8 @@ class UnitLog:
         self.unit_size = unit_size
         self.units_per_segment = units_per_segment
         self.segment_bytes = unit_size * units_per_segment
-        self._segments: list[Segment] = []
-        self._graveyard: list[Segment] = []
+        self._segments: list[PooledSegment] = []
+        self._graveyard: list[PooledSegment] = []
         self.min_index = 0
 
     # ------------------------------------------------------------------------------------ lifecycle
@@ -49,7 +50,7 @@ class UnitLog:
             _log.error("%s: segment %d breaks the sequence; removed", self.directory, start)
             Segment(self.directory, start, self.segment_bytes).destroy()
         for i, start in enumerate(kept):
-            seg = Segment.open(self.directory, start, self.segment_bytes)
+            seg = PooledSegment.open(self.directory, start, self.segment_bytes)
             full = i < len(kept) - 1
             good = seg.length - seg.length % self.unit_size
             if full and good != self.segment_bytes:
@@ -137,8 +138,8 @@ class UnitLog:
             seg.write(chunk)
             pos += len(chunk)
 
-    def _open_new(self, start: int) -> Segment:
-        seg = Segment.open(self.directory, start, self.segment_bytes, create=True)
+    def _open_new(self, start: int) -> PooledSegment:
+        seg = PooledSegment.open(self.directory, start, self.segment_bytes, create=True)
         if seg.length:
             seg.truncate(0)
         self._segments.append(seg)
@@ -191,7 +192,7 @@ class UnitLog:
                 seg = segments[i]
                 data += seg.read(0, want - len(data))
         except OSError:
-            if seg.fd < 0:  # deleted by retention meanwhile
+            if seg.gone:  # deleted by retention meanwhile
                 return None
             raise
         return data[: len(data) - len(data) % self.unit_size]
