@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from siftmq.broker.client_state import ClientStateSweeper, client_progress_group
 from siftmq.broker.clients import ClientRegistry
 from siftmq.broker.config import BrokerConfig
 from siftmq.broker.consumer_state import ConsumerStateTable, InFlight, QueueProgress
@@ -118,6 +119,9 @@ class Broker:
         self.consumers = ConsumerStateTable(config_dir)
         self.offsets = OffsetTable(config_dir)
         self.clients = ClientRegistry(config.client_session_expire_s)
+        self.client_states = ClientStateSweeper(
+            self.consumers, self.offsets, self.clients, config.broadcast_client_expire_s
+        )
         self.stats = BrokerStats()
         self.store = MessageStore(
             StoreConfig(
@@ -196,6 +200,7 @@ class Broker:
                     for group in self.clients.live_groups():
                         self.filters.touch_group(group)
                     self.filters.expire()
+                    self.client_states.sweep()
                 if time.monotonic() - last_retention >= self.config.retention_check_interval_s:
                     last_retention = time.monotonic()
                     self.apply_retention()
@@ -555,7 +560,7 @@ class Broker:
 
     def progress_group(self, group: str, client_id: str) -> str:
         """Whose progress a client uses: the group's (clustering) or its own (broadcasting)."""
-        return f"{group}@{client_id}" if self.groups.mode(group) == "broadcasting" else group
+        return client_progress_group(group, client_id) if self.groups.mode(group) == "broadcasting" else group
 
     # ------------------------------------------------------------------------------------ receive
 

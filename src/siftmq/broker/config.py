@@ -100,6 +100,9 @@ class BrokerConfig:
     retry_backoff_s: tuple[float, ...] = field(default=DEFAULT_RETRY_BACKOFF_S)
     consumer_state_flush_ms: int = 1000
     client_session_expire_s: float = 30.0
+    # a broadcasting group's client keeps its own progress; it is dropped once the client has not
+    # been seen for this long (a client back later starts again like a new member)
+    broadcast_client_expire_s: float = 7 * 24 * 3600.0
     # consumer groups
     compat_groups: tuple[str, ...] = ()
     broadcasting_groups: tuple[str, ...] = ()
@@ -132,6 +135,8 @@ class BrokerConfig:
         )
         if self.send_threads < 0:
             raise ConfigError("send_threads must be 0 (automatic) or positive")
+        if not self.broadcast_client_expire_s > 0:
+            raise ConfigError("broadcast_client_expire_s must be positive")
         if self.default_queue_nums > self.max_queue_nums:
             raise ConfigError("default_queue_nums must not exceed max_queue_nums")
         if not 0 < self.min_invisible_time_s <= self.default_invisible_time_s <= self.max_invisible_time_s:

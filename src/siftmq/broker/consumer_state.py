@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +106,16 @@ class ConsumerStateTable:
 
     def mark_dirty(self) -> None:
         self._dirty = True
+
+    def remove_where(self, doomed: Callable[[QueueKey], bool]) -> int:
+        """Forget the progress (in-flight messages included) of every queue key ``doomed`` accepts."""
+        with self._lock:
+            keys = [key for key in self._queues if doomed(key)]
+            for key in keys:
+                del self._queues[key]
+            if keys:
+                self._dirty = True
+        return len(keys)
 
     @property
     def dirty(self) -> bool:

@@ -8,6 +8,7 @@ at worst it pulls some messages again.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from siftmq.store.statefile import read_json, write_json
@@ -39,6 +40,16 @@ class OffsetTable:
             if self._offsets.get(key) != offset:
                 self._offsets[key] = offset
                 self._dirty = True
+
+    def remove_where(self, doomed: Callable[[OffsetKey], bool]) -> int:
+        """Forget the offsets of every key ``doomed`` accepts; how many there were."""
+        with self._lock:
+            keys = [key for key in self._offsets if doomed(key)]
+            for key in keys:
+                del self._offsets[key]
+            if keys:
+                self._dirty = True
+        return len(keys)
 
     @property
     def dirty(self) -> bool:
