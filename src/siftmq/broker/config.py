@@ -53,6 +53,10 @@ class BrokerConfig:
     data_dir: Path = Path("./data")
     listen: str = "127.0.0.1:8081"
     admin_listen: str = "127.0.0.1:8082"  # the admin HTTP API and /metrics; "" turns it off
+    # a request (line, headers, body) not received within this time is dropped: slow clients cannot
+    # hold the admin server's connections; beyond admin_max_connections it answers 503
+    admin_request_timeout_s: float = 10.0
+    admin_max_connections: int = 256
     flush: Literal["sync", "async"] = "async"
     flush_interval_ms: int = 500
     commit_log_segment_size: int = 1024 * MIB
@@ -132,11 +136,13 @@ class BrokerConfig:
             "max_delivery_attempts",
             "consumer_state_flush_ms",
             "flush_interval_ms",
+            "admin_max_connections",
         )
         if self.send_threads < 0:
             raise ConfigError("send_threads must be 0 (automatic) or positive")
-        if not self.broadcast_client_expire_s > 0:
-            raise ConfigError("broadcast_client_expire_s must be positive")
+        for name in ("broadcast_client_expire_s", "admin_request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive")
         if self.default_queue_nums > self.max_queue_nums:
             raise ConfigError("default_queue_nums must not exceed max_queue_nums")
         if not 0 < self.min_invisible_time_s <= self.default_invisible_time_s <= self.max_invisible_time_s:

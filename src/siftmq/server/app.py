@@ -126,6 +126,7 @@ class _AdminServer:
         import uvicorn
 
         from siftmq.server.admin_http import create_app
+        from siftmq.server.http_limits import deadline_protocol
 
         class _Quiet(uvicorn.Server):
             @contextlib.contextmanager
@@ -140,7 +141,15 @@ class _AdminServer:
             self._sock.close()
             raise BindError(f"cannot listen on {listen} for the admin API: {exc}") from exc
         self.address = f"{host}:{self._sock.getsockname()[1]}"
-        self._server = _Quiet(uvicorn.Config(create_app(broker), log_level="warning", lifespan="off"))
+        self._server = _Quiet(
+            uvicorn.Config(
+                create_app(broker),
+                log_level="warning",
+                lifespan="off",
+                http=deadline_protocol(broker.config.admin_request_timeout_s),
+                limit_concurrency=broker.config.admin_max_connections,
+            )
+        )
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
