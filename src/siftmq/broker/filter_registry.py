@@ -184,6 +184,17 @@ class FilterRegistry:
                 self._save_locked()
         return gone
 
+    def remove_where(self, doomed: Callable[[FilterRegistration], bool]) -> list[FilterRegistration]:
+        """Drop the registrations ``doomed`` accepts (a deleted topic's or group's); returns them."""
+        with self._lock:
+            gone = [reg for reg in self._by_key.values() if doomed(reg)]
+            for reg in gone:
+                del self._by_key[(reg.group, reg.topic)]
+            if gone:
+                self._reindex_locked()
+                self._save_locked()
+        return gone
+
     def save(self) -> None:
         with self._lock:
             self._save_locked()

@@ -283,6 +283,22 @@ class GroupManager:
             self._save_locked()
             return entry
 
+    def delete(self, group: str) -> bool:
+        """Forget ``group`` (its mode, policy and subscriptions); False if it was not known."""
+        with self._lock:
+            if self._groups.pop(group, None) is None:
+                return False
+            self._save_locked()
+            return True
+
+    def drop_topic(self, topic: str) -> list[str]:
+        """Forget every group's subscription of a deleted ``topic``; returns the groups that had one."""
+        with self._lock:
+            had = [g.name for g in self._groups.values() if g.subscriptions.pop(topic, None) is not None]
+            if had:
+                self._save_locked()
+            return had
+
     def _save_locked(self) -> None:
         write_json(
             self._path,

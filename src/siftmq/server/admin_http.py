@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, Field
 
+from siftmq.broker import deletion
 from siftmq.broker.broker import Broker
 from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
@@ -116,7 +117,7 @@ def create_app(broker: Broker) -> FastAPI:
 
     @app.delete("/topics/{name}", status_code=204)
     async def delete_topic(name: str) -> Response:
-        await call(broker.topics.delete, name)
+        await call(deletion.delete_topic, broker, name)
         return Response(status_code=204)
 
     # ----------------------------------------------------------------------------------- groups
@@ -147,6 +148,11 @@ def create_app(broker: Broker) -> FastAPI:
         await call(broker.configure_group, group, mode=body.mode, consistency=body.consistency)
         report: dict[str, Any] = await call(broker.group_report, group)
         return report
+
+    @app.delete("/groups/{group}", status_code=204)
+    async def remove_group(group: str) -> Response:
+        await call(deletion.delete_group, broker, group)
+        return Response(status_code=204)
 
     @app.put("/groups/{group}/subscriptions/{topic}")
     async def set_subscription(group: str, topic: str, body: SubscriptionSet) -> dict[str, Any]:

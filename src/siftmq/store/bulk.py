@@ -37,7 +37,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -50,6 +50,7 @@ import pyarrow.compute as pc
 from siftmq.errors import CorruptRecordError, StoreError
 from siftmq.store import codec
 from siftmq.store.segment import list_segment_starts, segment_name
+from siftmq.store.tombstones import read_tombstones
 
 DEFAULT_TARGET_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_BATCH_ROWS: Final = 65536
@@ -386,8 +387,10 @@ def read_range(
         mm = mmap.mmap(f.fileno(), hi, access=mmap.ACCESS_READ)
     finally:
         f.close()
+    # the store's deleted topics (a small file next to the CommitLog directory): their records are dead
+    dead = read_tombstones(Path(rng.path).parent.parent)
     try:
-        yield from _decode_map(
+        for batch in _decode_map(
             mm,
             rng.segment_start,
             lo,
@@ -397,9 +400,23 @@ def read_range(
             batch_bytes=min(batch_bytes, _MAX_CHUNK_BYTES),
             with_body=with_body,
             where=where,
-        )
+        ):
+            live = _without_dead(batch, dead) if dead else batch
+            if live.num_rows:
+                yield live
     finally:
         _close_map(mm)
+
+
+def _without_dead(batch: pa.RecordBatch, dead: Mapping[str, int]) -> pa.RecordBatch:
+    """``batch`` without the records of deleted topics stored before their deletion."""
+    topics = batch.column("topic")
+    offsets = batch.column("physical_offset")
+    gone = None
+    for topic, below in dead.items():
+        hit = pc.and_(pc.equal(topics, topic), pc.less(offsets, below))
+        gone = hit if gone is None else pc.or_(gone, hit)
+    return batch if gone is None else batch.filter(pc.invert(gone))
 
 
 def _close_map(mm: mmap.mmap) -> None:

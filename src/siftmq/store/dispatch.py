@@ -30,6 +30,7 @@ from siftmq.store.codec import (
 )
 from siftmq.store.commitlog import AppendedRecord
 from siftmq.store.consumequeue import ConsumeQueue, encode_entry_columns
+from siftmq.store.tombstones import Tombstones
 
 _log = logging.getLogger(__name__)
 
@@ -160,12 +161,17 @@ class Reput:
         self._find_or_create = find_or_create
         self.dispatchers: list[CommitLogDispatcher] = []
         self.bitmap_dispatcher: BitmapDispatcher | None = None
+        #: deleted topics: their records below the deletion offset are not indexed (set by the store)
+        self.tombstones: Tombstones | None = None
 
     def dispatch(self, requests: Sequence[DispatchRequest], *, notify: bool = True) -> list[QueueArrival]:
         """Index ``requests`` (consecutive per queue) and, with ``notify``, call the dispatchers.
 
         Returns the queues written, with their new max offsets.
         """
+        tombstones = self.tombstones
+        if tombstones:
+            requests = [r for r in requests if not tombstones.is_dead(r.topic, r.commit_log_offset)]
         if not requests:
             return []
         rows = [_row(r) for r in requests]
@@ -175,6 +181,12 @@ class Reput:
         self, records: Sequence[AppendedRecord], properties: Sequence[Mapping[str, str]]
     ) -> list[QueueArrival]:
         """Index freshly appended records (with their properties) and call the dispatchers."""
+        tombstones = self.tombstones
+        if tombstones:  # records appended before their topic's deletion, dispatched after it
+            live = [i for i, r in enumerate(records) if not tombstones.is_dead(r.topic, r.commit_log_offset)]
+            if len(live) < len(records):
+                records = [records[i] for i in live]
+                properties = [properties[i] for i in live]
         if not records:
             return []
         tags_codes = [cached_tags_code(p.get(PROPERTY_TAGS)) for p in properties]

@@ -118,8 +118,11 @@ def recover(
     rebuild = False
     batch: list[DispatchRequest] = []
     latest = checkpoint.max_store_timestamp if checkpoint else 0
+    dead = reput.tombstones
     for msg in commit_log.scan(scan_from):
         latest = max(latest, msg.store_timestamp)
+        if dead and dead.is_dead(msg.topic, msg.commit_log_offset):
+            continue  # of a deleted topic: indexed nowhere
         req = DispatchRequest.of(msg)
         last_of_queue[(req.topic, req.queue_id)] = req
         if key_index is not None:

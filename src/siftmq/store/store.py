@@ -44,6 +44,7 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -67,6 +68,7 @@ from siftmq.store.keyindex import KeyIndex
 from siftmq.store.offline import finish_pending_install
 from siftmq.store.recovery import Checkpoint, recover
 from siftmq.store.segment import Segment, fsync_dir
+from siftmq.store.tombstones import Tombstones
 
 _log = logging.getLogger(__name__)
 
@@ -191,6 +193,7 @@ class MessageStore:
             abnormal = abort.exists()
             if abnormal:
                 _log.warning("%s: the previous run did not close cleanly; recovering", self.data_dir)
+            self.tombstones = self._reput.tombstones = Tombstones(self.data_dir)
             self.commit_log.load()
             self._load_queues()
             self._max_store_timestamp = recover(
@@ -282,6 +285,10 @@ class MessageStore:
                 if queue_dir.is_dir() and queue_dir.name.isdigit():
                     cq = self._new_queue(topic_dir.name, int(queue_dir.name))
                     cq.load()
+                    first = cq.get_entry(cq.min_offset)
+                    if first is not None and self.tombstones.is_dead(cq.topic, first[0]):
+                        cq.destroy()  # a deletion that a crash interrupted: finish it
+                        continue
                     self._queues[(cq.topic, cq.queue_id)] = cq
 
     def _new_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -881,6 +888,29 @@ class MessageStore:
         ]
         return np.asarray(keep, dtype=np.int64)
 
+    # ------------------------------------------------------------------------------------ deletion
+
+    def delete_topic(self, topic: str) -> int:
+        """Delete ``topic``'s messages: its queues go at once, and every record of it stored so far
+        is dead to dispatch, recovery, lookups and the offline jobs (see :mod:`siftmq.store.tombstones`).
+
+        A topic created again under the name starts empty. Returns how many queues were deleted.
+        """
+        self._check_open()
+        with self._append_lock, self._dispatch_lock:
+            self.tombstones.add(topic, self.commit_log.max_offset)  # first: a crash after it finishes it
+            with self._queues_lock:
+                doomed = [key for key in self._queues if key[0] == topic]
+                queues = [self._queues.pop(key) for key in doomed]
+            for cq in queues:
+                cq.destroy()
+            for key in [k for k in self.commit_log.queue_offsets if k[0] == topic]:
+                del self.commit_log.queue_offsets[key]
+        for kind in ("consumequeue", "consumequeue_ext"):
+            shutil.rmtree(self.data_dir / kind / topic, ignore_errors=True)
+        _log.info("deleted topic %s: %d queue(s); its stored records are dead", topic, len(queues))
+        return len(queues)
+
     # ------------------------------------------------------------------------------------- lookups
 
     @property
@@ -900,14 +930,18 @@ class MessageStore:
         return self.commit_log.max_offset
 
     def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> StoredMessage | None:
-        """The message stored at ``commit_log_offset``; None if not stored there (removed or beyond).
+        """The message stored at ``commit_log_offset``; None if not stored there (removed, beyond,
+        or of a deleted topic).
 
         Raises :class:`CorruptRecordError` if the offset is not the start of an intact record.
         """
         self._check_open()
         if commit_log_offset < 0 or commit_log_offset >= self.commit_log.max_offset:
             return None
-        return self.commit_log.read_message(commit_log_offset, size)
+        msg = self.commit_log.read_message(commit_log_offset, size)
+        if msg is not None and self.tombstones and self.tombstones.is_dead(msg.topic, commit_log_offset):
+            return None
+        return msg
 
     def query_message_by_uniq_key(self, uniq_key: str) -> StoredMessage | None:
         """The newest message with this UNIQ_KEY (client message id), from the in-memory key index."""
@@ -942,9 +976,12 @@ class MessageStore:
         ``delete_oldest`` policy (see retention.py)."""
         self._check_open()
         self._catch_up()
-        return retention.delete_expired(
+        result = retention.delete_expired(
             self, now_ms=now_ms, disk_usage_ratio=disk_usage_ratio, before_forced_delete=before_forced_delete
         )
+        for topic in self.tombstones.prune(self.commit_log.min_offset):
+            _log.info("the last stored record of deleted topic %s is gone; its tombstone is dropped", topic)
+        return result
 
     def queue_offset_at(self, topic: str, queue_id: int, commit_log_offset: int) -> int:
         """The first offset of a queue whose message starts at or past ``commit_log_offset`` (the

@@ -1,0 +1,76 @@
+"""Deleting a topic or a consumer group: everything of it goes, and it stays gone after a restart.
+
+A topic: its configuration, its stored messages (the store's tombstone makes every record of it
+dead to dispatch, recovery, lookups and the offline jobs; its queues are deleted at once), every
+group's progress, in-flight messages, pull offsets, SQL92 registration and subscription of it. A
+topic created later under the name starts empty.
+
+A group: refused while it has live members (they would recreate it at their next call); else its
+mode, policy, subscriptions, progress (per client too, for a broadcasting group), in-flight
+messages, pull offsets and SQL92 registrations.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from siftmq.broker.client_state import CLIENT_SEPARATOR
+from siftmq.broker.validation import check_group
+from siftmq.errors import BadRequestError, NotFoundError, StatusCode
+
+if TYPE_CHECKING:
+    from siftmq.broker.broker import Broker
+
+_log = logging.getLogger(__name__)
+
+
+def delete_topic(broker: Broker, name: str) -> None:
+    """Delete topic ``name`` and everything of it (raises :class:`NotFoundError` if it does not exist)."""
+    broker.topics.delete(name)
+    queues = broker.store.delete_topic(name)
+    progress = broker.consumers.remove_where(lambda key: key[1] == name)
+    offsets = broker.offsets.remove_where(lambda key: key[1] == name)
+    filters = broker.filters.remove_where(lambda reg: reg.topic == name)
+    groups = broker.groups.drop_topic(name)
+    _log.info(
+        "deleted topic %s: %d queue(s), %d group progress and %d offset entries, %d SQL92 registration(s), "
+        "subscriptions of %d group(s)",
+        name,
+        queues,
+        progress,
+        offsets,
+        len(filters),
+        len(groups),
+    )
+
+
+def delete_group(broker: Broker, group: str) -> None:
+    """Delete consumer group ``group`` and all its state; refused while it has live members."""
+    check_group(group)
+    live = broker.clients.live_ids(group)
+    if live:
+        raise BadRequestError(
+            f"group {group!r} has {len(live)} live client(s); stop them before deleting it",
+            status=StatusCode.PRECONDITION_FAILED,
+        )
+    own = f"{group}{CLIENT_SEPARATOR}"
+
+    def of_group(name: str) -> bool:
+        return name == group or name.startswith(own)
+
+    known = broker.groups.delete(group)
+    progress = broker.consumers.remove_where(lambda key: of_group(key[0]))
+    offsets = broker.offsets.remove_where(lambda key: of_group(key[0]))
+    filters = broker.filters.remove_where(lambda reg: reg.group == group)
+    if not (known or progress or offsets or filters):
+        raise NotFoundError(
+            f"consumer group {group!r} is unknown", status=StatusCode.CONSUMER_GROUP_NOT_FOUND
+        )
+    _log.info(
+        "deleted group %s: %d progress and %d offset entries, %d SQL92 registration(s)",
+        group,
+        progress,
+        offsets,
+        len(filters),
+    )
