@@ -8,7 +8,11 @@ Before, recovery truncated everything after the damage (2,981 messages).
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,6 +68,14 @@ def test_a_flipped_byte_costs_one_record_and_the_rest_is_delivered(start_broker:
         f.seek(at)
         f.write(bytes(b ^ 0x5A for b in data))
 
+    checked = _check(broker.data_dir)  # the operator's look first: nothing is changed by it
+    assert checked.returncode == 1, checked.stderr
+    report = json.loads(checked.stdout)
+    assert not report["ok"] and report["records"] in (COUNT - 1, COUNT - 2)
+    [damage] = report["damaged"]
+    assert damage["segment"] == f"{0:020d}" and damage["offset"] <= at < damage["offset"] + damage["length"]
+    assert sum(e["count"] for e in report["lost"]) in (1, 2) and not report["quarantined"]
+
     broker = start_broker("data")
     delivered = asyncio.run(_drain(broker.endpoint))
     lost = set(acked) - set(delivered)
@@ -79,3 +91,31 @@ def test_a_flipped_byte_costs_one_record_and_the_rest_is_delivered(start_broker:
     after = asyncio.run(_send(broker.endpoint))  # the broker keeps taking and serving messages
     assert sorted(asyncio.run(_drain(broker.endpoint))) == sorted(after)
     assert broker.stop() == 0
+    report = json.loads(_check(broker.data_dir).stdout)
+    assert report["quarantined"] == [quarantined[0].name] and report["records"] == 2 * COUNT - len(lost)
+
+
+def _check(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "siftmq", "store", "check", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_store_check_of_a_clean_store_and_of_a_running_broker(start_broker: Any) -> None:
+    broker = start_broker("data")
+    asyncio.run(_send(broker.endpoint))
+    running = _check(broker.data_dir)
+    assert running.returncode == 2 and "stop it" in running.stderr
+    assert broker.stop() == 0
+    clean = subprocess.run(
+        [sys.executable, "-m", "siftmq", "store", "check", str(broker.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert clean.returncode == 0 and f"{COUNT:,} intact records" in clean.stdout and "OK" in clean.stdout

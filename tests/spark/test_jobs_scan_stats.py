@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from siftmq.cli.spark import spark_app
 from siftmq.client import FilterExpression, blocking
 from siftmq.filter import compile_filter
 from siftmq.spark.jobs import common
 from siftmq.spark.jobs.scan import run_scan, scan_dataframe
 from siftmq.spark.jobs.stats import read_subscriptions, run_stats
-from siftmq.spark_cli import spark_app
 from siftmq.store import Message, MessageStore, StoreConfig, bulk
 from siftmq.store.segment import list_segment_starts, segment_name
 from siftmq.store.statefile import read_json, write_json
@@ -348,7 +348,7 @@ def test_cli_scan_end_to_end_in_a_subprocess(broker_data: tuple[Path, list[Sent]
 
 
 def test_cli_startup_does_not_import_pyspark() -> None:
-    code = "import sys, siftmq.cli; print(sorted(m for m in sys.modules if m.startswith('pyspark')))"
+    code = "import sys, siftmq.cli.app; print(sorted(m for m in sys.modules if m.startswith('pyspark')))"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )

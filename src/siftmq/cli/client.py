@@ -7,10 +7,8 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-_out = Console(highlight=False, soft_wrap=True)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+from siftmq.cli.console import err, error, out
 
 EndpointOption = Annotated[
     str, typer.Option("--endpoint", envvar="SIFTMQ_ENDPOINT", help="The broker's host:port.")
@@ -56,12 +54,12 @@ def produce(  # noqa: PLR0917 - typer maps options to parameters
                     for i in range(first, min(first + batch, count))
                 ]
                 for receipt in await producer.send_many(msgs):
-                    _out.print(receipt.message_id, markup=False)
+                    out.print(receipt.message_id, markup=False)
 
     try:
         asyncio.run(go())
     except RemoteError as exc:
-        _err.print(f"[bold red]error:[/] {exc}", markup=True)
+        error(exc)
         raise typer.Exit(1) from None
 
 
@@ -86,7 +84,7 @@ def consume(  # noqa: PLR0917 - typer maps options to parameters
     try:
         expression = FilterExpression.sql92(sql) if sql else FilterExpression.tag(tag or "*")
     except FilterError as exc:
-        _err.print(f"[bold red]error:[/] {exc}", markup=True)
+        error(exc)
         raise typer.Exit(1) from None
 
     async def go() -> int:
@@ -109,9 +107,9 @@ def consume(  # noqa: PLR0917 - typer maps options to parameters
                             "queue_id": m.queue_id,
                             "queue_offset": m.queue_offset,
                         }
-                        _out.print(json.dumps(record, ensure_ascii=False), markup=False)
+                        out.print(json.dumps(record, ensure_ascii=False), markup=False)
                     else:
-                        _out.print(
+                        out.print(
                             f"{m.message_id} {m.tag or '-'} {dict(m.properties)} "
                             f"{m.body.decode('utf-8', 'replace')[:200]}",
                             markup=False,
@@ -121,6 +119,6 @@ def consume(  # noqa: PLR0917 - typer maps options to parameters
     try:
         got = asyncio.run(go())
     except RemoteError as exc:
-        _err.print(f"[bold red]error:[/] {exc}", markup=True)
+        error(exc)
         raise typer.Exit(1) from None
-    _err.print(f"{got} message(s)", markup=False)
+    err.print(f"{got} message(s)", markup=False)

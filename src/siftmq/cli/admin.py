@@ -6,14 +6,13 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from siftmq.cli.console import error, fail, out
 
 admin_app = typer.Typer(
     no_args_is_help=True, help="Inspect and change a running broker (its admin HTTP API)."
 )
-_out = Console(highlight=False, soft_wrap=True)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 UrlOption = Annotated[str, typer.Option("--url", envvar="SIFTMQ_ADMIN_URL", help="The broker's admin API.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the JSON answer.")]
@@ -28,15 +27,14 @@ def _request(method: str, url: str, path: str, body: dict[str, Any] | None = Non
             method, url.rstrip("/") + path, json=body, timeout=30
         )  # path parts are quoted
     except httpx.HTTPError as exc:
-        _err.print(f"[bold red]error:[/] cannot reach the admin API at {url}: {exc}", markup=True)
-        raise typer.Exit(1) from None
+        fail(f"cannot reach the admin API at {url}: {exc}")
     if response.status_code >= 400:
         try:
             detail = response.json()
             message = detail.get("message") or json.dumps(detail.get("detail", detail))
         except ValueError:
             message = response.text
-        _err.print(f"[bold red]error {response.status_code}:[/] {message}", markup=True)
+        error(message, label=f"error {response.status_code}")
         raise typer.Exit(1)
     return None if response.status_code == 204 else response.json()
 
@@ -53,12 +51,12 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
         table.add_column(col)
     for row in rows:
         table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
-    _out.print(table)
+    out.print(table)
 
 
 def _emit(data: Any, as_json: bool) -> bool:
     if as_json:
-        _out.print(json.dumps(data, ensure_ascii=False, indent=2), markup=False)
+        out.print(json.dumps(data, ensure_ascii=False, indent=2), markup=False)
     return as_json
 
 
@@ -88,7 +86,28 @@ def create_topic(
 ) -> None:
     """Create a topic."""
     data = _request("POST", url, "/topics", {"name": name, "queue_nums": queues, "perm": perm})
-    _out.print(f"created {data['name']} with {data['queue_nums']} queues", markup=False)
+    out.print(f"created {data['name']} with {data['queue_nums']} queues", markup=False)
+
+
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+@admin_app.command("delete-topic")
+def delete_topic(name: str, yes: YesOption = False, url: UrlOption = DEFAULT_URL) -> None:
+    """Delete a topic and every message stored in it (cannot be undone)."""
+    if not yes:
+        typer.confirm(f"Delete topic {name} and all its messages?", abort=True)
+    _request("DELETE", url, f"/topics/{_q(name)}")
+    out.print(f"deleted topic {name}", markup=False)
+
+
+@admin_app.command("delete-group")
+def delete_group(name: str, yes: YesOption = False, url: UrlOption = DEFAULT_URL) -> None:
+    """Delete an idle consumer group and its progress (refused while it has live members)."""
+    if not yes:
+        typer.confirm(f"Delete consumer group {name} and its progress?", abort=True)
+    _request("DELETE", url, f"/groups/{_q(name)}")
+    out.print(f"deleted group {name}", markup=False)
 
 
 @admin_app.command("groups")
@@ -105,14 +124,14 @@ def group(name: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) 
     data = _request("GET", url, f"/groups/{_q(name)}")
     if _emit(data, as_json):
         return
-    _out.print(f"group {data['group']}: {data['mode']}, {data['consistency']}, "
+    out.print(f"group {data['group']}: {data['mode']}, {data['consistency']}, "
                f"{data['inconsistencies']} inconsistencies", markup=False)  # fmt: skip
     if data["last_inconsistency"]:
-        _out.print(f"last inconsistency: {data['last_inconsistency']}", markup=False)
+        out.print(f"last inconsistency: {data['last_inconsistency']}", markup=False)
     _table("clients", data["clients"], ["client_id", "client_type", "address", "last_seen_s"])
     for sub in data["subscriptions"]:
         stats = sub["filter_stats"]
-        _out.print(
+        out.print(
             f"{sub['topic']}: {sub['type']} {sub['expression']} (v{sub['version']}); "
             f"evaluated {stats['evaluated']}, matched {stats['matched']}, "
             f"skipped by tags code {stats['skipped_by_tags_code']}, "
@@ -132,11 +151,11 @@ def set_group(
 ) -> None:
     """Change a group's message model or subscription-consistency policy."""
     data = _request("PATCH", url, f"/groups/{_q(name)}", {"mode": mode, "consistency": consistency})
-    _out.print(f"group {name}: {data['mode']}, {data['consistency']}", markup=False)
+    out.print(f"group {name}: {data['mode']}, {data['consistency']}", markup=False)
 
 
 @admin_app.command("message")
 def message(message_id: str, url: UrlOption = DEFAULT_URL) -> None:
     """Look a message up by its id."""
-    _out.print(json.dumps(_request("GET", url, f"/messages/{_q(message_id)}"), ensure_ascii=False, indent=2),
+    out.print(json.dumps(_request("GET", url, f"/messages/{_q(message_id)}"), ensure_ascii=False, indent=2),
                markup=False)  # fmt: skip

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -30,6 +29,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from siftmq.cli.console import err as _err
+from siftmq.cli.console import error, note
+from siftmq.cli.console import out as _out
+
 if TYPE_CHECKING:
     from siftmq.filter import CompiledFilter
     from siftmq.spark.jobs.common import JobProgress
@@ -39,8 +42,6 @@ spark_app = typer.Typer(
     no_args_is_help=True,
     help="Bulk Spark jobs over a broker's store (reads its segment files directly; needs the spark extra).",
 )
-_out = Console(highlight=False, soft_wrap=True)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DataDirOption = Annotated[
     Path, typer.Option("--data-dir", help="The broker's data directory (the store is <data-dir>/store).")
@@ -72,10 +73,9 @@ class JobContext:
             plan = plan_commitlog(self.spark, self.store_dir)
         _err.print(f"planned {ranges_summary(plan.ranges)}: {plan.records} records", markup=False)
         if plan.stop_reason is not None:
-            _err.print(
-                f"[yellow]note:[/] the commit log ends early ({escape(plan.stop_reason)}); "
-                + ("a broker is writing it" if self.in_use else "a torn tail the broker's recovery will cut"),
-                markup=True,
+            note(
+                f"the commit log ends early ({plan.stop_reason}); "
+                + ("a broker is writing it" if self.in_use else "a torn tail the broker's recovery will cut")
             )
         return plan
 
@@ -102,7 +102,7 @@ class JobContext:
 
 
 def _fail(message: str) -> typer.Exit:
-    _err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    error(message)
     return typer.Exit(1)
 
 
@@ -132,18 +132,14 @@ def spark_job(
     if in_use and not allow_open_store:
         raise _fail(f"a broker has {store_dir} open; stop it before running {name}")
     if in_use:
-        _err.print(
-            f"[yellow]note:[/] a broker has {escape(str(store_dir))} open; reading the records stored so far "
-            "(later appends are not included)",
-            markup=True,
-        )
+        note(f"a broker has {store_dir} open; reading the records stored so far (not later appends)")
     from pyspark.sql import SparkSession
 
     from siftmq.spark.session import build_session
 
     owned = SparkSession.getActiveSession() is None  # else: embedded (a notebook, a test) — keep it
     if not owned:
-        _err.print("[yellow]note:[/] using the running Spark session; --master is not applied", markup=True)
+        note("using the running Spark session; --master is not applied")
     with _err.status(f"starting Spark ({master}) ..."):
         try:
             spark = build_session(master, app_name=f"siftmq spark {name}")
@@ -257,7 +253,7 @@ def stats(
         from siftmq.spark.jobs.stats import read_subscriptions, run_stats
 
         if not read_subscriptions(data_dir, topic):
-            _err.print(f"[yellow]note:[/] no consumer group subscribes {escape(topic)}", markup=True)
+            note(f"no consumer group subscribes {topic}")
         plan = job.plan()
         with job.progress(f"counting {topic}") as update:
             result = run_stats(job.spark, data_dir, topic, out_dir, plan=plan, on_progress=update)

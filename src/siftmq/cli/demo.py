@@ -6,11 +6,11 @@ import asyncio
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from siftmq.cli.console import out
+
 demo_app = typer.Typer(no_args_is_help=True, help="Run the seeds' scenarios against an embedded broker.")
-_out = Console(highlight=False, soft_wrap=True)
 
 
 @demo_app.command("consistency")
@@ -18,12 +18,12 @@ def consistency() -> None:
     """Seed 004: one group, consumers subscribing tagA and tagB — strict refuses, compat loses messages."""
     from siftmq.demos.consistency import GROUP, SUBSCRIPTIONS, TOPIC, run
 
-    _out.print(
+    out.print(
         f"topic {TOPIC} (4 queues), group {GROUP}: ConsumerForTagA subscribes 'tagA', then "
         "ConsumerForTagB subscribes 'tagB'; 8 messages, MsgStr0-3 tagged tagA, MsgStr4-7 tagB",
         markup=False,
     )
-    with _out.status("running the experiment in strict and in compat mode..."):
+    with out.status("running the experiment in strict and in compat mode..."):
         outcomes = asyncio.run(run())
     for outcome in outcomes:
         table = Table(title=f"{outcome.policy} mode")
@@ -36,7 +36,7 @@ def consistency() -> None:
                 ", ".join(outcome.consumed.get(name, [])) or "-",
                 outcome.refused.get(name, ""),
             )
-        _out.print(table)
+        out.print(table)
         if outcome.policy == "strict":
             why = "nothing lost: the inconsistent consumer was refused and the group kept its subscription"
         else:
@@ -46,13 +46,13 @@ def consistency() -> None:
             )
         lost = ", ".join(outcome.lost) or "none"
         unwanted = [m for m in outcome.sent if m not in outcome.wanted]
-        _out.print(f"lost: {lost} — {why}", markup=False)
+        out.print(f"lost: {lost} — {why}", markup=False)
         if unwanted:
-            _out.print(
+            out.print(
                 f"subscribed by no accepted consumer (kept out of this group): {', '.join(unwanted)}",
                 markup=False,
             )
-        _out.print("")
+        out.print("")
 
 
 @demo_app.command("trade")
@@ -69,7 +69,7 @@ def trade(
     from siftmq.demos.trade import SYSTEMS, TOPIC, run
 
     async def go(ep: str) -> list[Any]:
-        with Progress(console=_out, transient=True) as bar:
+        with Progress(console=out, transient=True) as bar:
             sending = bar.add_task(f"sending {count:,} messages to {TOPIC}", total=count)
             draining = bar.add_task("draining the consumer groups", total=len(SYSTEMS))
 
@@ -95,10 +95,10 @@ def trade(
             str(r.wrong),
             f"{r.body_bytes:,}",
         )
-    _out.print(table)
+    out.print(table)
     all_bytes = max(r.body_bytes for r in reports)
     total = sum(r.body_bytes for r in reports)
-    _out.print(
+    out.print(
         f"filtering on the broker sent {total:,} body bytes in all; without it every system would have "
         f"received every message ({all_bytes * len(reports):,} bytes)",
         markup=False,
