@@ -28,6 +28,13 @@ The tree::
     │   ├── UnsupportedError         a call or feature this broker does not serve, or turned off
     │   └── TooManyRequestsError     a bound on concurrent work was hit (retriable)
     ├── RemoteError                  siftmq.client: a broker answered with a failure status, or is unreachable
+    │   ├── RemoteBadRequest         4xx: the request is wrong (illegal names, filters, handles, sizes)
+    │   ├── RemoteUnauthorized       401          RemoteForbidden            403
+    │   ├── RemoteNotFound           404          RemotePreconditionFailed   428
+    │   ├── RemoteTooManyRequests    429 (retriable)
+    │   ├── RemoteTimeout            408, 504 (retriable)
+    │   ├── RemoteUnavailable        unreachable, disk full, HA (retriable)
+    │   ├── RemoteServerError        500          RemoteUnsupported          501, 505
     └── ConfigError                  invalid configuration value
 
 Each layer raises its own errors; the edges translate them (``raise X from exc``).
@@ -285,14 +292,12 @@ class RemoteError(SiftError):
     """A broker answered a client call with a failure status, or could not be reached.
 
     ``status`` is the wire status name (``ILLEGAL_TOPIC``, ``UNAVAILABLE`` for transport failures, ...)
-    and ``status_code`` its number; ``retriable`` tells whether the same call may succeed later.
+    and ``status_code`` its number. The client raises the subclass of the status's family
+    (:meth:`for_status`), whose class-level ``retriable`` says whether the same call may succeed
+    later; the gRPC error, for a transport failure, is its ``__cause__``.
     """
 
     code = "REMOTE_ERROR"
-    _RETRIABLE = frozenset({
-        "TOO_MANY_REQUESTS", "INTERNAL_SERVER_ERROR", "HA_NOT_AVAILABLE", "PROXY_TIMEOUT",
-        "MASTER_PERSISTENCE_TIMEOUT", "SLAVE_PERSISTENCE_TIMEOUT", "REQUEST_TIMEOUT", "UNAVAILABLE",
-    })  # fmt: skip
 
     def __init__(self, message: str, *, status: str, status_code: int = 0, call: str = "") -> None:
         super().__init__(f"{call + ': ' if call else ''}{status} ({status_code}): {message}")
@@ -302,7 +307,93 @@ class RemoteError(SiftError):
 
     @property
     def is_retriable(self) -> bool:
-        return self.status in self._RETRIABLE
+        return self.retriable
+
+    @classmethod
+    def for_status(cls, message: str, *, status: str, status_code: int = 0, call: str = "") -> RemoteError:
+        """The error of ``status``'s family (a plain RemoteError for a status outside them)."""
+        family = _REMOTE_FAMILIES.get(status, RemoteError)
+        return family(message, status=status, status_code=status_code, call=call)
+
+
+class RemoteBadRequest(RemoteError):
+    """The request is wrong (4xx: illegal topic, group, tag, filter, handle, too large, ...)."""
+
+
+class RemoteUnauthorized(RemoteError):
+    """The call was not authenticated (401)."""
+
+
+class RemoteForbidden(RemoteError):
+    """The caller may not do this (403)."""
+
+
+class RemoteNotFound(RemoteError):
+    """The topic, group, message or offset does not exist (404)."""
+
+
+class RemotePreconditionFailed(RemoteError):
+    """The broker's state refuses the call now (428), e.g. a group's conflicting subscription."""
+
+
+class RemoteTooManyRequests(RemoteError):
+    """The broker is busy (429): retry later."""
+
+    retriable = True
+
+
+class RemoteTimeout(RemoteError):
+    """The broker (or its storage) did not finish in time (408, 504): retry."""
+
+    retriable = True
+
+
+class RemoteUnavailable(RemoteError):
+    """The broker cannot serve now (unreachable, disk full, HA): retry."""
+
+    retriable = True
+
+
+class RemoteServerError(RemoteError):
+    """The broker failed on its side (500) in a way a retry does not fix."""
+
+
+class RemoteUnsupported(RemoteError):
+    """The broker does not serve this call or feature (501, 505)."""
+
+
+_S = StatusCode
+_REMOTE_FAMILIES: dict[str, type[RemoteError]] = {
+    **{str(s): RemoteBadRequest for s in (
+        _S.BAD_REQUEST, _S.ILLEGAL_ACCESS_POINT, _S.ILLEGAL_TOPIC, _S.ILLEGAL_CONSUMER_GROUP,
+        _S.ILLEGAL_MESSAGE_TAG, _S.ILLEGAL_MESSAGE_KEY, _S.ILLEGAL_MESSAGE_GROUP,
+        _S.ILLEGAL_MESSAGE_PROPERTY_KEY, _S.INVALID_TRANSACTION_ID, _S.ILLEGAL_MESSAGE_ID,
+        _S.ILLEGAL_FILTER_EXPRESSION, _S.ILLEGAL_INVISIBLE_TIME, _S.ILLEGAL_DELIVERY_TIME,
+        _S.INVALID_RECEIPT_HANDLE, _S.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, _S.UNRECOGNIZED_CLIENT_TYPE,
+        _S.MESSAGE_CORRUPTED, _S.CLIENT_ID_REQUIRED, _S.ILLEGAL_POLLING_TIME, _S.ILLEGAL_OFFSET,
+        _S.PAYLOAD_TOO_LARGE, _S.MESSAGE_BODY_TOO_LARGE, _S.MESSAGE_BODY_EMPTY,
+        _S.REQUEST_HEADER_FIELDS_TOO_LARGE, _S.MESSAGE_PROPERTIES_TOO_LARGE,
+    )},
+    str(_S.UNAUTHORIZED): RemoteUnauthorized,
+    str(_S.FORBIDDEN): RemoteForbidden,
+    **{str(s): RemoteNotFound for s in (
+        _S.NOT_FOUND, _S.MESSAGE_NOT_FOUND, _S.TOPIC_NOT_FOUND, _S.CONSUMER_GROUP_NOT_FOUND,
+        _S.OFFSET_NOT_FOUND,
+    )},
+    str(_S.PRECONDITION_FAILED): RemotePreconditionFailed,
+    str(_S.TOO_MANY_REQUESTS): RemoteTooManyRequests,
+    **{str(s): RemoteTimeout for s in (
+        _S.REQUEST_TIMEOUT, _S.PROXY_TIMEOUT, _S.MASTER_PERSISTENCE_TIMEOUT, _S.SLAVE_PERSISTENCE_TIMEOUT,
+    )},
+    **{str(s): RemoteUnavailable for s in (_S.INTERNAL_SERVER_ERROR, _S.HA_NOT_AVAILABLE)},
+    "UNAVAILABLE": RemoteUnavailable,  # not a wire status: the client could not reach the broker
+    str(_S.INTERNAL_ERROR): RemoteServerError,
+    **{str(s): RemoteUnsupported for s in (
+        _S.NOT_IMPLEMENTED, _S.UNSUPPORTED, _S.VERSION_UNSUPPORTED, _S.VERIFY_FIFO_MESSAGE_UNSUPPORTED,
+    )},
+}  # fmt: skip
+#: Statuses that are not failures of a call (never raised as errors; a plain RemoteError if they are).
+NOT_FAILURES: frozenset[str] = frozenset({_S.OK, _S.MULTIPLE_RESULTS, _S.FAILED_TO_CONSUME_MESSAGE})
 
 
 # -------------------------------------------------------------------------------------------- helpers

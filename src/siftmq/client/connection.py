@@ -110,7 +110,7 @@ class Connection:
                 request, timeout=timeout or self.request_timeout, metadata=self.metadata()
             )
         except grpc.aio.AioRpcError as exc:
-            raise _transport_error(name, exc) from None
+            raise _transport_error(name, exc) from exc
         check(name, response.status)
         return response
 
@@ -123,7 +123,7 @@ class Connection:
             async for frame in call:
                 frames.append(frame)
         except grpc.aio.AioRpcError as exc:
-            raise _transport_error(name, exc) from None
+            raise _transport_error(name, exc) from exc
         return frames
 
     async def _batch(self, name: str, request: Any, timeout: float) -> Any | None:
@@ -140,7 +140,7 @@ class Connection:
                 if self.batch_extension is None:
                     self.batch_extension = False
                 return None
-            raise _transport_error(name, exc) from None
+            raise _transport_error(name, exc) from exc
         self.batch_extension = True
         return response
 
@@ -198,10 +198,10 @@ class Connection:
                 check("Telemetry", reply.status)
                 return reply  # type: ignore[no-any-return]
         except grpc.aio.AioRpcError as exc:
-            raise _transport_error("Telemetry", exc) from None
+            raise _transport_error("Telemetry", exc) from exc
         finally:
             call.cancel()
-        raise RemoteError(
+        raise RemoteError.for_status(
             "the broker closed the stream without a reply", status="UNAVAILABLE", call="Telemetry"
         )
 
@@ -257,7 +257,7 @@ def _from_columns(call: str, topic: str, columns: Any) -> list[ReceivedMessage]:
     try:
         return ReceivedMessage.from_columns(topic, columns)
     except ValueError as exc:
-        raise RemoteError(f"malformed answer: {exc}", status="BAD_ANSWER", call=call) from None
+        raise RemoteError(f"malformed answer: {exc}", status="BAD_ANSWER", call=call) from exc
 
 
 def _answer_of(frames: list[Any]) -> Answer:
@@ -279,11 +279,13 @@ def _answer_of(frames: list[Any]) -> Answer:
 def check(call: str, status: pb.Status) -> None:
     if status.code not in _SUCCESS:
         name = pb.Code.Name(status.code) if status.code in pb.Code.values() else str(status.code)
-        raise RemoteError(status.message or name, status=name, status_code=int(status.code), call=call)
+        raise RemoteError.for_status(
+            status.message or name, status=name, status_code=int(status.code), call=call
+        )
 
 
 def _transport_error(call: str, exc: grpc.aio.AioRpcError) -> RemoteError:
     code = exc.code()
     transient = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     status = "UNAVAILABLE" if transient else f"GRPC_{code.name}"
-    return RemoteError(exc.details() or code.name, status=status, call=call)
+    return RemoteError.for_status(exc.details() or code.name, status=status, call=call)
