@@ -23,7 +23,7 @@ S = GetMessageStatus
 def _idle_reput_store(cfg: StoreConfig) -> MessageStore:
     """A store whose reput thread never runs: only reads, flush and close dispatch."""
     store = MessageStore(cfg)
-    store._reput_loop = lambda: None  # type: ignore[method-assign]
+    store.reput_service._loop = lambda: None  # type: ignore[method-assign]
     store.start()
     return store
 
@@ -194,7 +194,7 @@ _PENDING_WRITER = textwrap.dedent(
     cfg = StoreConfig(Path(sys.argv[1]), commit_log_segment_size=1 << 20, max_message_size=1 << 16,
                       consume_queue_entries_per_file=16, flush_mode=sys.argv[2])
     store = MessageStore(cfg)
-    store._reput_loop = lambda: None  # the reput thread never catches up
+    store.reput_service._loop = lambda: None  # type: ignore[method-assign]  # never catches up
     store.start()
     store.put_messages([Message("T", b"early-%d" % i, queue_id=i % 2) for i in range(10)])
     store.flush()  # these are indexed and the checkpoint says so

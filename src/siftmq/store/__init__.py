@@ -21,8 +21,9 @@ from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue_ext import CqExtBlock, CqExtUnit
 from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, DispatchRequest
 from siftmq.store.filtering import BlockMessageFilter, GetMessageResult, GetMessageStatus, MessageFilter
+from siftmq.store.reput import MessageArrivingListener
 from siftmq.store.retention import RetentionResult
-from siftmq.store.store import MessageArrivingListener, MessageStore
+from siftmq.store.store import MessageStore
 
 __all__ = [
     "PROPERTY_KEYS",

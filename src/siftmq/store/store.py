@@ -18,8 +18,8 @@ Threads and guarantees:
   ``put_message`` returns that queue offset; in ``"sync"`` flush mode only once the record is
   fdatasync'ed (group commit), in ``"async"`` mode right after the write.
 * Indexing (ConsumeQueue, ConsumeQueueExt, bitmaps, registered dispatchers) is done by the
-  reput thread (RocketMQ's ReputMessageService), in CommitLog order and in batches, under a
-  second lock. Appends wake it; it lets a small backlog grow for up to 1 ms into a batch, so
+  reput thread (:mod:`siftmq.store.reput`, RocketMQ's ReputMessageService), in CommitLog order
+  and in batches, under a second lock. Appends wake it; it lets a small backlog grow for up to 1 ms into a batch, so
   the indexes trail the appends by about a millisecond. In ``"sync"`` mode only durable
   records are dispatched.
 * Read-your-writes: every read of the ConsumeQueues (:meth:`MessageStore.get_messages`, the
@@ -32,14 +32,13 @@ Threads and guarantees:
 * Arrival listeners (:meth:`MessageStore.add_message_arriving_listener`) are called with
   ``(topic, queue_id, max_offset)`` after each dispatch batch that wrote entries to that queue,
   outside the locks, from the thread that dispatched (for long polling).
-* Reads of the CommitLog take no lock. The broker may call every method via ``asyncio.to_thread``.
+* Reads (:mod:`siftmq.store.reader`) take no lock. The broker may call every method via ``asyncio.to_thread``.
 * After a crash, records appended but not yet dispatched are re-dispatched from the CommitLog
   by recovery (the checkpoint records how far the indexes are durable).
 """
 
 from __future__ import annotations
 
-import collections
 import errno
 import fcntl
 import logging
@@ -51,54 +50,28 @@ from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Final
 
-import numpy as np
-
-from siftmq.errors import CorruptRecordError, StoreClosedError, StoreError, StoreLockedError
-from siftmq.slots import frozen_slots_constructor
+from siftmq.errors import StoreClosedError, StoreError, StoreLockedError
 from siftmq.store import codec, retention
 from siftmq.store.codec import Message, StoredMessage
 from siftmq.store.commitlog import AppendedRecord, CommitLog
 from siftmq.store.config import StoreConfig
-from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue
+from siftmq.store.consumequeue import ConsumeQueue
 from siftmq.store.consumequeue_ext import ConsumeQueueExt
 from siftmq.store.disk import DiskGuard, DiskUsage
-from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, QueueArrival, Reput
-from siftmq.store.filtering import GetMessageResult, GetMessageStatus, MessageFilter
+from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, Reput
+from siftmq.store.filtering import GetMessageResult, MessageFilter
 from siftmq.store.keyindex import KeyIndex
 from siftmq.store.offline import finish_pending_install
+from siftmq.store.reader import MessageReader
 from siftmq.store.recovery import Checkpoint, recover
-from siftmq.store.segment import Segment, fsync_dir
+from siftmq.store.reput import MessageArrivingListener, ReputService
+from siftmq.store.segment import fsync_dir
 from siftmq.store.tombstones import Tombstones
 
 _log = logging.getLogger(__name__)
 
-_MAX_FILTER_BYTES = 16000  # RocketMQ: index bytes scanned per getMessage at least
-_REPUT_BATCH = 8192  # most records one dispatch round takes
-_REPUT_IDLE_WAIT = 0.5  # seconds the reput thread sleeps when nobody wakes it
-_REPUT_LINGER = 0.001  # seconds the reput thread lets a small backlog grow into a batch (RocketMQ: 1 ms)
-_REPUT_SMALL_BACKLOG = 64  # puts pending below which the reput thread lingers
-_MAX_DISPATCH_LAG = 32 * 1024 * 1024  # CommitLog bytes appended but not dispatched before appenders help
-_READ_GAP = 16 * 1024  # candidates at most this far apart are read with one pread (a copy is cheaper)
-_READ_SPAN = 256 * 1024  # most bytes read at once for a run of candidates
-_CANDIDATE_CHUNK = 64  # index candidates converted to Python ints at once (more if needed)
-
-_make_result: Final = frozen_slots_constructor(GetMessageResult)
-
-
-def _new_result(  # noqa: PLR0917 - the fields, in order
-    status: GetMessageStatus,
-    next_begin_offset: int,
-    min_offset: int,
-    max_offset: int,
-    messages: list[StoredMessage],
-    scanned: int,
-) -> GetMessageResult:
-    """``GetMessageResult(...)`` minus the frozen ``__init__`` (see ``siftmq.slots``)."""
-    return _make_result((status, next_begin_offset, min_offset, max_offset, messages, scanned))
-
-
-MessageArrivingListener = Callable[[str, int, int], None]
-"""Called with ``(topic, queue_id, max_offset)`` when entries were dispatched to that queue."""
+#: CommitLog bytes appended but not yet dispatched beyond which appenders dispatch themselves
+_MAX_DISPATCH_LAG: Final = 32 * 1024 * 1024
 
 
 class MessageStore:
@@ -127,6 +100,7 @@ class MessageStore:
         self.commit_log = CommitLog(
             self.data_dir / "commitlog", config.commit_log_segment_size, config.max_record_size
         )
+        self.reader = MessageReader(self.commit_log, config)
         self._sync = config.flush_mode == "sync"
         self._max_body_size = config.max_message_size
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
@@ -134,30 +108,20 @@ class MessageStore:
         self._reput = Reput(self.find_or_create_consume_queue)
         self._reput.dispatchers.extend(dispatchers)
         self._reput.bitmap_dispatcher = bitmap_dispatcher
+        self.reput_service = ReputService(
+            self._reput, self._dispatch_limit, config.flush_interval_ms / 1000.0
+        )
         self.key_index = KeyIndex() if config.build_key_index else None
         self._append_lock = threading.Lock()
-        self._dispatch_lock = threading.Lock()
-        # appended, not yet dispatched: (records, their properties) per put, in CommitLog order
-        self._pending: collections.deque[tuple[list[AppendedRecord], list[dict[str, str]]]] = (
-            collections.deque()
-        )
-        self._appended_offset = 0  # end of the last appended record
+        self._dispatch_lock = self.reput_service.lock
         self._max_store_timestamp = 0  # the largest store timestamp any record has had
-        #: records a read passed over because they are damaged (see ``siftmq store check``)
-        self.damaged_reads = 0
-        self._damage_logged_at = -1.0
-        self._dispatched_offset = 0  # end of the last dispatched record
-        self._listeners: list[MessageArrivingListener] = []
         self._commit_cond = threading.Condition()
         self._commit_leader = False
         self._lock_fd = -1
         self._running = False
         self._stop = threading.Event()
-        self._wake = threading.Lock()  # released to wake the reput thread
         self._flusher: threading.Thread | None = None
-        self._reputter: threading.Thread | None = None
         self._flush_error: StoreError | None = None
-        self._dispatch_error: StoreError | None = None
         self._checkpoint_lock = threading.Lock()
 
     # ---------------------------------------------------------------------------------- lifecycle
@@ -205,8 +169,6 @@ class MessageStore:
                 abnormal=abnormal,
                 checkpoint=Checkpoint.load(self.data_dir / "checkpoint"),
             )
-            self._pending.clear()
-            self._appended_offset = self._dispatched_offset = self.commit_log.max_offset
             self.commit_log.map_for_append()
             self._flush_all()
             abort.touch()
@@ -219,10 +181,8 @@ class MessageStore:
             raise
         self._running = True
         self._stop.clear()
-        self._wake.acquire(blocking=False)  # held while the reput thread may sleep
-        self._flush_error = self._dispatch_error = None
-        self._reputter = threading.Thread(target=self._reput_loop, name="siftmq-store-reput", daemon=True)
-        self._reputter.start()
+        self._flush_error = None
+        self.reput_service.start(self.commit_log.max_offset)
         self._flusher = threading.Thread(target=self._flush_loop, name="siftmq-store-flush", daemon=True)
         self._flusher.start()
 
@@ -234,13 +194,12 @@ class MessageStore:
         with self._append_lock:
             self._running = False
         self._stop.set()
-        self._wake_reput()
-        for thread in (self._reputter, self._flusher):
-            if thread is not None:
-                thread.join()
+        self.reput_service.stop()
+        if self._flusher is not None:
+            self._flusher.join()
         try:
             self.commit_log.flush()
-            self._dispatch_all(None)
+            self.reput_service.dispatch_all(None)
             self.commit_log.trim()  # at rest, a segment file holds its data only
             self._flush_all()
             (self.data_dir / "abort").unlink(missing_ok=True)
@@ -316,7 +275,9 @@ class MessageStore:
         It is called under the dispatch lock from the reput thread (or from a reader catching
         up), after the batch's ConsumeQueue entries are written, never by ``put_message``.
         """
-        self._dispatch_all(self._dispatch_limit(), then=lambda: self._reput.dispatchers.append(dispatcher))
+        self.reput_service.dispatch_all(
+            self._dispatch_limit(), then=lambda: self._reput.dispatchers.append(dispatcher)
+        )
 
     def set_bitmap_dispatcher(self, dispatcher: BitmapDispatcher | None) -> None:
         """Set (or clear) the dispatcher computing ConsumeQueueExt bitmaps of records appended from now on."""
@@ -324,7 +285,7 @@ class MessageStore:
         def install() -> None:
             self._reput.bitmap_dispatcher = dispatcher
 
-        self._dispatch_all(self._dispatch_limit(), then=install)
+        self.reput_service.dispatch_all(self._dispatch_limit(), then=install)
 
     def add_message_arriving_listener(self, listener: MessageArrivingListener) -> None:
         """Call ``listener(topic, queue_id, max_offset)`` whenever entries were dispatched to a queue.
@@ -336,19 +297,17 @@ class MessageStore:
         order, so treat ``max_offset`` as "at least this much is readable". Exceptions are
         logged and ignored.
         """
-        with self._dispatch_lock:
-            self._listeners = [*self._listeners, listener]
+        self.reput_service.add_listener(listener)
 
     def remove_message_arriving_listener(self, listener: MessageArrivingListener) -> None:
         """Unregister a listener added by :meth:`add_message_arriving_listener` (no-op if absent)."""
-        with self._dispatch_lock:
-            self._listeners = [x for x in self._listeners if x is not listener]
+        self.reput_service.remove_listener(listener)
 
     # ------------------------------------------------------------------------------------- queues
 
     def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         """The queue's index, or None if the queue was never created or written."""
-        self._catch_up()
+        self.reput_service.catch_up()
         return self._queues.get((topic, queue_id))
 
     def find_or_create_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -385,7 +344,7 @@ class MessageStore:
 
     def queues(self) -> list[tuple[str, int]]:
         """Every known (topic, queue_id)."""
-        self._catch_up()
+        self.reput_service.catch_up()
         return sorted(self._queues)
 
     # -------------------------------------------------------------------------------------- append
@@ -444,8 +403,8 @@ class MessageStore:
                 raise StoreClosedError("the message store is closed")
             if self._flush_error is not None:
                 raise StoreError(f"the store cannot flush: {self._flush_error}")
-            if self._dispatch_error is not None:
-                raise StoreError(f"the store cannot index: {self._dispatch_error}")
+            if self.reput_service.error is not None:
+                raise StoreError(f"the store cannot index: {self.reput_service.error}")
             now = time.time_ns() // 1_000_000
             self._max_store_timestamp = max(self._max_store_timestamp, now)
             if isinstance(prepared, codec.EncodedBatch):
@@ -460,20 +419,16 @@ class MessageStore:
             else:
                 results = self.commit_log.append(prepared, now)
                 properties = [p.properties for p in prepared]
-            self._pending.append((results, properties))
-            last = results[-1]
-            end = self._appended_offset = last.commit_log_offset + last.size
-            if not self._sync:
-                if self.key_index is not None:
-                    self.key_index.add_appended(results, properties)
-                if self._wake.locked():
-                    self._wake.release()
+            self.reput_service.add(results, properties, wake=not self._sync)
+            end = self.reput_service.appended_offset
+            if not self._sync and self.key_index is not None:
+                self.key_index.add_appended(results, properties)
         if self._sync:
             self._group_commit(end)
             if self.key_index is not None:  # durable now
                 self.key_index.add_appended(results, properties)
-        elif end - self._dispatched_offset > _MAX_DISPATCH_LAG:
-            self._dispatch_all(None)  # the reput thread lags far behind: help it
+        elif end - self.reput_service.dispatched_offset > _MAX_DISPATCH_LAG:
+            self.reput_service.dispatch_all(None)  # the reput thread lags far behind: help it
         return results
 
     def _group_commit(self, end: int) -> None:
@@ -492,129 +447,13 @@ class MessageStore:
             with self._commit_cond:
                 self._commit_leader = False
                 self._commit_cond.notify_all()
-            self._wake_reput()
+            self.reput_service.wake()
 
     # -------------------------------------------------------------------------------------- reput
-
-    def _wake_reput(self) -> None:
-        try:
-            if self._wake.locked():
-                self._wake.release()
-        except RuntimeError:  # another thread released it first
-            pass
 
     def _dispatch_limit(self) -> int | None:
         """Records ending at or before this offset may be dispatched (None: all)."""
         return self.commit_log.flushed_offset if self._sync else None
-
-    def _reput_loop(self) -> None:
-        """RocketMQ's ReputMessageService: dispatch appended records in batches, in order."""
-        interval = self.config.flush_interval_ms / 1000.0
-        while not self._stop.is_set():
-            self._wake.acquire(timeout=_REPUT_IDLE_WAIT)
-            if len(self._pending) < _REPUT_SMALL_BACKLOG:
-                # dispatching costs mostly per batch (a write per queue): let a batch form
-                self._stop.wait(_REPUT_LINGER)
-            try:
-                while not self._stop.is_set() and self._dispatch_batch(self._dispatch_limit()):
-                    pass
-                self._dispatch_error = None
-            except Exception as exc:  # keep the thread alive; readers and appenders see the error
-                _log.exception("dispatch failed; retrying")
-                self._dispatch_error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
-                self._stop.wait(interval)
-
-    def _dispatch_batch(self, limit: int | None) -> bool:
-        """Dispatch up to one batch of pending records ending at or before ``limit``.
-
-        Returns True if it dispatched a full batch (more may be pending).
-        """
-        with self._dispatch_lock:
-            arrivals, count = self._dispatch_locked(limit)
-        if arrivals:
-            self._notify(arrivals)
-        return count >= _REPUT_BATCH
-
-    def _dispatch_all(self, limit: int | None, then: Callable[[], None] | None = None) -> None:
-        """Dispatch every pending record ending at or before ``limit``; run ``then`` under the lock."""
-        arrivals: list[QueueArrival] = []
-        with self._dispatch_lock:
-            while True:
-                batch_arrivals, count = self._dispatch_locked(limit)
-                arrivals += batch_arrivals
-                if count < _REPUT_BATCH:
-                    break
-            if then is not None:
-                then()
-        if arrivals:
-            self._notify(arrivals)
-
-    def _dispatch_locked(self, limit: int | None) -> tuple[list[QueueArrival], int]:
-        """Dispatch up to one batch (caller holds the dispatch lock); returns the arrivals and
-        how many records were dispatched. Pending records are removed only once indexed."""
-        pending = self._pending
-        records: list[AppendedRecord] = []
-        properties: list[dict[str, str]] = []
-        whole = 0  # leading pending entries taken whole
-        part = 0  # records taken from the next one
-        while whole < len(pending) and len(records) < _REPUT_BATCH:
-            recs, props = pending[whole]
-            last = recs[-1]
-            if limit is not None and last.commit_log_offset + last.size > limit:
-                part = sum(1 for r in recs if r.commit_log_offset + r.size <= limit)
-                records += recs[:part]
-                properties += props[:part]
-                break
-            records += recs
-            properties += props
-            whole += 1
-        if not records:
-            return [], 0
-        try:
-            arrivals = self._reput.dispatch_appended(records, properties)
-        except OSError as exc:
-            raise StoreError(f"writing the consume queue failed: {exc}") from exc
-        for _ in range(whole):
-            pending.popleft()
-        if part:
-            recs, props = pending[0]
-            pending[0] = (recs[part:], props[part:])
-        last = records[-1]
-        self._dispatched_offset = last.commit_log_offset + last.size
-        return arrivals, len(records)
-
-    def _notify(self, arrivals: list[QueueArrival]) -> None:
-        for listener in self._listeners:
-            for topic, queue_id, max_offset in arrivals:
-                try:
-                    listener(topic, queue_id, max_offset)
-                except Exception:
-                    _log.exception("message arriving listener %r failed", listener)
-
-    def _catch_up(self, timeout: float | None = None) -> bool:
-        """Make every record appended before the call readable (the read-your-writes rule)."""
-        target = self._appended_offset
-        if self._dispatched_offset >= target:
-            return True
-        limit = self._dispatch_limit()
-        if limit is not None:
-            target = min(target, limit)
-            if self._dispatched_offset >= target:
-                return True
-        if not self._dispatch_lock.acquire(timeout=-1 if timeout is None else timeout):
-            return False
-        arrivals: list[QueueArrival] = []
-        try:
-            while self._dispatched_offset < target:
-                batch_arrivals, count = self._dispatch_locked(limit)
-                arrivals += batch_arrivals
-                if not count:
-                    break
-        finally:
-            self._dispatch_lock.release()
-        if arrivals:
-            self._notify(arrivals)
-        return self._dispatched_offset >= target
 
     def wait_dispatched(self, timeout: float | None = None) -> bool:
         """Make everything appended before the call readable now; False if ``timeout`` ran out.
@@ -622,11 +461,11 @@ class MessageStore:
         Reads do this by themselves (see the module doc); this is for callers that look at the
         index files directly, and for tests. In sync mode only durable records are dispatched.
         """
-        return self._catch_up(timeout)
+        return self.reput_service.catch_up(timeout)
 
     def dispatch_behind_bytes(self) -> int:
         """CommitLog bytes appended but not yet dispatched by the reput thread."""
-        return max(0, self._appended_offset - self._dispatched_offset)
+        return self.reput_service.behind_bytes()
 
     # --------------------------------------------------------------------------------------- flush
 
@@ -634,16 +473,16 @@ class MessageStore:
         """Flush the CommitLog, dispatch what is pending, flush the ConsumeQueues, write the checkpoint."""
         self._check_open()
         self.commit_log.flush()
-        self._dispatch_all(self._dispatch_limit())
+        self.reput_service.dispatch_all(self._dispatch_limit())
         self._flush_all()
 
     def _flush_all(self) -> None:
         with self._checkpoint_lock:
             self.commit_log.flush()
             if self._sync:
-                self._wake_reput()
+                self.reput_service.wake()
             with self._dispatch_lock:
-                dispatched = self._dispatched_offset
+                dispatched = self.reput_service.dispatched_offset
                 queues = list(self._queues.values())
             for cq in queues:
                 cq.flush()
@@ -692,201 +531,12 @@ class MessageStore:
         if max_count < 1:
             raise ValueError("max_count must be at least 1")
         cq = self.find_consume_queue(topic, queue_id)
-        if cq is None:
-            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-        min_offset = cq.min_offset
-        max_offset = cq.max_offset
-        S = GetMessageStatus
-        if max_offset == 0:
-            return GetMessageResult(S.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
-        if offset < min_offset:
-            return GetMessageResult(S.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
-        if offset == max_offset:
-            return GetMessageResult(S.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
-        if offset > max_offset:
-            nxt = min_offset if min_offset == 0 else max_offset
-            return GetMessageResult(S.OFFSET_OVERFLOW_BADLY, nxt, min_offset, max_offset)
-        max_entries = max(_MAX_FILTER_BYTES, max_count * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE
-        entries = cq.read_block(offset, min(max_entries, max_offset - offset))
-        if entries is None or len(entries) == 0:
-            return GetMessageResult(S.OFFSET_FOUND_NULL, cq.roll_next_file(offset), min_offset, max_offset)
-        return self._scan(cq, entries, offset, max_count, message_filter, bounds=(min_offset, max_offset))
+        return self.reader.get_messages(cq, offset, max_count, message_filter)
 
-    def _scan(
-        self,
-        cq: ConsumeQueue,
-        entries: np.ndarray,
-        offset: int,
-        max_count: int,
-        message_filter: MessageFilter | None,
-        *,
-        bounds: tuple[int, int],
-    ) -> GetMessageResult:
-        """Read the records of the index candidates: each sliced from its segment's read map, or
-        (not mapped yet) runs of nearby ones with one pread each."""
-        min_offset, max_offset = bounds
-        n = len(entries)
-        candidates = self._index_candidates(cq, entries, offset, message_filter)
-        count = len(candidates)
-        if count == 0:
-            return _new_result(GetMessageStatus.NO_MATCHED_MESSAGE, offset + n, min_offset, max_offset, [], n)
-        accept = message_filter.is_matched_by_commit_log if message_filter is not None else None
-        status = GetMessageStatus.NO_MATCHED_MESSAGE
-        found = GetMessageStatus.FOUND
-        messages: list[StoredMessage] = []
-        total = 0
-        next_phy_file_start = -1
-        scanned = n
-        removing_at = -1
-        max_bytes = self.config.max_transfer_bytes
-        max_msgs = min(max_count, self.config.max_transfer_count)
-        commit_log = self.commit_log
-        segment_size = commit_log.segment_size
-        max_record_size = commit_log.max_record_size
-        decode = codec.decode_entry
-        topic, queue_id = cq.topic, cq.queue_id
-        topic_bytes = topic.encode()
-        seg: Segment | None = None  # the segment of the previous candidate
-        seg_start = seg_end = 0
-        span = b""  # the bytes of [span_start, span_end) of the CommitLog
-        span_start = span_end = 0
-        # candidates as Python ints, a chunk at a time (an unfiltered pull needs only the first few)
-        chunk = count if count <= _CANDIDATE_CHUNK else max(_CANDIDATE_CHUNK, 2 * max_msgs)
-        done = 0
-        while done < count:
-            chunk_index: list[int] = candidates[done : done + chunk].tolist()
-            chunk_rows: list[tuple[int, int, int]] = entries[candidates[done : done + chunk]].tolist()
-            done += len(chunk_index)
-            chunk = _CANDIDATE_CHUNK * 4
-            stop = False
-            count_here = len(chunk_index)
-            for j in range(count_here):
-                idx = chunk_index[j]
-                phy, size, _tags_code = chunk_rows[j]
-                if phy < next_phy_file_start:
-                    continue
-                if messages and (len(messages) >= max_msgs or total + size > max_bytes):
-                    scanned = idx
-                    stop = True
-                    break
-                plausible = 0 < size <= max_record_size
-                data = None
-                if plausible:
-                    if not seg_start <= phy < seg_end:
-                        seg = commit_log.segment_holding(phy)
-                        if seg is not None:
-                            seg_start = seg.start_offset
-                            seg_end = seg_start + seg.capacity
-                    if seg is not None and phy - seg_start + size <= seg.length:
-                        data = seg.read_mapped(phy - seg_start, size)
-                if data is not None:
-                    buf, at = data, 0
-                else:
-                    if not plausible or phy < span_start or phy + size > span_end:
-                        # read this record and the following candidates that are close by, at once
-                        end = phy + size if plausible else phy + 1
-                        segment_end = phy - phy % segment_size + segment_size
-                        k = j + 1
-                        while plausible and k < count_here:
-                            nxt, nxt_size, _ = chunk_rows[k]
-                            nxt_end = nxt + nxt_size
-                            span_limit = min(segment_end, phy + _READ_SPAN, nxt + max_record_size)
-                            if not end <= nxt < nxt_end <= span_limit:
-                                break
-                            if nxt - end > _READ_GAP:
-                                break
-                            end = nxt_end
-                            k += 1
-                        read = commit_log.read_range(phy, end - phy)
-                        if read is None:
-                            if not messages:
-                                status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                                removing_at = idx
-                            next_phy_file_start = commit_log.roll_next_file(phy)
-                            continue
-                        if not plausible:  # a filler for a record lost to damage, or a damaged entry
-                            self._skip_damaged(cq, offset + idx, phy, f"index entry of size {size}")
-                            continue
-                        span, span_start, span_end = read, phy, phy + len(read)
-                    buf, at = span, phy - span_start
-                try:
-                    msg = decode(
-                        buf,
-                        at,
-                        phy,
-                        size,
-                        max_record_size,
-                        topic,
-                        topic_bytes,
-                        queue_id,
-                        offset + idx,
-                        accept,
-                    )
-                except CorruptRecordError as exc:
-                    self._skip_damaged(cq, offset + idx, phy, str(exc))
-                    continue
-                if msg is None:  # rejected by the exact (CommitLog) stage of the filter
-                    continue
-                messages.append(msg)
-                total += size
-                status = found
-                next_phy_file_start = -1
-            if stop:
-                break
-        if status is GetMessageStatus.MESSAGE_WAS_REMOVING and count < n:
-            # RocketMQ flips to NO_MATCHED_MESSAGE when an index-rejected entry follows
-            rejected = np.ones(n, dtype=bool)
-            rejected[candidates] = False
-            if rejected[removing_at + 1 : scanned].any():
-                status = GetMessageStatus.NO_MATCHED_MESSAGE
-        return _new_result(status, offset + scanned, min_offset, max_offset, messages, scanned)
-
-    def _skip_damaged(self, cq: ConsumeQueue, queue_offset: int, phy: int, reason: str) -> None:
-        """Pass over a record that cannot be read intact: it is counted and logged (at most once a
-        second), and the read goes on with the next one, so one bad record never stops a queue."""
-        self.damaged_reads += 1
-        now = time.monotonic()
-        if now - self._damage_logged_at >= 1.0:
-            self._damage_logged_at = now
-            _log.error(
-                "skipped the damaged record of %s:%d at queue offset %d (commit log offset %d): %s; "
-                "%d damaged reads so far (siftmq store check lists the damaged ranges)",
-                cq.topic,
-                cq.queue_id,
-                queue_offset,
-                phy,
-                reason,
-                self.damaged_reads,
-            )
-
-    def _index_candidates(
-        self, cq: ConsumeQueue, entries: np.ndarray, offset: int, message_filter: MessageFilter | None
-    ) -> np.ndarray:
-        n = len(entries)
-        if message_filter is None:
-            return np.arange(n)
-        tags_codes = entries["tags_code"].astype(np.int64)
-        # what isinstance(message_filter, BlockMessageFilter) checks, without its cost per call
-        match_block = getattr(message_filter, "match_consume_queue_block", None)
-        if match_block is not None:
-            lazy_ext = cq.ext.lazy_block(offset, n) if cq.ext is not None else None
-            mask = match_block(tags_codes, lazy_ext)
-            if type(mask) is not np.ndarray or mask.dtype != np.bool_:
-                mask = np.asarray(mask, dtype=bool)
-            if mask.shape != (n,):
-                raise ValueError(f"match_consume_queue_block returned shape {mask.shape}, expected ({n},)")
-            found: np.ndarray = mask.nonzero()[0]
-            return found
-        ext_block = cq.ext.read_block(offset, n) if cq.ext is not None else None
-        have_ext = 0 if ext_block is None else len(ext_block.present)
-        keep = [
-            i
-            for i in range(n)
-            if message_filter.is_matched_by_consume_queue(
-                int(tags_codes[i]), ext_block.unit(i) if ext_block is not None and i < have_ext else None
-            )
-        ]
-        return np.asarray(keep, dtype=np.int64)
+    @property
+    def damaged_reads(self) -> int:
+        """Records reads passed over because they are damaged (see ``siftmq store check``)."""
+        return self.reader.damaged_reads
 
     # ------------------------------------------------------------------------------------ deletion
 
@@ -975,7 +625,7 @@ class MessageStore:
         """Delete CommitLog segments past their age, and younger ones for space only under the
         ``delete_oldest`` policy (see retention.py)."""
         self._check_open()
-        self._catch_up()
+        self.reput_service.catch_up()
         result = retention.delete_expired(
             self, now_ms=now_ms, disk_usage_ratio=disk_usage_ratio, before_forced_delete=before_forced_delete
         )
