@@ -19,8 +19,8 @@ Threads and guarantees:
   fdatasync'ed (group commit), in ``"async"`` mode right after the write.
 * Indexing (ConsumeQueue, ConsumeQueueExt, bitmaps, registered dispatchers) is done by the
   reput thread (:mod:`siftmq.store.reput`, RocketMQ's ReputMessageService), in CommitLog order
-  and in batches, under a second lock. Appends wake it; it lets a small backlog grow for up to 1 ms into a batch, so
-  the indexes trail the appends by about a millisecond. In ``"sync"`` mode only durable
+  and in batches, under a second lock. Appends wake it; it lets a small backlog grow for up to
+  1 ms into a batch, so the indexes trail the appends by about a millisecond. In ``"sync"`` mode only durable
   records are dispatched.
 * Read-your-writes: every read of the ConsumeQueues (:meth:`MessageStore.get_messages`, the
   queue offset getters, :meth:`MessageStore.find_consume_queue`, :meth:`MessageStore.queues`)
