@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from siftmq.broker import Broker, OutgoingMessage, Subscription
-from siftmq.broker.broker import allocate_averagely
 from siftmq.broker.groups import SubscriptionConflictError
+from siftmq.broker.pull import allocate_averagely
 from siftmq.errors import BadRequestError
 from siftmq.testing import open_broker as make_broker
 

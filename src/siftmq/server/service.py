@@ -21,9 +21,10 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from siftmq.broker.broker import MAX_BATCH_MESSAGES, Broker
+from siftmq.broker.broker import Broker
 from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, receive_long_polling
 from siftmq.broker.model import Subscription
+from siftmq.broker.send import MAX_BATCH_MESSAGES
 from siftmq.errors import BadRequestError, StatusCode
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb

@@ -1,0 +1,98 @@
+"""The state the broker's request families share, and the topic lookups they all use.
+
+The broker is split as RocketMQ's has a processor per request code: sending
+(:mod:`~siftmq.broker.send`), subscriptions (:mod:`~siftmq.broker.subscriptions`), receiving with
+invisible time, acks and dead letters (:mod:`~siftmq.broker.receive`), offset pulls and queue
+assignment (:mod:`~siftmq.broker.pull`) and the admin views (:mod:`~siftmq.broker.reports`). Each
+is a class over :class:`BrokerParts`; :class:`~siftmq.broker.broker.Broker` combines them and owns
+the lifecycle and wiring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from siftmq.broker.client_state import ClientStateSweeper
+from siftmq.broker.clients import ClientRegistry
+from siftmq.broker.config import BrokerConfig
+from siftmq.broker.consumer_state import ConsumerStateTable
+from siftmq.broker.filter_registry import FilterRegistry
+from siftmq.broker.groups import GroupManager
+from siftmq.broker.offsets import OffsetTable
+from siftmq.broker.stats import BrokerStats
+from siftmq.broker.topics import TopicConfig, TopicManager
+from siftmq.broker.validation import (
+    check_topic,
+)
+from siftmq.errors import (
+    BadRequestError,
+    NotFoundError,
+    StatusCode,
+)
+from siftmq.filter import BloomFilter
+from siftmq.store import (
+    MessageStore,
+)
+
+_log = logging.getLogger(__name__)
+
+#: Dead-letter topics are named after the group: ``%DLQ%<group>``.
+DLQ_PREFIX: Final = "%DLQ%"
+#: Index entries a single receive may scan per queue before it answers (bounds one call's work).
+MAX_SCAN_PER_RECEIVE: Final = 64_000
+
+
+def dlq_topic(group: str) -> str:
+    return f"{DLQ_PREFIX}{group}"
+
+
+class BrokerParts:
+    """The state every request family works on; :class:`~siftmq.broker.broker.Broker` sets it up."""
+
+    config: BrokerConfig
+    bloom: BloomFilter
+    topics: TopicManager
+    filters: FilterRegistry
+    groups: GroupManager
+    consumers: ConsumerStateTable
+    offsets: OffsetTable
+    clients: ClientRegistry
+    client_states: ClientStateSweeper
+    stats: BrokerStats
+    store: MessageStore
+    _arrival_listeners: list[Callable[[set[str]], None]]
+    _queue_cursor: itertools.count[int]
+    _send_locks: list[threading.Lock]
+
+    # ------------------------------------------------------------------------------------- topics
+
+    def route(self, topic: str) -> TopicConfig:
+        """The topic's config, created with the default queue count when auto-creation is on."""
+        return self.topics.get_or_create(topic)
+
+    def _readable_topic(self, topic: str) -> TopicConfig:
+        check_topic(topic)
+        if topic.startswith(DLQ_PREFIX):
+            found = self.topics.get(topic)
+            if found is None:
+                raise NotFoundError(
+                    f"dead-letter topic {topic!r} has no messages yet", status=StatusCode.TOPIC_NOT_FOUND
+                )
+            return found
+        return self.topics.get_or_create(topic)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _positive_batch(batch_size: int) -> int:
+    """A request's batch size: a number below 1 is the client's error, not a request for one."""
+    if batch_size < 1:
+        raise BadRequestError(f"batch_size must be positive, got {batch_size}")
+    return batch_size

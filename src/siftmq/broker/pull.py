@@ -1,0 +1,220 @@
+"""Pulling (pull consumers): reads by queue offset through the group's filter, committed offsets,
+and the assignment of queues to a clustering group's live pull members (RocketMQ's
+PullMessageProcessor, ConsumerManageProcessor and QueryAssignment)."""
+
+from __future__ import annotations
+
+import logging
+
+from siftmq.broker.model import (
+    PullResult,
+    Subscription,
+)
+from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, _positive_batch
+from siftmq.broker.subscriptions import Subscribing
+from siftmq.broker.topics import TopicConfig
+from siftmq.broker.validation import (
+    check_group,
+)
+from siftmq.errors import (
+    BadRequestError,
+    NotFoundError,
+    StatusCode,
+)
+from siftmq.store import (
+    GetMessageStatus,
+    StoredMessage,
+)
+
+_log = logging.getLogger(__name__)
+
+
+class Pulling(Subscribing):
+    """Pull, offset and assignment requests of :class:`~siftmq.broker.broker.Broker`."""
+
+    def _queue(self, topic_name: str, queue_id: int) -> TopicConfig:
+        topic = self._readable_topic(topic_name)
+        if not 0 <= queue_id < topic.queue_nums:
+            raise BadRequestError(
+                f"queue {queue_id} does not exist: topic {topic.name!r} has queues 0..{topic.queue_nums - 1}"
+            )
+        return topic
+
+    def pull(
+        self,
+        group: str,
+        subscription: Subscription,
+        queue_id: int,
+        offset: int,
+        batch_size: int,
+        *,
+        client_id: str = "",
+    ) -> PullResult:
+        """Messages of one queue from ``offset`` that match the subscription (no invisible time, no acks).
+
+        Non-matching entries are passed over within the call's scan bound; ``next_offset`` is where
+        the next pull starts.
+        """
+        check_group(group)
+        topic = self._queue(subscription.topic, queue_id)
+        if not topic.readable:
+            raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
+        if offset < 0:
+            raise BadRequestError(
+                f"offset must not be negative, got {offset}", status=StatusCode.ILLEGAL_OFFSET
+            )
+        batch_size = min(_positive_batch(batch_size), self.config.max_pull_batch_size)
+        self._check_owner(group, topic, queue_id, client_id)
+        message_filter, own = self._resolve(group, client_id, subscription)
+        S = GetMessageStatus
+        messages: list[StoredMessage] = []
+        scanned = size = 0
+        next_offset = offset
+        while True:
+            r = self.store.get_messages(
+                group, topic.name, queue_id, next_offset, batch_size - len(messages), message_filter
+            )
+            lo, hi = r.min_offset, r.max_offset
+            if r.status in (S.OFFSET_TOO_SMALL, S.OFFSET_OVERFLOW_BADLY):
+                return PullResult("ILLEGAL_OFFSET", messages, r.next_begin_offset, lo, hi)
+            if r.status in (S.NO_MATCHED_LOGIC_QUEUE, S.NO_MESSAGE_IN_QUEUE, S.OFFSET_OVERFLOW_ONE):
+                break
+            messages.extend(r.messages)
+            size += sum(m.store_size for m in r.messages)
+            scanned += max(r.scanned, 1)
+            moved = r.next_begin_offset != next_offset
+            next_offset = r.next_begin_offset
+            full = (
+                len(messages) >= batch_size
+                or scanned >= MAX_SCAN_PER_RECEIVE
+                or size >= self.config.max_pull_bytes
+            )
+            if full or not moved or next_offset >= hi:
+                break
+        hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
+        lo = self.store.get_min_offset_in_queue(topic.name, queue_id)
+        if own is not None:  # compat group: the client's own filter drops the rest (lost to it)
+            kept = [m for m in messages if own.matches(m.properties)]
+            if len(kept) < len(messages):
+                self.groups.note_dropped(group, len(messages) - len(kept))
+            messages = kept
+        if messages:
+            self.stats.delivered(group, topic.name, len(messages), sum(len(m.body) for m in messages))
+            return PullResult("FOUND", messages, next_offset, lo, hi)
+        status = "NO_NEW_MESSAGE" if next_offset >= hi else "NO_MATCHED_MESSAGE"
+        return PullResult(status, messages, next_offset, lo, hi)
+
+    def update_offset(
+        self, group: str, topic_name: str, queue_id: int, offset: int, *, client_id: str = ""
+    ) -> None:
+        """Commit a pull consumer's offset (the next offset it will read)."""
+        check_group(group)
+        topic = self._queue(topic_name, queue_id)
+        hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
+        if not 0 <= offset <= hi:
+            raise BadRequestError(
+                f"offset {offset} is outside 0..{hi} of {topic.name}:{queue_id}",
+                status=StatusCode.ILLEGAL_OFFSET,
+            )
+        self.offsets.set((self.progress_group(group, client_id), topic.name, queue_id), offset)
+
+    def get_offset(self, group: str, topic_name: str, queue_id: int, *, client_id: str = "") -> int:
+        """The group's committed offset on a queue (pull commits, else its receive progress)."""
+        check_group(group)
+        topic = self._queue(topic_name, queue_id)
+        pgroup = self.progress_group(group, client_id)
+        found = self.offsets.get((pgroup, topic.name, queue_id))
+        if found is not None:
+            return found
+        prog = self.consumers.get((pgroup, topic.name, queue_id))
+        if prog is not None:
+            with prog.lock:
+                return prog.committed_offset
+        raise NotFoundError(
+            f"group {group!r} has no offset on {topic.name}:{queue_id}", status=StatusCode.OFFSET_NOT_FOUND
+        )
+
+    def query_offset(
+        self, topic_name: str, queue_id: int, policy: str, timestamp_ms: int | None = None
+    ) -> int:
+        """``BEGINNING`` (min), ``END`` (max), or ``TIMESTAMP``: the first offset stored at or after it."""
+        topic = self._queue(topic_name, queue_id)
+        lo = self.store.get_min_offset_in_queue(topic.name, queue_id)
+        hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
+        if policy == "BEGINNING":
+            return lo
+        if policy == "END":
+            return hi
+        if policy != "TIMESTAMP" or timestamp_ms is None:
+            raise BadRequestError(f"unknown offset policy {policy!r} (or TIMESTAMP without a timestamp)")
+        while lo < hi:  # first offset whose store time is >= timestamp_ms
+            mid = (lo + hi) // 2
+            r = self.store.get_messages("", topic.name, queue_id, mid, 1, None)
+            if not r.messages:
+                lo = max(r.next_begin_offset, mid + 1)
+                continue
+            if r.messages[0].store_timestamp >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # --------------------------------------------------------------------------------- assignment
+
+    def _pull_members(self, group: str, topic: str) -> list[str]:
+        return [
+            m.client_id
+            for m in self.clients.members(group)
+            if m.client_type == "PULL_CONSUMER"
+            and not m.refused  # a refused member consumes nothing, so it gets no queues
+            and (not m.subscriptions or topic in m.subscriptions)
+        ]
+
+    def assignment(self, group: str, topic_name: str, client_id: str) -> list[int] | None:
+        """The queues ``client_id`` consumes: None means every queue, shared by receive (pop) calls.
+
+        Pull consumers of a clustering group get disjoint queue sets, averagely allocated over the
+        group's live pull members in client-id order (RocketMQ's AllocateMessageQueueAveragely);
+        in a broadcasting group each gets every queue.
+        """
+        check_group(group)
+        topic = self.route(topic_name)
+        session = self.clients.touch(client_id, group=group)
+        if session.client_type != "PULL_CONSUMER":
+            return None
+        queues = list(range(topic.queue_nums))
+        if self.groups.mode(group) == "broadcasting":
+            return queues
+        members = self._pull_members(group, topic.name)
+        if client_id not in members:
+            return []
+        return allocate_averagely(queues, members, client_id)
+
+    def _check_owner(self, group: str, topic: TopicConfig, queue_id: int, client_id: str) -> None:
+        """In a clustering group, a registered pull member may pull only the queues assigned to it."""
+        session = self.clients.get(client_id)
+        if (
+            session is None
+            or session.client_type != "PULL_CONSUMER"
+            or self.groups.mode(group) != "clustering"
+        ):
+            return
+        members = self._pull_members(group, topic.name)
+        if client_id in members and queue_id not in allocate_averagely(
+            list(range(topic.queue_nums)), members, client_id
+        ):
+            raise BadRequestError(
+                f"queue {queue_id} of topic {topic.name!r} is assigned to another member of group {group!r}; "
+                "query the assignment again",
+                status=StatusCode.PRECONDITION_FAILED,
+            )
+
+
+def allocate_averagely(queues: list[int], members: list[str], member: str) -> list[int]:
+    """RocketMQ's AllocateMessageQueueAveragely: contiguous, nearly equal shares in member order."""
+    n, m = len(queues), len(members)
+    index = members.index(member)
+    mod = n % m
+    size = 1 if n <= m else (n // m + 1 if mod > 0 and index < mod else n // m)
+    start = index * size if mod > 0 and index < mod else index * size + mod
+    return queues[start : start + min(size, n - start)] if start < n else []

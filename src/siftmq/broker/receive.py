@@ -1,0 +1,370 @@
+"""Receiving (pop consumers): due redeliveries first, then new entries through the group's filter,
+each delivered message in flight under a receipt handle until acked; invisible time, change of
+invisible duration, and dead letters after ``max_delivery_attempts`` (RocketMQ's PopMessageProcessor,
+AckMessageProcessor, ChangeInvisibleTimeProcessor)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Final
+
+from siftmq.broker.consumer_state import InFlight, QueueProgress
+from siftmq.broker.model import (
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    Delivery,
+    Subscription,
+)
+from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, _now_ms, _positive_batch, dlq_topic
+from siftmq.broker.receipts import ReceiptHandle
+from siftmq.broker.subscriptions import Subscribing
+from siftmq.broker.validation import (
+    check_group,
+)
+from siftmq.errors import (
+    BadRequestError,
+    CorruptRecordError,
+    DiskFullError,
+    StatusCode,
+)
+from siftmq.store import (
+    GetMessageStatus,
+    Message,
+    MessageFilter,
+    StoredMessage,
+)
+
+_log = logging.getLogger(__name__)
+
+#: A dead-letter move refused for disk space is tried again this much later (ms).
+DLQ_RETRY_MS: Final = 1000
+
+
+class Receiving(Subscribing):
+    """Receive, ack, change-invisible and dead-letter requests of :class:`~siftmq.broker.broker.Broker`."""
+
+    def receive(
+        self,
+        group: str,
+        subscription: Subscription,
+        *,
+        client_id: str = "",
+        queue_id: int = -1,
+        batch_size: int = 32,
+        invisible_ms: int | None = None,
+    ) -> list[Delivery]:
+        """Deliver up to ``batch_size`` messages of ``subscription.topic`` that match its filter.
+
+        Reads the requested queue first, then the topic's other queues; redeliveries whose
+        invisible time is over come before new messages. Non-matching messages are passed over
+        (the group's progress moves past them). Returns [] when nothing is available now.
+        """
+        check_group(group)
+        topic = self._readable_topic(subscription.topic)
+        if not topic.readable:
+            raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
+        invisible = self._invisible_ms(invisible_ms)
+        batch_size = min(_positive_batch(batch_size), self.config.max_batch_size)
+        message_filter, own = self._resolve(group, client_id, subscription)
+        pgroup = self.progress_group(group, client_id)
+        queues = list(range(topic.queue_nums))
+        if 0 <= queue_id < topic.queue_nums:
+            queues = queues[queue_id:] + queues[:queue_id]
+        else:
+            shift = next(self._queue_cursor) % topic.queue_nums
+            queues = queues[shift:] + queues[:shift]
+        rp = _ReceivePass(group, pgroup, topic.name, _now_ms(), invisible, batch_size, message_filter)
+        for qid in queues:  # redeliveries first, across queues
+            prog = self._progress(pgroup, topic.name, qid)
+            with prog.lock:
+                self._take_due(rp, qid, prog)
+            if len(rp.out) >= batch_size:
+                break
+        else:
+            for qid in queues:
+                prog = self._progress(pgroup, topic.name, qid)
+                with prog.lock:
+                    self._take_new(rp, qid, prog)
+                if len(rp.out) >= batch_size:
+                    break
+        if rp.out:
+            self.stats.delivered(group, topic.name, len(rp.out), sum(len(d.message.body) for d in rp.out))
+        if own is None:
+            return rp.out
+        kept = [d for d in rp.out if own.matches(d.message.properties)]
+        for d in rp.out:
+            if d not in kept:  # compat group: what the group's filter passed but the client's rejects is lost
+                self.ack(group, topic.name, d.receipt_handle, client_id=client_id)
+        if len(kept) < len(rp.out):
+            self.groups.note_dropped(group, len(rp.out) - len(kept))
+        return kept
+
+    def next_redelivery_ms(self, group: str, topic: str, client_id: str = "") -> int | None:
+        """When the earliest in-flight message of ``group`` on ``topic`` becomes visible again."""
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            return None
+        due = []
+        pgroup = self.progress_group(group, client_id)
+        for qid in range(cfg.queue_nums):
+            prog = self.consumers.get((pgroup, topic, qid))
+            if prog is not None:
+                with prog.lock:
+                    t = prog.next_due_ms()
+                if t is not None:
+                    due.append(t)
+        return min(due, default=None)
+
+    def _invisible_ms(self, invisible_ms: int | None) -> int:
+        cfg = self.config
+        if invisible_ms is None:
+            return int(cfg.default_invisible_time_s * 1000)
+        if not cfg.min_invisible_time_s * 1000 <= invisible_ms <= cfg.max_invisible_time_s * 1000:
+            raise BadRequestError(
+                f"invisible duration {invisible_ms} ms is outside {cfg.min_invisible_time_s:g} s.."
+                f"{cfg.max_invisible_time_s:g} s",
+                status=StatusCode.ILLEGAL_INVISIBLE_TIME,
+            )
+        return invisible_ms
+
+    def _progress(self, group: str, topic: str, qid: int) -> QueueProgress:
+        prog = self.consumers.get((group, topic, qid))
+        if prog is not None:
+            return prog
+        # RocketMQ's rule for a new group: from the start while the queue still holds its first
+        # message, otherwise only what arrives from now on.
+        lo = self.store.get_min_offset_in_queue(topic, qid)
+        start = 0 if lo == 0 else self.store.get_max_offset_in_queue(topic, qid)
+        prog = self.consumers.get_or_create((group, topic, qid), start)
+        if start:  # a start that is not 0 must survive a crash, or a restart would skip what came since
+            self.consumers.save()
+        return prog
+
+    def _take_due(self, rp: _ReceivePass, qid: int, prog: QueueProgress) -> None:
+        limit = rp.batch_size - len(rp.out)
+        if limit <= 0:
+            return
+        due = list(prog.pop_due(rp.now, limit))
+        for n, item in enumerate(due):
+            try:
+                msg = self._load(item, rp.topic, qid)
+                if msg is None:  # removed by retention: nothing left to deliver
+                    del prog.inflight[item.queue_offset]
+                    self.consumers.mark_dirty()
+                    continue
+                if item.attempt >= self.config.max_delivery_attempts:
+                    try:
+                        self._to_dlq(rp.group, msg, item.attempt)
+                    except DiskFullError:
+                        # the dead-letter copy waits for room; the message stays in flight and the
+                        # group's other messages are served meanwhile
+                        item.visible_at_ms = rp.now + DLQ_RETRY_MS
+                        prog.put(item)
+                        continue
+                    del prog.inflight[item.queue_offset]
+                    self.consumers.mark_dirty()
+                    continue
+                rp.out.append(self._deliver(rp, qid, prog, msg, item.attempt + 1))
+            except Exception:
+                for rest in due[n:]:  # keep them due: nothing may stay in flight unseen
+                    if prog.inflight.get(rest.queue_offset) is rest:
+                        prog.put(rest)
+                raise
+
+    def _take_new(self, rp: _ReceivePass, qid: int, prog: QueueProgress) -> None:
+        scanned = 0
+        S = GetMessageStatus
+        limit = rp.batch_size - len(rp.out)
+        while limit > 0 and scanned < MAX_SCAN_PER_RECEIVE:
+            result = self.store.get_messages(
+                rp.group, rp.topic, qid, prog.pop_offset, limit, rp.message_filter
+            )
+            moved = result.next_begin_offset != prog.pop_offset
+            if result.status in (
+                S.FOUND,
+                S.NO_MATCHED_MESSAGE,
+                S.OFFSET_FOUND_NULL,
+                S.MESSAGE_WAS_REMOVING,
+                S.OFFSET_TOO_SMALL,
+                S.OFFSET_OVERFLOW_BADLY,
+            ):
+                prog.pop_offset = result.next_begin_offset
+            if moved:
+                self.consumers.mark_dirty()
+            for msg in result.messages:
+                rp.out.append(self._deliver(rp, qid, prog, msg, 1))
+            limit -= len(result.messages)
+            scanned += max(result.scanned, 1)
+            if (
+                not moved
+                or prog.pop_offset >= result.max_offset
+                or result.status in (S.OFFSET_OVERFLOW_ONE, S.NO_MESSAGE_IN_QUEUE, S.NO_MATCHED_LOGIC_QUEUE)
+            ):
+                break
+
+    def _deliver(
+        self, rp: _ReceivePass, qid: int, prog: QueueProgress, msg: StoredMessage, attempt: int
+    ) -> Delivery:
+        nonce = secrets.randbits(48)
+        prog.put(
+            InFlight(
+                msg.queue_offset,
+                msg.commit_log_offset,
+                msg.store_size,
+                attempt,
+                rp.now + rp.invisible_ms,
+                nonce,
+            )
+        )
+        self.consumers.mark_dirty()
+        handle = ReceiptHandle(rp.topic, qid, msg.queue_offset, nonce).encode()
+        return Delivery(msg, handle, attempt, rp.invisible_ms)
+
+    def _load(self, item: InFlight, topic: str, queue_id: int) -> StoredMessage | None:
+        """The in-flight message, or None when its record is gone (retention) or is not it any more.
+
+        A corrupt record counts as gone; any other read error propagates, so the entry stays in
+        flight for later.
+        """
+        try:
+            msg = self.store.look_message_by_offset(item.commit_log_offset, item.size)
+        except CorruptRecordError:  # unreadable for good: delivering it again can never succeed
+            _log.exception("in-flight %s:%d@%d cannot be read; dropped", topic, queue_id, item.queue_offset)
+            return None
+        if msg is not None and (msg.topic, msg.queue_id, msg.queue_offset) != (
+            topic,
+            queue_id,
+            item.queue_offset,
+        ):
+            _log.error(
+                "in-flight %s:%d@%d points at another record (commit log offset %d) after a crash; dropped",
+                topic,
+                queue_id,
+                item.queue_offset,
+                item.commit_log_offset,
+            )
+            return None
+        return msg
+
+    # -------------------------------------------------------------------------------- ack / nack
+
+    def _in_flight(
+        self, group: str, topic: str, handle_text: str, client_id: str
+    ) -> tuple[QueueProgress, InFlight]:
+        """The in-flight entry a receipt handle names; the caller then holds ``prog.lock``."""
+        check_group(group)
+        handle = ReceiptHandle.decode(handle_text)
+        if handle.topic != topic:
+            raise BadRequestError(
+                f"receipt handle belongs to topic {handle.topic!r}, not {topic!r}",
+                status=StatusCode.INVALID_RECEIPT_HANDLE,
+            )
+        prog = self.consumers.get((self.progress_group(group, client_id), topic, handle.queue_id))
+        if prog is None:
+            raise BadRequestError(
+                f"receipt handle is unknown to group {group!r}", status=StatusCode.INVALID_RECEIPT_HANDLE
+            )
+        prog.lock.acquire()
+        item = prog.inflight.get(handle.queue_offset)
+        problem = None
+        if item is None:
+            problem = "the message is not in flight (already acknowledged, or moved to the dead-letter queue)"
+        elif item.nonce != handle.nonce:
+            problem = "the receipt handle is stale: the message was delivered again with a new handle"
+        elif item.visible_at_ms <= _now_ms():
+            problem = "the receipt handle expired: the message's invisible time is over"
+        if problem is not None:
+            prog.lock.release()
+            raise BadRequestError(problem, status=StatusCode.INVALID_RECEIPT_HANDLE)
+        assert item is not None
+        return prog, item
+
+    def ack(self, group: str, topic: str, handle_text: str, *, client_id: str = "") -> None:
+        """Acknowledge one delivery (the message is done for the group)."""
+        prog, item = self._in_flight(group, topic, handle_text, client_id)
+        try:
+            del prog.inflight[item.queue_offset]
+            self.consumers.mark_dirty()
+        finally:
+            prog.lock.release()
+        self.stats.count(self.stats.acks, (group, topic))
+
+    def change_invisible_duration(
+        self, group: str, topic: str, handle_text: str, invisible_ms: int, *, client_id: str = ""
+    ) -> str:
+        """Make the message visible again ``invisible_ms`` from now; returns the new receipt handle.
+
+        A consumer's negative acknowledgement: the message is redelivered then, with
+        ``delivery_attempt`` + 1.
+        """
+        if not 0 <= invisible_ms <= self.config.max_invisible_time_s * 1000:
+            raise BadRequestError(
+                f"invisible duration {invisible_ms} ms is outside 0..{self.config.max_invisible_time_s:g} s",
+                status=StatusCode.ILLEGAL_INVISIBLE_TIME,
+            )
+        handle = ReceiptHandle.decode(handle_text)
+        prog, item = self._in_flight(group, topic, handle_text, client_id)
+        try:
+            nonce = secrets.randbits(48)
+            prog.put(
+                InFlight(
+                    item.queue_offset,
+                    item.commit_log_offset,
+                    item.size,
+                    item.attempt,
+                    _now_ms() + invisible_ms,
+                    nonce,
+                )
+            )
+            self.consumers.mark_dirty()
+        finally:
+            prog.lock.release()
+        return ReceiptHandle(topic, handle.queue_id, handle.queue_offset, nonce).encode()
+
+    def forward_to_dlq(self, group: str, topic: str, handle_text: str, *, client_id: str = "") -> None:
+        """Move the delivered message to the group's dead-letter topic now."""
+        prog, item = self._in_flight(group, topic, handle_text, client_id)
+        try:
+            msg = self._load(item, topic, ReceiptHandle.decode(handle_text).queue_id)
+            if msg is not None:
+                self._to_dlq(group, msg, item.attempt)
+            del prog.inflight[item.queue_offset]
+            self.consumers.mark_dirty()
+        finally:
+            prog.lock.release()
+
+    def _to_dlq(self, group: str, msg: StoredMessage, attempts: int) -> None:
+        topic = dlq_topic(group)
+        cfg = self.topics.get_or_create(topic, system=True)
+        props = dict(msg.properties)
+        props[PROPERTY_DLQ_ORIGIN_TOPIC] = msg.topic
+        props[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = msg.uniq_key or msg.offset_msg_id
+        self.store.put_message(
+            Message(
+                topic=cfg.name,
+                body=msg.body,
+                queue_id=0,
+                properties=props,
+                born_timestamp=msg.born_timestamp,
+                born_host=msg.born_host,
+                reconsume_times=attempts,
+            )
+        )
+        self.stats.count(self.stats.dead_letters, group)
+        _log.info("message %s of %s moved to %s after %d attempts", msg.uniq_key, msg.topic, topic, attempts)
+
+
+@dataclass(slots=True)
+class _ReceivePass:
+    """The state of one receive call across the queues it reads."""
+
+    group: str
+    pgroup: str  # whose progress: the group, or group@client in broadcasting
+    topic: str
+    now: int
+    invisible_ms: int
+    batch_size: int
+    message_filter: MessageFilter | None
+    out: list[Delivery] = field(default_factory=list)
