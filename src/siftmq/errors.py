@@ -25,8 +25,7 @@ The tree::
     ├── BrokerError                  a broker request was refused (``code`` is the wire status name)
     │   ├── BadRequestError          malformed or illegal input (topic, group, tag, key, handle, ...)
     │   ├── NotFoundError            an unknown topic or group
-    │   ├── UnsupportedError         a call or feature this broker does not serve, or turned off
-    │   └── TooManyRequestsError     a bound on concurrent work was hit (retriable)
+    │   └── UnsupportedError         a call or feature this broker does not serve, or turned off
     ├── RemoteError                  siftmq.client: a broker answered with a failure status, or is unreachable
     │   ├── RemoteBadRequest         4xx: the request is wrong (illegal names, filters, handles, sizes)
     │   ├── RemoteUnauthorized       401          RemoteForbidden            403
@@ -276,13 +275,6 @@ class UnsupportedError(BrokerError):
     """A call or feature this broker does not serve (or that its configuration turned off)."""
 
     code = "UNSUPPORTED"
-
-
-class TooManyRequestsError(BrokerError):
-    """A bound on concurrent work was hit; retry later."""
-
-    code = "TOO_MANY_REQUESTS"
-    retriable = True
 
 
 # --------------------------------------------------------------------------------------------- client

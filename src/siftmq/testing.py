@@ -26,17 +26,32 @@ READY_TIMEOUT_S = 60
 
 
 class SteppedClock:
-    """A module's ``time`` whose ``time_ns`` runs ``offset_ns`` ahead of the real clock (everything
-    else is the real module's); set the offset back to step the wall clock back
-    (``monkeypatch.setattr(store_module, "time", clock)``)."""
+    """A module's ``time`` whose ``time_ns`` runs ``offset_ns`` ahead of the real clock and whose
+    ``monotonic`` runs ``monotonic_offset_s`` ahead (everything else is the real module's).
 
-    def __init__(self, offset_ns: int) -> None:
+    Set ``offset_ns`` back to step the wall clock back, or :meth:`advance` both to let time pass
+    without waiting (``monkeypatch.setattr(store_module, "time", clock)``).
+    """
+
+    def __init__(self, offset_ns: int = 0) -> None:
         self.offset_ns = offset_ns
+        self.monotonic_offset_s = 0.0
 
     def time_ns(self) -> int:
         return time.time_ns() + self.offset_ns
 
-    def __getattr__(self, name: str) -> Any:  # monotonic, sleep, ...: the real ones
+    def time(self) -> float:
+        return self.time_ns() / 1e9
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.monotonic_offset_s
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass on both clocks, at once."""
+        self.offset_ns += int(seconds * 1e9)
+        self.monotonic_offset_s += seconds
+
+    def __getattr__(self, name: str) -> Any:  # sleep, perf_counter, ...: the real ones
         return getattr(time, name)
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from siftmq.broker import Broker, OutgoingMessage, Subscription
-from siftmq.broker.model import OutgoingBatch
+from siftmq.broker import Broker, ProducedMessage, Subscription
+from siftmq.broker import filter_registry as filter_registry_module
+from siftmq.broker.model import ProducedBatch
 from siftmq.errors import BadRequestError, FilterError, UnsupportedError
 from siftmq.hashing import java_string_hash
 from siftmq.store import store as store_module
@@ -33,7 +34,7 @@ def send(
     broker: Broker, tag: str | None = None, topic: str = TOPIC, message_id: str | None = None, **props: str
 ) -> str:
     mid = message_id or f"01ID{next(_ids):030d}"
-    broker.send(OutgoingMessage(topic=topic, body=b"x" * 10, message_id=mid, tag=tag, user_properties=props))
+    broker.send(ProducedMessage(topic=topic, body=b"x" * 10, message_id=mid, tag=tag, user_properties=props))
     return mid
 
 
@@ -94,12 +95,17 @@ def test_sql92_numeric_strings_and_conversion_errors(broker: Broker) -> None:
     assert "100" in expected and "7" not in expected and "31" in expected
 
 
-def test_sql92_bitmaps_are_computed_at_dispatch_and_used(broker: Broker) -> None:
+def test_sql92_bitmaps_are_computed_at_dispatch_and_used(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sub = sql_sub("a = 'yes'")
-    assert broker.receive("g", sub) == []  # registers group#topic with the bitmap dispatcher
+    # registered as if two seconds ago: messages sent now are past the registration margin, so
+    # their bitmaps are trusted
+    with monkeypatch.context() as patched:
+        patched.setattr(filter_registry_module, "time", SteppedClock(-2 * 10**9))
+        assert broker.receive("g", sub) == []  # registers group#topic with the bitmap dispatcher
     reg = broker.filters.get("g", TOPIC)
     assert reg is not None and reg.version == 1
-    time.sleep(1.1)  # past the registration margin: bitmaps of later messages are trusted
     for i in range(40):
         send(broker, "T", a="yes" if i % 10 == 0 else "no")
     # the ext units hold bitmaps with the group's bits exactly on the matching messages
@@ -246,14 +252,14 @@ def test_bad_sends_are_refused_and_store_nothing(
     fields.update(change)
     before = broker.store.max_commit_log_offset
     with pytest.raises(BadRequestError) as exc:
-        broker.send(OutgoingMessage(**fields))  # type: ignore[arg-type]
+        broker.send(ProducedMessage(**fields))  # type: ignore[arg-type]
     assert exc.value.status == status
     assert broker.store.max_commit_log_offset == before
     send(broker, "T")  # and the broker keeps serving
     assert broker.store.max_commit_log_offset > before
 
 
-def _batch(**change: object) -> OutgoingBatch:
+def _batch(**change: object) -> ProducedBatch:
     """Two valid messages, column by column, with ``change`` applied."""
     fields: dict[str, object] = {
         "topic": TOPIC,
@@ -269,7 +275,7 @@ def _batch(**change: object) -> OutgoingBatch:
         "born_hosts": ["", ""],
     }
     fields.update(change)
-    return OutgoingBatch(**fields)  # type: ignore[arg-type]
+    return ProducedBatch(**fields)  # type: ignore[arg-type]
 
 
 def test_a_batch_sent_column_by_column_keeps_each_message_its_own_fields(broker: Broker) -> None:
@@ -462,7 +468,7 @@ def test_retention_deletes_old_segments_and_consumers_move_on(tmp_path: Path) ->
     )  # fmt: skip
     try:
         for i in range(400):
-            broker.send(OutgoingMessage(topic=TOPIC, body=b"x" * 1000, message_id=f"01RET{i}", tag="T"))
+            broker.send(ProducedMessage(topic=TOPIC, body=b"x" * 1000, message_id=f"01RET{i}", tag="T"))
         old = broker.receive("early", tag_sub("T"), batch_size=1)  # a group that read one message
         broker.ack("early", TOPIC, old[0].receipt_handle)
         time.sleep(0.05)

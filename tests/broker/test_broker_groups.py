@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from siftmq.broker import Broker, OutgoingMessage, Subscription
+from siftmq.broker import Broker, ProducedMessage, Subscription
+from siftmq.broker import clients as clients_module
+from siftmq.broker import groups as groups_module
 from siftmq.broker.groups import SubscriptionConflictError
 from siftmq.broker.pull import allocate_averagely
 from siftmq.errors import BadRequestError
+from siftmq.testing import SteppedClock
 from siftmq.testing import open_broker as make_broker
 
 TOPIC = "SUBSCRIBE_TEST"
@@ -34,7 +37,7 @@ def send_seed_004(broker: Broker) -> None:
     """Seed 004's producer: 8 messages, the first 4 tagged tagA, the last 4 tagB."""
     for i in range(8):
         broker.send(
-            OutgoingMessage(topic=TOPIC, body=f"MsgStr{i}".encode(), message_id=f"01SEED{i}",
+            ProducedMessage(topic=TOPIC, body=f"MsgStr{i}".encode(), message_id=f"01SEED{i}",
                             tag="tagA" if i < 4 else "tagB")
         )  # fmt: skip
 
@@ -74,7 +77,7 @@ def test_strict_group_refuses_a_second_subscription_and_loses_nothing(broker: Br
     assert entry is not None and entry.expression == "tagB" and entry.version == 2
     for i in range(8, 12):
         broker.send(
-            OutgoingMessage(topic=TOPIC, body=f"MsgStr{i}".encode(), message_id=f"01L{i}", tag="tagB")
+            ProducedMessage(topic=TOPIC, body=f"MsgStr{i}".encode(), message_id=f"01L{i}", tag="tagB")
         )
     assert set(receive_all(broker, "ConsumerForTagB", tag("tagB"))) == {f"MsgStr{i}" for i in range(8, 12)}
 
@@ -134,7 +137,7 @@ def test_average_allocation_is_disjoint_and_complete(queues: int, members: int) 
 
 def test_pull_members_share_queues_and_rebalance(broker: Broker) -> None:
     for i in range(40):
-        broker.send(OutgoingMessage(topic=TOPIC, body=str(i).encode(), message_id=f"01PULL{i}", tag="t"))
+        broker.send(ProducedMessage(topic=TOPIC, body=str(i).encode(), message_id=f"01PULL{i}", tag="t"))
     members = ["p1", "p2", "p3"]
     for m in members:
         broker.subscribe(m, "PULL_CONSUMER", "pullers", [tag("*")])
@@ -174,7 +177,7 @@ def test_pull_members_share_queues_and_rebalance(broker: Broker) -> None:
     stops["p3"].set()
     broker.client_terminated("p3")  # p3 leaves mid-stream: its queues go to p1 and p2
     for i in range(40, 80):
-        broker.send(OutgoingMessage(topic=TOPIC, body=str(i).encode(), message_id=f"01PULL{i}", tag="t"))
+        broker.send(ProducedMessage(topic=TOPIC, body=str(i).encode(), message_id=f"01PULL{i}", tag="t"))
     deadline = time.monotonic() + 10
     while len(consumed) < 80 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -188,13 +191,15 @@ def test_pull_members_share_queues_and_rebalance(broker: Broker) -> None:
     assert broker.assignment("pullers", TOPIC, "p1") and broker.assignment("pullers", TOPIC, "p2")
 
 
-def test_expired_members_free_the_subscription(tmp_path: Path) -> None:
+def test_expired_members_free_the_subscription(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SteppedClock()
+    monkeypatch.setattr(clients_module, "time", clock)
     broker = make_broker(tmp_path / "d", client_session_expire_s=0.2)
     try:
         broker.subscribe("old", "SIMPLE_CONSUMER", GROUP, [tag("tagA")])
         with pytest.raises(SubscriptionConflictError):
             broker.subscribe("new", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])
-        time.sleep(0.3)
+        clock.advance(0.3)
         assert [s.client_id for s in broker.clients.expire()] == ["old", "new"] or broker.clients.get(
             "old"
         ) is None
@@ -203,7 +208,10 @@ def test_expired_members_free_the_subscription(tmp_path: Path) -> None:
         broker.close()
 
 
-def test_strict_subscription_survives_a_restart(tmp_path: Path) -> None:
+def test_strict_subscription_survives_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SteppedClock()
+    monkeypatch.setattr(clients_module, "time", clock)
+    monkeypatch.setattr(groups_module, "time", clock)
     broker = make_broker(tmp_path / "d", client_session_expire_s=0.5)
     broker.subscribe("A", "SIMPLE_CONSUMER", GROUP, [tag("tagA")])
     broker.close()
@@ -214,7 +222,7 @@ def test_strict_subscription_survives_a_restart(tmp_path: Path) -> None:
         assert "before the broker restarted" in exc.value.message
         broker.subscribe("A2", "SIMPLE_CONSUMER", GROUP, [tag("tagA")])  # the same subscription is welcome
         broker.client_terminated("A2")
-        time.sleep(0.6)
+        clock.advance(0.6)
         broker.subscribe("C", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])  # nobody came back: accepted
     finally:
         broker.close()

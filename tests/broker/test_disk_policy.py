@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from siftmq.broker import OutgoingMessage, Subscription
+from siftmq.broker import ProducedMessage, Subscription
+from siftmq.broker import parts as parts_module
+from siftmq.broker.receive import DLQ_RETRY_MS
 from siftmq.errors import BadRequestError
 from siftmq.store.disk import DiskUsage
-from siftmq.testing import open_broker
+from siftmq.testing import SteppedClock, open_broker
 
 TOPIC = "Space"
 SEGMENT = 1024 * 1024
@@ -23,7 +25,7 @@ SMALL = {"commit_log_segment_size": SEGMENT, "max_body_size": 64 * 1024, "disk_m
 def _fill(broker: object, n: int) -> None:
     for i in range(n):
         broker.send(  # type: ignore[attr-defined]
-            OutgoingMessage(topic=TOPIC, body=b"x" * 20_000, message_id=f"01SPACE{i:026d}", tag="t")
+            ProducedMessage(topic=TOPIC, body=b"x" * 20_000, message_id=f"01SPACE{i:026d}", tag="t")
         )
 
 
@@ -82,22 +84,26 @@ def test_max_topics_refuses_one_more_topic_clearly(tmp_path: Path) -> None:
     broker = open_broker(tmp_path / "d", max_topics=3)
     try:
         for name in ("T1", "T2", "T3"):
-            broker.send(OutgoingMessage(topic=name, body=b"x", message_id=f"01{name}", tag="t"))
+            broker.send(ProducedMessage(topic=name, body=b"x", message_id=f"01{name}", tag="t"))
         with pytest.raises(BadRequestError) as refused:
-            broker.send(OutgoingMessage(topic="T4", body=b"x", message_id="01T4", tag="t"))
+            broker.send(ProducedMessage(topic="T4", body=b"x", message_id="01T4", tag="t"))
         assert refused.value.status == "PRECONDITION_FAILED" and "max_topics" in refused.value.message
         broker.send(
-            OutgoingMessage(topic="T1", body=b"y", message_id="01T1b", tag="t")
+            ProducedMessage(topic="T1", body=b"y", message_id="01T1b", tag="t")
         )  # existing ones go on
     finally:
         broker.close()
 
 
-def test_a_full_disk_delays_dead_letters_and_keeps_serving_the_rest(tmp_path: Path) -> None:
+def test_a_full_disk_delays_dead_letters_and_keeps_serving_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SteppedClock()
+    monkeypatch.setattr(parts_module, "time", clock)
     broker = open_broker(tmp_path / "d", max_delivery_attempts=1, default_queue_nums=1)
     try:
         for i in range(3):
-            broker.send(OutgoingMessage(topic=TOPIC, body=b"%d" % i, message_id=f"01DLQ{i}", tag="t"))
+            broker.send(ProducedMessage(topic=TOPIC, body=b"%d" % i, message_id=f"01DLQ{i}", tag="t"))
         sub = Subscription(TOPIC, "TAG", "*")
         assert len(broker.receive("g", sub, batch_size=2, invisible_ms=50)) == 2  # never acked
         time.sleep(0.1)
@@ -109,7 +115,7 @@ def test_a_full_disk_delays_dead_letters_and_keeps_serving_the_rest(tmp_path: Pa
         assert [d.message.body for d in served] == [b"2"]  # the two due for the DLQ wait, nothing fails
         broker.store.disk._usage = lambda path: DiskUsage(100 * gib, 10 * gib, 90 * gib)
         broker.store.disk.state(fresh=True)
-        time.sleep(1.1)  # DLQ_RETRY_MS
+        clock.advance(DLQ_RETRY_MS / 1000 + 0.1)
         broker.receive("g", sub, batch_size=16, invisible_ms=60_000)
         assert broker.stats.dead_letters["g"] == 2
     finally:

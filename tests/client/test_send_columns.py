@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from siftmq.broker.model import OutgoingBatch
+from siftmq.broker.model import ProducedBatch
 from siftmq.client import FilterExpression, OutgoingMessage, Producer, PullConsumer, ReceivedMessage
 from siftmq.client.connection import message_frame, send_columns
 from siftmq.errors import RemoteError
@@ -36,7 +36,7 @@ def outgoing(draw: Any, topic: str = "T") -> OutgoingMessage:
     )
 
 
-def _messages(batch: OutgoingBatch) -> list[tuple[Any, ...]]:
+def _messages(batch: ProducedBatch) -> list[tuple[Any, ...]]:
     """Each message of a batch: body, id, tag, keys, properties, born time and host."""
     out = []
     keys_at = props_at = 0
@@ -65,7 +65,7 @@ def test_columns_carry_what_the_standard_request_carries(
     ]
     standard = [convert.outgoing_message(f, 1 << 20) for f in frames]
     assert {m.topic for m in standard} == {columns.topic}
-    assert _messages(columns) == _messages(OutgoingBatch.of(columns.topic, standard))
+    assert _messages(columns) == _messages(ProducedBatch.of(columns.topic, standard))
     assert [(m.body, m.message_id, m.tag, m.keys, dict(m.properties), m.born_timestamp_ms, "")
             for m in messages] == _messages(columns)  # fmt: skip
 

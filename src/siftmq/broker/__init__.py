@@ -8,6 +8,6 @@ and long polling. :class:`~siftmq.broker.broker.Broker` ties them to a
 
 from siftmq.broker.broker import Broker
 from siftmq.broker.config import BrokerConfig
-from siftmq.broker.model import Delivery, OutgoingMessage, SendResult, Subscription
+from siftmq.broker.model import Delivery, ProducedMessage, SendResult, Subscription
 
-__all__ = ["Broker", "BrokerConfig", "Delivery", "OutgoingMessage", "SendResult", "Subscription"]
+__all__ = ["Broker", "BrokerConfig", "Delivery", "ProducedMessage", "SendResult", "Subscription"]

@@ -94,11 +94,11 @@ class BrokerConfig:
     # siftmq's batch extension (one frame per pull/receive answer); siftmq clients fall back to the
     # standard one-message-per-frame calls when it is off
     batch_extension: bool = True
-    # threads that serve pull and receive reads: CPU-bound reads in many threads lose time fighting
-    # over the GIL (measured 2026-11-22: broker CPU per pulled message ~32 us with 1, ~38 us with 64)
+    # threads that serve pull and receive reads: CPU-bound reads spread over many threads lose time
+    # to GIL hand-offs (the README's configuration section has the figures)
     read_threads: int = 1
-    # threads that append sends; 0 = 1 with async flush (measured: broker CPU per sent message ~40 us
-    # vs ~46 us in the shared pool), 64 with sync flush (concurrent sends share one fsync)
+    # threads that append sends; 0 = 1 with async flush (one appending thread costs the least CPU
+    # per message), 64 with sync flush (concurrent sends then share one fsync)
     send_threads: int = 0
     max_delivery_attempts: int = 16
     retry_backoff_s: tuple[float, ...] = field(default=DEFAULT_RETRY_BACKOFF_S)

@@ -8,15 +8,13 @@ from typing import NamedTuple
 
 from siftmq.store import StoredMessage
 
-#: The property that carries a FIFO message's group (RocketMQ's ``__SHARDINGKEY``).
-PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
 PROPERTY_BORN_HOST = "__BORN_HOST"
 PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
 
 
 @dataclass(slots=True)
-class OutgoingMessage:
+class ProducedMessage:
     """A message as a producer sends it (before validation).
 
     Not frozen: one is built per message sent, and a frozen dataclass costs twice as much to build.
@@ -34,13 +32,13 @@ class OutgoingMessage:
     delivery_timestamp_ms: int | None = None
 
 
-class OutgoingBatch(NamedTuple):
+class ProducedBatch(NamedTuple):
     """Messages of one topic as a producer sends them, column by column (before validation).
 
     Entry i of every per-message column belongs to message i. Keys and user properties are
     flattened: message i has ``key_counts[i]`` keys and ``property_counts[i]`` properties, taken in
     order from ``keys`` and from ``property_names`` / ``property_values``. Built by
-    :meth:`of` from :class:`OutgoingMessage` objects, or straight from a columnar request.
+    :meth:`of` from :class:`ProducedMessage` objects, or straight from a columnar request.
     """
 
     topic: str
@@ -56,7 +54,7 @@ class OutgoingBatch(NamedTuple):
     born_hosts: Sequence[str]
 
     @classmethod
-    def of(cls, topic: str, msgs: Sequence[OutgoingMessage]) -> OutgoingBatch:
+    def of(cls, topic: str, msgs: Sequence[ProducedMessage]) -> ProducedBatch:
         """``msgs`` (all of ``topic``; FIFO and delay fields are not carried) as columns."""
         keys: list[str] = []
         names: list[str] = []

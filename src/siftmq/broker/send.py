@@ -11,8 +11,8 @@ from typing import Final
 
 from siftmq.broker.model import (
     PROPERTY_BORN_HOST,
-    OutgoingBatch,
-    OutgoingMessage,
+    ProducedBatch,
+    ProducedMessage,
     SendResult,
 )
 from siftmq.broker.parts import BrokerParts
@@ -42,11 +42,11 @@ MAX_BATCH_MESSAGES: Final = 1024
 class Sending(BrokerParts):
     """The send requests of :class:`~siftmq.broker.broker.Broker`."""
 
-    def send(self, msg: OutgoingMessage) -> SendResult:
+    def send(self, msg: ProducedMessage) -> SendResult:
         """Validate and store one message; a retry with the same message id is stored once."""
         return self.send_many([msg])[0]
 
-    def send_many(self, msgs: Sequence[OutgoingMessage]) -> list[SendResult]:
+    def send_many(self, msgs: Sequence[ProducedMessage]) -> list[SendResult]:
         """Validate and store a batch of one topic in one append (one fsync in sync mode).
 
         Every message is checked before anything is stored: one bad message refuses the whole batch.
@@ -71,10 +71,10 @@ class Sending(BrokerParts):
                     "delay messages (delivery_timestamp) are not supported by this broker yet",
                     status=StatusCode.UNSUPPORTED,
                 )
-        return self.send_batch(OutgoingBatch.of(msgs[0].topic, msgs))
+        return self.send_batch(ProducedBatch.of(msgs[0].topic, msgs))
 
-    def send_batch(self, batch: OutgoingBatch) -> list[SendResult]:
-        """:meth:`send_many` of messages given column by column (see :class:`OutgoingBatch`)."""
+    def send_batch(self, batch: ProducedBatch) -> list[SendResult]:
+        """:meth:`send_many` of messages given column by column (see :class:`ProducedBatch`)."""
         count = len(batch.bodies)
         if not count:
             raise BadRequestError("no message to send")
@@ -125,7 +125,7 @@ class Sending(BrokerParts):
                 self._send_locks[k].release()
         return [r for r in results if r is not None]
 
-    def _prepare(self, batch: OutgoingBatch) -> list[BatchEntry]:
+    def _prepare(self, batch: ProducedBatch) -> list[BatchEntry]:
         """Check every message of ``batch`` (its topic is checked by the caller); the store's entries."""
         message_ids = batch.message_ids
         if len(set(message_ids)) != len(message_ids):

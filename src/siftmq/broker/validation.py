@@ -97,9 +97,6 @@ def check_group(group: str) -> None:
         )
 
 
-MAX_EXPRESSION_LENGTH: Final = 65_536
-
-
 @functools.lru_cache(maxsize=4096)  # tags repeat; a refused tag raises, and raising is never cached
 def check_tag(tag: str) -> None:
     """A tag is non-blank, at most 255 characters, and never contains ``|`` (the subscription separator)."""

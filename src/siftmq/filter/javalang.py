@@ -26,7 +26,6 @@ INT_MIN: Final = -(2**31)
 INT_MAX: Final = 2**31 - 1
 LONG_MIN: Final = -(2**63)
 LONG_MAX: Final = 2**63 - 1
-DOUBLE_MIN_VALUE: Final = 5e-324  # Double.MIN_VALUE (RocketMQ writes it as 4.9E-324)
 DOUBLE_MAX_VALUE: Final = 1.7976931348623157e308
 
 

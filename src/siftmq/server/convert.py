@@ -10,7 +10,7 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from siftmq.broker.model import PROPERTY_BORN_HOST, Delivery, OutgoingBatch, OutgoingMessage, Subscription
+from siftmq.broker.model import PROPERTY_BORN_HOST, Delivery, ProducedBatch, ProducedMessage, Subscription
 from siftmq.broker.validation import qualified_name
 from siftmq.errors import BadRequestError, StatusCode
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -63,7 +63,7 @@ def subscription_of(topic: str, expression: pb.FilterExpression) -> Subscription
     return Subscription(topic, kind, expression.expression or ("*" if kind == "TAG" else ""))
 
 
-def outgoing_message(msg: pb.Message, max_body_size: int) -> OutgoingMessage:
+def outgoing_message(msg: pb.Message, max_body_size: int) -> ProducedMessage:
     sp = msg.system_properties
     body = msg.body
     encoding = sp.body_encoding
@@ -73,7 +73,7 @@ def outgoing_message(msg: pb.Message, max_body_size: int) -> OutgoingMessage:
         raise BadRequestError(f"unknown body encoding {encoding}")
     keys = sp.keys
     born = sp.born_timestamp
-    return OutgoingMessage(  # positional, in field order: this runs once per message sent
+    return ProducedMessage(  # positional, in field order: this runs once per message sent
         topic_name(msg.topic),
         body,
         sp.message_id,
@@ -87,10 +87,10 @@ def outgoing_message(msg: pb.Message, max_body_size: int) -> OutgoingMessage:
     )
 
 
-def outgoing_batch(request: batch_pb.SendBatchRequest) -> OutgoingBatch:
+def outgoing_batch(request: batch_pb.SendBatchRequest) -> ProducedBatch:
     """A SendMessages request's columns (the broker checks that they agree)."""
     count = len(request.body)
-    return OutgoingBatch(
+    return ProducedBatch(
         topic_name(request.topic),
         list(request.body),
         list(request.message_id),

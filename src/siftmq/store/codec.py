@@ -99,7 +99,7 @@ def tags_code_of(tags: str | None) -> int:
     return java_string_hash(tags)
 
 
-def check_topic(topic: str) -> None:
+def check_topic_name(topic: str) -> None:
     """RocketMQ's topic rules: 1..127 characters of ``[%|a-zA-Z0-9_-]`` (also safe as a directory name)."""
     if not isinstance(topic, str) or not _TOPIC_RE.match(topic):
         raise ValueError(
@@ -252,7 +252,7 @@ _MAX_CACHED_TOPICS: Final = 4096
 
 def _topic_prefix(topic: str) -> bytes:
     """The topic_length byte + topic bytes of a record, for a checked topic."""
-    check_topic(topic)
+    check_topic_name(topic)
     topic_bytes = topic.encode("ascii")
     prefix = bytes((len(topic_bytes),)) + topic_bytes
     if len(_topic_prefixes) >= _MAX_CACHED_TOPICS:
@@ -560,31 +560,6 @@ def _decode_checked(data: bytes | memoryview, pos: int, total_size: int, offset:
 
 
 _new_stored_message: Final = functools.partial(tuple.__new__, StoredMessage)
-
-
-def decode_for_queue(
-    data: bytes,
-    pos: int,
-    offset: int,
-    size: int,
-    *,
-    max_record_size: int,
-    topic: str,
-    queue_id: int,
-    queue_offset: int,
-    accept: Callable[[dict[str, str]], bool] | None = None,
-) -> StoredMessage | None:
-    """Verify and decode the record a ConsumeQueue entry points at, in one pass.
-
-    ``data[pos:]`` holds the record at CommitLog ``offset``; the entry says it is ``size`` bytes
-    of ``topic``/``queue_id`` at ``queue_offset``. Every check of :func:`decode_record` is made,
-    plus the entry's; a mismatch raises :class:`CorruptRecordError`. When ``accept`` is given it
-    is called with the decoded properties first, and a record it rejects returns None without
-    building a :class:`StoredMessage`.
-    """
-    return decode_entry(
-        data, pos, offset, size, max_record_size, topic, topic.encode(), queue_id, queue_offset, accept
-    )
 
 
 def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per candidate of a pull

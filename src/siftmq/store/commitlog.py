@@ -247,11 +247,6 @@ class CommitLog:
     def _write(seg: Segment, chunks: list[bytes | bytearray]) -> None:
         seg.write(b"".join(chunks))
 
-    def _current_segment(self) -> Segment:
-        if not self._segments:
-            return self._new_segment(0)
-        return self._segments[-1]
-
     def _new_segment(self, start: int) -> Segment:
         """Create the next segment, preallocated and mapped for writing; the previous one, full
         now, is cut back to its data (see :mod:`siftmq.store.segment`)."""

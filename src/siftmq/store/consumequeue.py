@@ -144,10 +144,6 @@ class ConsumeQueue:
         offset, size, tags_code = _ENTRY.unpack(data)
         return int(offset), int(size), int(tags_code)
 
-    def last_entry(self) -> CqEntry | None:
-        """The newest entry."""
-        return self.get_entry(self.max_offset - 1) if self.max_offset > self.min_offset else None
-
     def roll_next_file(self, queue_offset: int) -> int:
         """The first queue offset of the segment after the one holding ``queue_offset``."""
         return self.log.next_segment_index(queue_offset)

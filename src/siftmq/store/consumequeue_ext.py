@@ -21,14 +21,12 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from siftmq.store.unitlog import UnitLog
 
-DEFAULT_BITMAP_SIZE: Final = 14
 _FIXED = struct.Struct(">qqH")
 
 
@@ -182,13 +180,6 @@ class ConsumeQueueExt:
         """The unit of ``queue_offset``, or None when absent."""
         block = self.read_block(queue_offset, 1)
         return None if block is None or len(block.present) == 0 else block.unit(0)
-
-    def empty_block(self) -> CqExtBlock:
-        """A block of no units."""
-        arr = np.frombuffer(b"", dtype=self._dtype)
-        return CqExtBlock(
-            arr["store_timestamp"], arr["tags_code"], arr["bitmap_length"], arr["bitmap"], np.zeros(0, bool)
-        )
 
     def lazy_block(self, queue_offset: int, count: int) -> CqExtBlock | None:
         """What :meth:`read_block` returns, read only when a field is first used."""

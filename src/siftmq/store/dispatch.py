@@ -243,13 +243,6 @@ class Reput:
         return arrivals
 
     @staticmethod
-    def write_entries(
-        cq: ConsumeQueue, reqs: Sequence[DispatchRequest], bitmaps: Sequence[bytes | None]
-    ) -> None:
-        """Write the entries of consecutive requests of one queue (truncating a stale tail)."""
-        Reput._write_rows(cq, [_row(r) for r in reqs], bitmaps)
-
-    @staticmethod
     def _write_rows(
         cq: ConsumeQueue,
         rows: Sequence[_Row],

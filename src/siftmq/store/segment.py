@@ -37,7 +37,7 @@ NAME_DIGITS: Final = 20
 _NAME_RE: Final = re.compile(r"^\d{20}$")
 MAP_STEP: Final = 4 * 1024 * 1024  # read_mapped maps again once this many more bytes were written
 # writes at least this long go through pwrite even to a mapped segment: a memory copy into the map
-# is faster for small writes (no system call), pwrite for larger ones (measured crossover ~16 KiB)
+# is faster for small writes (no system call), pwrite for larger ones (they cross near 16 KiB)
 MAP_WRITE_LIMIT: Final = 16 * 1024
 
 

@@ -315,7 +315,7 @@ class MessageStore:
         key = (topic, queue_id)
         cq = self._queues.get(key)
         if cq is None:
-            codec.check_topic(topic)
+            codec.check_topic_name(topic)
             with self._queues_lock:
                 cq = self._queues.get(key)
                 if cq is None:
