@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from siftmq.client import FilterExpression, Producer, SimpleConsumer
+from client_helpers import drain
+from siftmq.client import Producer
 
 pytestmark = [pytest.mark.integration]
 
@@ -37,15 +38,7 @@ async def _send(endpoint: str) -> list[str]:
 
 
 async def _drain(endpoint: str) -> list[str]:
-    got: list[str] = []
-    async with SimpleConsumer(endpoint, "reader", {TOPIC: FilterExpression.tag("*")}) as consumer:
-        while True:
-            messages = await consumer.receive(32, invisible_duration=60)
-            if not messages:
-                return got
-            for m in messages:
-                got.append(m.message_id)
-                await consumer.ack(m)
+    return [m.message_id for m in await drain(endpoint, "reader", TOPIC)]
 
 
 def _metric(admin_url: str, name: str) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from client_helpers import drain
 from siftmq.client import FilterExpression, Producer, SimpleConsumer
 
 pytestmark = [pytest.mark.integration]
@@ -43,18 +44,7 @@ async def _send(endpoint: str, bodies: list[bytes]) -> list[str]:
 
 
 async def _drain(endpoint: str, group: str, *, limit: int | None = None) -> list[bytes]:
-    got: list[bytes] = []
-    async with SimpleConsumer(endpoint, group, {TOPIC: FilterExpression.tag("*")}) as consumer:
-        while limit is None or len(got) < limit:
-            messages = await consumer.receive(
-                8 if limit is None else min(8, limit - len(got)), invisible_duration=30
-            )
-            if not messages:
-                break
-            for m in messages:
-                got.append(m.body)
-                await consumer.ack(m)
-    return got
+    return [m.body for m in await drain(endpoint, group, TOPIC, limit=limit, batch=8)]
 
 
 def test_a_deleted_topic_never_delivers_its_old_messages(start_broker: Any) -> None:

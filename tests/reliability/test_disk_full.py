@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from siftmq.client import FilterExpression, Producer, SimpleConsumer
+from client_helpers import drain
+from siftmq.client import Producer
 from siftmq.errors import RemoteError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -52,15 +53,7 @@ async def _send_once_there_is_room(endpoint: str, deadline_s: float) -> str:
 
 
 async def _drain(endpoint: str) -> list[str]:
-    got: list[str] = []
-    async with SimpleConsumer(endpoint, "reader", {TOPIC: FilterExpression.tag("*")}) as consumer:
-        while True:
-            messages = await consumer.receive(32, invisible_duration=60)
-            if not messages:
-                return got
-            for m in messages:
-                got.append(m.message_id)
-                await consumer.ack(m)
+    return [m.message_id for m in await drain(endpoint, "reader", TOPIC)]
 
 
 @pytest.mark.parametrize("flush", ["async", "sync"])

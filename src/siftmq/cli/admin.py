@@ -95,19 +95,20 @@ YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for con
 @admin_app.command("delete-topic")
 def delete_topic(name: str, yes: YesOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """Delete a topic and every message stored in it (cannot be undone)."""
-    if not yes:
-        typer.confirm(f"Delete topic {name} and all its messages?", abort=True)
-    _request("DELETE", url, f"/topics/{_q(name)}")
-    out.print(f"deleted topic {name}", markup=False)
+    _delete(f"/topics/{_q(name)}", f"topic {name}", "and all its messages", yes=yes, url=url)
 
 
 @admin_app.command("delete-group")
 def delete_group(name: str, yes: YesOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """Delete an idle consumer group and its progress (refused while it has live members)."""
+    _delete(f"/groups/{_q(name)}", f"group {name}", "and its progress", yes=yes, url=url)
+
+
+def _delete(path: str, what: str, with_it: str, *, yes: bool, url: str) -> None:
     if not yes:
-        typer.confirm(f"Delete consumer group {name} and its progress?", abort=True)
-    _request("DELETE", url, f"/groups/{_q(name)}")
-    out.print(f"deleted group {name}", markup=False)
+        typer.confirm(f"Delete {what} {with_it}?", abort=True)
+    _request("DELETE", url, path)
+    out.print(f"deleted {what}", markup=False)
 
 
 @admin_app.command("groups")

@@ -25,6 +25,7 @@ from typing import Final
 
 from siftmq.errors import FilterEvaluationError
 from siftmq.filter.nodes import Compare, Equal, Literal, Node, Property, children
+from siftmq.filter.visitor import postorder
 
 
 class _Throws:
@@ -82,20 +83,13 @@ class BoundTree:
 def bind(tree: Node, fold: Callable[[Node], object]) -> BoundTree:
     """Bind ``tree``; ``fold(node)`` evaluates a property-free sub-tree (raising where it throws)."""
     props: dict[int, frozenset[str]] = {}
-    stack: list[tuple[Node, bool]] = [(tree, False)]
-    while stack:
-        node, done = stack.pop()
-        if id(node) in props:
-            continue
-        kids = children(node)
-        if not done and kids:
-            stack.append((node, True))
-            stack.extend((c, False) for c in kids)
-            continue
+
+    def reads(node: Node, parts: list[frozenset[str]]) -> frozenset[str]:
         found = frozenset((node.name,)) if isinstance(node, Property) else frozenset()
-        for c in kids:
-            found |= props[id(c)]
-        props[id(node)] = found
+        props[id(node)] = found = found.union(*parts)
+        return found
+
+    postorder(tree, children, reads, shared=True)
     constants: dict[int, object] = {}
     comparisons: dict[int, Comparison] = {}
     todo = [tree]

@@ -30,6 +30,7 @@ from siftmq.filter.backends.arrow.columns import _Column
 from siftmq.filter.backends.arrow.kernels import _MATCH_COST, ENCODE_MIN_COST, Mask
 from siftmq.filter.bind import BoundTree
 from siftmq.filter.javalang import JType
+from siftmq.filter.visitor import postorder
 
 # ------------------------------------------------------------------------------------------ values
 
@@ -101,18 +102,12 @@ class _Plan:
         self.props = bound.props
         self.constants = bound.constants
         self.cost: dict[int, int] = {}
-        stack: list[tuple[Node, bool]] = [(self.tree, False)]
-        while stack:
-            node, done = stack.pop()
-            key = id(node)
-            if key in self.cost:
-                continue
-            kids = children(node)
-            if not done and kids:
-                stack.append((node, True))
-                stack.extend((c, False) for c in kids)
-                continue
-            self.cost[key] = _own_cost(node) + sum(self.cost[id(c)] for c in kids)
+
+        def cost(node: Node, parts: list[int]) -> int:
+            self.cost[id(node)] = total = _own_cost(node) + sum(parts)
+            return total
+
+        postorder(self.tree, children, cost, shared=True)
 
     def dictionary_subtrees(self, columns: Mapping[str, _Column]) -> list[tuple[Node, str]]:
         """The maximal boolean sub-trees to evaluate once per distinct value of their one column."""
