@@ -14,7 +14,7 @@ Every measurement reads the same store in the same run and reports records scann
 (every record of the log is read and verified), MiB/s of log, and the matches, which must agree
 between all paths:
 
-* ``python``: :func:`siftmq.store.bulk.iter_records` (``codec.decode_record`` per record) plus
+* ``python``: :func:`siftmq.store.bulk.iter_records` (``decoding.decode_record`` per record) plus
   ``CompiledFilter.matches`` — the plain single-process reference;
 * ``bulk reader``: :func:`siftmq.store.bulk.read_range` over every range in one process, filter
   evaluated with ``CompiledFilter.matches_batch`` (pyarrow);
@@ -122,7 +122,7 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 def measure_python(
     store_dir: Path, compiled: CompiledFilter, plan: bulk.ScanPlan, repeat: int
 ) -> Measurement:
-    """The single-process reference: codec.decode_record per record, then the scalar filter."""
+    """The single-process reference: decoding.decode_record per record, then the scalar filter."""
 
     def run() -> int:
         return sum(1 for m in bulk.iter_records(store_dir, topics=[TOPIC]) if compiled.matches(m.properties))

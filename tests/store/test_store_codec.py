@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError
-from siftmq.store import codec
+from siftmq.store import codec, decoding
 from siftmq.store.codec import Message
 
 _prop_text = st.text(
@@ -36,7 +36,7 @@ def test_round_trip(m: Message, queue_offset: int, physical: int) -> None:
     parts = codec.prepare(m, max_body_size=4096)
     raw = codec.encode_record(parts, queue_offset=queue_offset, physical_offset=physical, store_timestamp=7)
     assert len(raw) == parts.size
-    out = codec.decode_record(raw, 0, physical, max_record_size=1 << 20)
+    out = decoding.decode_record(raw, 0, physical, max_record_size=1 << 20)
     assert (out.topic, out.body, out.queue_id, out.properties) == (
         m.topic,
         m.body,
@@ -65,7 +65,7 @@ def test_any_flipped_byte_is_detected(m: Message, data: st.DataObject) -> None:
     i = data.draw(st.integers(0, len(raw) - 1))
     raw[i] ^= data.draw(st.integers(1, 255))
     with pytest.raises(CorruptRecordError) as err:
-        codec.decode_record(bytes(raw), 0, 100, max_record_size=1 << 20)
+        decoding.decode_record(bytes(raw), 0, 100, max_record_size=1 << 20)
     assert err.value.offset == 100
 
 
@@ -78,9 +78,9 @@ def test_truncated_record_is_detected() -> None:
     )
     for cut in range(len(raw)):
         with pytest.raises(CorruptRecordError):
-            codec.decode_record(raw[:cut], 0, 0, max_record_size=1 << 20)
+            decoding.decode_record(raw[:cut], 0, 0, max_record_size=1 << 20)
         with pytest.raises(CorruptRecordError):
-            codec.decode_record(raw[:cut] + b"\xff" * 8, 0, 0, max_record_size=1 << 20)
+            decoding.decode_record(raw[:cut] + b"\xff" * 8, 0, 0, max_record_size=1 << 20)
 
 
 def test_record_at_wrong_offset_is_rejected() -> None:
@@ -91,7 +91,7 @@ def test_record_at_wrong_offset_is_rejected() -> None:
         store_timestamp=1,
     )
     with pytest.raises(CorruptRecordError, match="physical offset 64"):
-        codec.decode_record(raw, 0, 0, max_record_size=1 << 20)
+        decoding.decode_record(raw, 0, 0, max_record_size=1 << 20)
 
 
 @pytest.mark.parametrize(("name", "value"), [("a\x01b", "v"), ("a", "v\x02"), ("k", "\x01"), ("", "v")])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from siftmq.errors import ConfigError, MessageTooLargeError, StoreClosedError, StoreLockedError
-from siftmq.store import MessageStore, codec
+from siftmq.store import MessageStore, codec, decoding
 from store_helpers import msg, small_config
 
 Opener = Callable[..., MessageStore]
@@ -47,7 +47,7 @@ def test_segments_roll_over_with_blank_marker(open_store: Opener, tmp_path: Path
         assert r.commit_log_offset // (1 << 20) == (r.commit_log_offset + r.size - 1) // (1 << 20)
     first = segments[0]
     tail = os.pread(first.fd, 8, first.length - 8)
-    total, magic = codec.peek_header(tail)
+    total, magic = decoding.peek_header(tail)
     assert magic == codec.BLANK_MAGIC_CODE
     assert first.length - 8 + total == 1 << 20
     for r in results:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from siftmq.errors import MessageTooLargeError
-from siftmq.store import Message, MessageStore, codec
+from siftmq.store import Message, MessageStore, codec, decoding
 from store_helpers import small_config
 
 Opener = Callable[..., MessageStore]
@@ -44,7 +44,7 @@ def _records(store: MessageStore) -> list[bytes]:
         data = os.pread(seg.fd, seg.length, 0)
         pos = 0
         while pos < len(data):
-            size, magic = codec.peek_header(data, pos)
+            size, magic = decoding.peek_header(data, pos)
             if magic == codec.BLANK_MAGIC_CODE:
                 break
             record = bytearray(data[pos : pos + size])

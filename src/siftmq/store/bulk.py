@@ -18,7 +18,7 @@ files directly instead of asking a broker. The work is split in two steps:
   verified; a bad record raises :class:`~siftmq.errors.CorruptRecordError` with its offset.
 
 :func:`iter_records` is the plain single-process reference: the same log, record by record,
-through :func:`siftmq.store.codec.decode_record` (tests and benchmarks compare against it).
+through :func:`siftmq.store.decoding.decode_record` (tests and benchmarks compare against it).
 
 Reading a store a broker has open is allowed: everything here only reads, and a planned range
 holds complete records only (the broker writes a record's first 8 bytes, its size and magic code,
@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from siftmq.errors import CorruptRecordError, StoreError
-from siftmq.store import codec
+from siftmq.store import codec, decoding
 from siftmq.store.segment import list_segment_starts, segment_name
 from siftmq.store.tombstones import read_tombstones
 
@@ -655,7 +655,7 @@ def _split_properties(text: pa.Array) -> pa.MapArray:
 def iter_records(
     store_dir: Path, *, start_offset: int = 0, topics: Collection[str] | None = None
 ) -> Iterator[codec.StoredMessage]:
-    """Every complete record of the CommitLog, decoded one by one with :func:`codec.decode_record`.
+    """Every complete record of the CommitLog, decoded one by one with :func:`decoding.decode_record`.
 
     The plain, single-process reference for :func:`read_range`: it stops where :func:`plan_scan`
     stops (blank markers end a segment, the first incomplete header ends the log) and raises
@@ -670,12 +670,12 @@ def iter_records(
             data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
         try:
             while pos + 8 <= size:
-                total_size, magic = codec.peek_header(data, pos)  # type: ignore[arg-type]
+                total_size, magic = decoding.peek_header(data, pos)  # type: ignore[arg-type]
                 if magic == _BLANK and total_size >= codec.BLANK_MARKER_SIZE:
                     break
                 if magic != _MAGIC or total_size < _MIN_RECORD or pos + total_size > size:
                     return
-                msg = codec.decode_record(data, pos, seg_start + pos, max_record_size=total_size)  # type: ignore[arg-type]
+                msg = decoding.decode_record(data, pos, seg_start + pos, max_record_size=total_size)  # type: ignore[arg-type]
                 if wanted is None or msg.topic in wanted:
                     yield msg
                 pos += total_size

@@ -1,4 +1,4 @@
-"""CommitLog record codec: pure encode/decode with magic and CRC checks.
+"""CommitLog record layout and encoding: pure, with magic and CRC checks (decoding: ``decoding.py``).
 
 The layout follows RocketMQ's message record (all integers big-endian), with one addition: a
 ``record_crc`` right after the magic code covering every byte of the record after it, so any
@@ -35,11 +35,11 @@ import functools
 import re
 import struct
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-from siftmq.errors import CorruptRecordError, MessageTooLargeError
+from siftmq.errors import MessageTooLargeError
 from siftmq.hashing import java_string_hash
 
 MESSAGE_MAGIC_CODE: Final = 0x5346_4D31  # "SFM1"
@@ -58,19 +58,19 @@ MAX_TOPIC_LENGTH: Final = 127
 _TOPIC_RE: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")  # RocketMQ's TopicValidator characters
 MAX_PROPERTIES_LENGTH: Final = 32767  # RocketMQ stores the length as a Java short
 
-_HEADER = struct.Struct(">iiIIiiqqiq8sq8siqi")
-HEADER_SIZE: Final = _HEADER.size  # 92 (fixed part up to and including body_length)
-_PREFIX = struct.Struct(">iiI")  # total_size, magic_code, record_crc
+HEADER_STRUCT = struct.Struct(">iiIIiiqqiq8sq8siqi")
+HEADER_SIZE: Final = HEADER_STRUCT.size  # 92 (fixed part up to and including body_length)
+PREFIX_STRUCT = struct.Struct(">iiI")  # total_size, magic_code, record_crc
 # the fields assigned under the append lock, packed into a prepared record in place
 _POSITIONS = struct.Struct(">qq")  # queue_offset, physical_offset
 _POSITIONS_AT: Final = 24
 _STORE_TIMESTAMP = struct.Struct(">q")
 _STORE_TIMESTAMP_AT: Final = 60
 _RECORD_CRC = struct.Struct(">I")
-_CRC_FROM: Final = 12  # the record CRC covers bytes [12, total_size)
-_BLANK = struct.Struct(">ii")
+CRC_FROM: Final = 12  # the record CRC covers bytes [12, total_size)
+BLANK_STRUCT = struct.Struct(">ii")
 _U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
+U16_STRUCT = struct.Struct(">H")
 MIN_RECORD_SIZE: Final = HEADER_SIZE + 1 + 2
 
 _DEFAULT_HOST: Final = bytes(8)
@@ -312,7 +312,7 @@ def prepare(message: Message, *, max_body_size: int) -> EncodedParts:
     properties_length = len(properties_bytes)
     size = HEADER_SIZE + body_length + len(topic_prefix) + 2 + properties_length
     body_crc = zlib.crc32(body)
-    header = _HEADER.pack(
+    header = HEADER_STRUCT.pack(
         size,
         MESSAGE_MAGIC_CODE,
         0,
@@ -330,7 +330,7 @@ def prepare(message: Message, *, max_body_size: int) -> EncodedParts:
         message.prepared_transaction_offset,
         body_length,
     )
-    record = _EMPTY.join((header, body, topic_prefix, _U16.pack(properties_length), properties_bytes))
+    record = _EMPTY.join((header, body, topic_prefix, U16_STRUCT.pack(properties_length), properties_bytes))
     return _encoded_parts((topic, queue_id, size, record, properties))
 
 
@@ -369,8 +369,8 @@ def prepare_batch(
     sizes: list[int] = []
     props_list: list[dict[str, str]] = []
     fixed = HEADER_SIZE + len(topic_prefix) + 2
-    pack_header = _HEADER.pack
-    pack_u16 = _U16.pack
+    pack_header = HEADER_STRUCT.pack
+    pack_u16 = U16_STRUCT.pack
     crc32 = zlib.crc32
     for given_body, properties, born_timestamp, born_host in entries:
         body = given_body
@@ -412,7 +412,7 @@ def finish_batch(
             pack_positions(buffer, pos + _POSITIONS_AT, queue_offset, first_physical_offset + pos)
             pack_timestamp(buffer, pos + _STORE_TIMESTAMP_AT, store_timestamp)
             end = pos + size
-            pack_crc(buffer, pos + 8, crc32(view[pos + _CRC_FROM : end]))
+            pack_crc(buffer, pos + 8, crc32(view[pos + CRC_FROM : end]))
             pos = end
             queue_offset += 1
     finally:
@@ -440,7 +440,7 @@ def finish_record(record: bytearray, queue_offset: int, physical_offset: int, st
     """Fill the fields assigned under the append lock into a prepared record, then its CRC."""
     _POSITIONS.pack_into(record, _POSITIONS_AT, queue_offset, physical_offset)
     _STORE_TIMESTAMP.pack_into(record, _STORE_TIMESTAMP_AT, store_timestamp)
-    _RECORD_CRC.pack_into(record, 8, zlib.crc32(memoryview(record)[_CRC_FROM:]))
+    _RECORD_CRC.pack_into(record, 8, zlib.crc32(memoryview(record)[CRC_FROM:]))
 
 
 def encode_record(
@@ -454,214 +454,4 @@ def encode_record(
 
 def encode_blank(remaining: int) -> bytes:
     """The end-of-segment marker: ``remaining`` bytes are unused up to the segment end."""
-    return _BLANK.pack(remaining, BLANK_MAGIC_CODE)
-
-
-def peek_header(data: bytes | memoryview, pos: int = 0) -> tuple[int, int]:
-    """``(total_size, magic_code)`` at ``pos``; the caller ensures 8 bytes are available."""
-    total_size, magic = _BLANK.unpack_from(data, pos)
-    return int(total_size), int(magic)
-
-
-def check_record(data: bytes | memoryview, pos: int, expected_offset: int, *, max_record_size: int) -> int:
-    """Verify the record at ``data[pos:]`` (length, magic, CRC, physical offset); return its size.
-
-    Raises :class:`CorruptRecordError` describing the first failed check.
-    """
-    available = len(data) - pos
-    if available < _PREFIX.size:
-        raise CorruptRecordError("truncated record header", offset=expected_offset)
-    total_size, magic, record_crc = _PREFIX.unpack_from(data, pos)
-    if magic != MESSAGE_MAGIC_CODE:
-        raise CorruptRecordError(f"bad magic code {magic:#x}", offset=expected_offset)
-    if total_size < MIN_RECORD_SIZE or total_size > max_record_size:
-        raise CorruptRecordError(f"implausible record size {total_size}", offset=expected_offset)
-    if total_size > available:
-        raise CorruptRecordError(
-            f"truncated record: {total_size} bytes announced, {available} present", offset=expected_offset
-        )
-    view = memoryview(data)[pos + 12 : pos + total_size]
-    if zlib.crc32(view) != record_crc:
-        raise CorruptRecordError("record CRC mismatch", offset=expected_offset)
-    (physical_offset,) = struct.unpack_from(">q", data, pos + 32)
-    if physical_offset != expected_offset:
-        raise CorruptRecordError(f"record claims physical offset {physical_offset}", offset=expected_offset)
-    return int(total_size)
-
-
-def decode_record(
-    data: bytes | memoryview, pos: int, expected_offset: int, *, max_record_size: int
-) -> StoredMessage:
-    """Verify and decode the record at ``data[pos:]`` (see :func:`check_record`)."""
-    total_size = check_record(data, pos, expected_offset, max_record_size=max_record_size)
-    return _decode_checked(data, pos, total_size, expected_offset)
-
-
-def _decode_checked(data: bytes | memoryview, pos: int, total_size: int, offset: int) -> StoredMessage:
-    (
-        _size,
-        _magic,
-        _crc,
-        body_crc,
-        queue_id,
-        flag,
-        queue_offset,
-        physical_offset,
-        sys_flag,
-        born_timestamp,
-        born_host,
-        store_timestamp,
-        store_host,
-        reconsume_times,
-        prepared_transaction_offset,
-        body_length,
-    ) = _HEADER.unpack_from(data, pos)
-    end = pos + total_size
-    p = pos + HEADER_SIZE
-    try:
-        if body_length < 0 or p + body_length + 3 > end:
-            raise ValueError("body length")
-        body = bytes(data[p : p + body_length])
-        p += body_length
-        topic_length = data[p]
-        p += 1
-        if p + topic_length + 2 > end:
-            raise ValueError("topic length")
-        topic = bytes(data[p : p + topic_length]).decode("utf-8")
-        p += topic_length
-        (properties_length,) = _U16.unpack_from(data, p)
-        p += 2
-        if p + properties_length != end:
-            raise ValueError("properties length")
-        properties = decode_properties(bytes(data[p : p + properties_length]))
-    except (ValueError, UnicodeDecodeError, IndexError) as exc:
-        # only reachable if a record with a valid CRC was written inconsistently
-        raise CorruptRecordError(f"inconsistent record fields ({exc})", offset=offset) from exc
-    return _new_stored_message(
-        (
-            topic,
-            body,
-            queue_id,
-            queue_offset,
-            physical_offset,
-            total_size,
-            properties,
-            flag,
-            sys_flag,
-            born_timestamp,
-            born_host,
-            store_timestamp,
-            store_host,
-            reconsume_times,
-            prepared_transaction_offset,
-            body_crc,
-        )
-    )
-
-
-_new_stored_message: Final = functools.partial(tuple.__new__, StoredMessage)
-
-
-def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per candidate of a pull
-    data: bytes,
-    pos: int,
-    offset: int,
-    size: int,
-    max_record_size: int,
-    topic: str,
-    topic_bytes: bytes,
-    queue_id: int,
-    queue_offset: int,
-    accept: Callable[[dict[str, str]], bool] | None,
-) -> StoredMessage | None:
-    """:func:`decode_for_queue` with positional arguments and the topic's bytes given."""
-    if len(data) - pos < MIN_RECORD_SIZE:
-        check_record(data, pos, offset, max_record_size=max_record_size)  # raises
-    (
-        total_size,
-        magic,
-        record_crc,
-        body_crc,
-        record_queue_id,
-        flag,
-        record_queue_offset,
-        physical_offset,
-        sys_flag,
-        born_timestamp,
-        born_host,
-        store_timestamp,
-        store_host,
-        reconsume_times,
-        prepared_transaction_offset,
-        body_length,
-    ) = _HEADER.unpack_from(data, pos)
-    end = pos + total_size
-    if (
-        magic != MESSAGE_MAGIC_CODE
-        or total_size != size
-        or physical_offset != offset
-        or not MIN_RECORD_SIZE <= total_size <= max_record_size
-        or end > len(data)
-    ):
-        # the precise error; when only the size differs, check_record passes
-        check_record(data, pos, offset, max_record_size=max_record_size)
-        raise CorruptRecordError(f"record size {total_size} differs from index size {size}", offset=offset)
-    # a small record's bytes are copied faster than a memoryview is made
-    covered = (
-        data[pos + _CRC_FROM : end] if total_size <= _COPY_TO_CRC else memoryview(data)[pos + _CRC_FROM : end]
-    )
-    if zlib.crc32(covered) != record_crc:
-        raise CorruptRecordError("record CRC mismatch", offset=offset)
-    body_start = pos + HEADER_SIZE
-    body_end = body_start + body_length
-    if body_length < 0 or body_end + 3 > end:
-        raise CorruptRecordError("inconsistent record fields (body length)", offset=offset)
-    topic_end = body_end + 1 + data[body_end]
-    if topic_end + 2 > end or (data[topic_end] << 8 | data[topic_end + 1]) != end - topic_end - 2:
-        raise CorruptRecordError("inconsistent record fields (topic or properties length)", offset=offset)
-    if (
-        record_queue_id != queue_id
-        or record_queue_offset != queue_offset
-        or topic_end - body_end - 1 != len(topic_bytes)
-        or not data.startswith(topic_bytes, body_end + 1)
-    ):
-        record_topic = data[body_end + 1 : topic_end]
-        raise CorruptRecordError(
-            f"consume queue {topic}:{queue_id} entry {queue_offset} points at a record of "
-            f"{record_topic.decode('utf-8', 'replace')}:{record_queue_id}@{record_queue_offset}",
-            offset=offset,
-        )
-    properties: dict[str, str] = {}
-    if topic_end + 2 < end:
-        try:
-            for item in data[topic_end + 2 : end].decode("utf-8").split(PROPERTY_SEPARATOR):
-                name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
-                if sep:
-                    properties[name] = value
-        except UnicodeDecodeError as exc:
-            raise CorruptRecordError(f"inconsistent record fields ({exc})", offset=offset) from exc
-    if accept is not None and not accept(properties):
-        return None
-    return _new_stored_message(
-        (
-            topic,
-            data[body_start:body_end],
-            queue_id,
-            queue_offset,
-            offset,
-            total_size,
-            properties,
-            flag,
-            sys_flag,
-            born_timestamp,
-            born_host,
-            store_timestamp,
-            store_host,
-            reconsume_times,
-            prepared_transaction_offset,
-            body_crc,
-        )
-    )
-
-
-_COPY_TO_CRC: Final = 4096
+    return BLANK_STRUCT.pack(remaining, BLANK_MAGIC_CODE)

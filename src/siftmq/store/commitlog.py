@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
-from siftmq.store import codec
+from siftmq.store import codec, decoding
 from siftmq.store.codec import EncodedBatch, EncodedParts, StoredMessage
 from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, next_intact
 from siftmq.store.segment import Segment, fsync_dir, list_segment_starts, segment_name
@@ -337,7 +337,7 @@ class CommitLog:
                 head = seg.read(pos, 8)
                 if len(head) < 8:
                     raise CorruptRecordError("truncated record header", offset=offset)
-                size, _magic = codec.peek_header(head)
+                size, _magic = decoding.peek_header(head)
             if size <= 0 or size > self.max_record_size:
                 raise CorruptRecordError(f"implausible record size {size}", offset=offset)
             data = seg.read(pos, size)
@@ -345,7 +345,7 @@ class CommitLog:
             if seg.fd < 0:  # deleted by retention while we read
                 return None
             raise StoreError(f"commit log read failed at {offset}: {exc}") from exc
-        msg = codec.decode_record(data, 0, offset, max_record_size=self.max_record_size)
+        msg = decoding.decode_record(data, 0, offset, max_record_size=self.max_record_size)
         if msg.store_size != size:
             raise CorruptRecordError(
                 f"record size {msg.store_size} differs from index size {size}", offset=offset
@@ -384,7 +384,7 @@ class CommitLog:
                 if len(buf) - rel < 8:
                     problem = CorruptRecordError("torn record header", offset=offset)
                 else:
-                    total_size, magic = codec.peek_header(buf, rel)
+                    total_size, magic = decoding.peek_header(buf, rel)
                     if magic == codec.BLANK_MAGIC_CODE and total_size == seg.capacity - pos:
                         self.scan_end = seg.start_offset + seg.capacity
                         break
@@ -398,7 +398,9 @@ class CommitLog:
                             buf_start = pos
                             rel = 0
                         try:
-                            msg = codec.decode_record(buf, rel, offset, max_record_size=self.max_record_size)
+                            msg = decoding.decode_record(
+                                buf, rel, offset, max_record_size=self.max_record_size
+                            )
                         except CorruptRecordError as exc:
                             problem = exc
                 if problem is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from siftmq.errors import CorruptRecordError
-from siftmq.store import codec
+from siftmq.store import codec, decoding
 from siftmq.store.segment import Segment, fsync_dir, segment_name
 
 _log = logging.getLogger(__name__)
@@ -56,13 +56,13 @@ def intact_at(seg: Segment, pos: int, max_record_size: int) -> bool:
     head = seg.read(pos, codec.BLANK_MARKER_SIZE)
     if len(head) < codec.BLANK_MARKER_SIZE:
         return False
-    total_size, magic = codec.peek_header(head)
+    total_size, magic = decoding.peek_header(head)
     if magic == codec.BLANK_MAGIC_CODE:
         return total_size == seg.capacity - pos
     if magic != codec.MESSAGE_MAGIC_CODE or not 0 < total_size <= max_record_size:
         return False
     try:
-        codec.check_record(
+        decoding.check_record(
             seg.read(pos, total_size), 0, seg.start_offset + pos, max_record_size=max_record_size
         )
     except CorruptRecordError:

@@ -19,7 +19,7 @@ import numpy as np
 
 from siftmq.errors import CorruptRecordError
 from siftmq.slots import frozen_slots_constructor
-from siftmq.store import codec
+from siftmq.store import decoding
 from siftmq.store.codec import StoredMessage
 from siftmq.store.commitlog import CommitLog
 from siftmq.store.config import StoreConfig
@@ -115,7 +115,7 @@ class MessageReader:
         commit_log = self.commit_log
         segment_size = commit_log.segment_size
         max_record_size = commit_log.max_record_size
-        decode = codec.decode_entry
+        decode = decoding.decode_entry
         topic, queue_id = cq.topic, cq.queue_id
         topic_bytes = topic.encode()
         seg: Segment | None = None  # the segment of the previous candidate
