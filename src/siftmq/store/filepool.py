@@ -19,7 +19,7 @@ import os
 import resource
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -73,39 +73,57 @@ class FilePool:
         """Make sure ``seg`` has an open descriptor and keep it open until :meth:`release`."""
         with self._lock:
             if seg.fd < 0:
-                if seg.gone:
-                    raise FileNotFoundError(f"{seg.path} was deleted")
-                seg.fd = os.open(seg.path, os.O_RDWR)
-                self._open[id(seg)] = seg
-                seg.users += 1
-                self._evict_locked()
-            else:
-                seg.users += 1
-                self._open.move_to_end(id(seg))
+                self._reopen_locked(seg)
+            seg.users.append(None)
+            seg.used = True
 
-    def release(self, seg: PooledSegment) -> None:
-        with self._lock:
-            seg.users -= 1
+    @staticmethod
+    def release(seg: PooledSegment) -> None:
+        # list.pop is atomic: no lock needed, and an eviction only ever sees a use that began
+        # under the lock
+        seg.users.pop()
+
+    def _reopen_locked(self, seg: PooledSegment) -> None:
+        if seg.gone:
+            raise FileNotFoundError(f"{seg.path} was deleted")
+        seg.fd = os.open(seg.path, os.O_RDWR)
+        self._open[id(seg)] = seg
+        seg.users.append(None)  # not evicted by its own arrival
+        try:
+            self._evict_locked()
+        finally:
+            seg.users.pop()
 
     def adopt(self, seg: PooledSegment) -> None:
         """Count a descriptor just opened for ``seg`` (closing others if over budget)."""
         with self._lock:
             self._open[id(seg)] = seg
-            seg.users += 1  # not evicted by its own arrival
-            self._evict_locked()
-            seg.users -= 1
+            seg.users.append(None)
+            try:
+                self._evict_locked()
+            finally:
+                seg.users.pop()
 
     def forget(self, seg: PooledSegment) -> None:
         with self._lock:
             self._open.pop(id(seg), None)
 
     def _evict_locked(self) -> None:
+        """Close the least recently used descriptors beyond the budget (a second chance for the
+        ones used since the last look, as the CLOCK algorithm does: cheaper per use than keeping
+        an exact order)."""
         budget = self.budget
-        while len(self._open) > budget:
-            victim = next((s for s in self._open.values() if s.users == 0), None)
-            if victim is None:
-                return  # every descriptor is in use right now: over budget until released
-            del self._open[id(victim)]
+        looked = 0
+        while len(self._open) > budget and looked < 2 * len(self._open):
+            looked += 1
+            key, victim = next(iter(self._open.items()))
+            self._open.move_to_end(key)
+            if victim.users:
+                continue
+            if victim.used:
+                victim.used = False
+                continue
+            del self._open[key]
             if victim.dirty:  # what was written stays durable: the flusher cannot sync it any more
                 os.fdatasync(victim.fd)
                 victim.dirty = False
@@ -121,7 +139,10 @@ POOL: Final = FilePool()
 class PooledSegment(Segment):
     """A segment whose descriptor comes from :data:`POOL` while it is used (index files)."""
 
-    users: int = 0
+    #: one item per use in progress (appended under the pool's lock, popped without it)
+    users: list[None] = field(default_factory=list)
+    #: used since the pool last looked at it for eviction
+    used: bool = True
     #: deleted (by retention or a truncation): it cannot be opened again
     gone: bool = False
 
@@ -138,11 +159,16 @@ class PooledSegment(Segment):
         return seg
 
     def read(self, pos: int, size: int) -> bytes:
-        POOL.acquire(self)
+        # the hot path (every index read): POOL.acquire and release, inlined
+        with POOL._lock:
+            if self.fd < 0:
+                POOL._reopen_locked(self)
+            self.users.append(None)
+            self.used = True
         try:
             return Segment.read(self, pos, size)
         finally:
-            POOL.release(self)
+            self.users.pop()
 
     def write(self, data: bytes | bytearray) -> None:
         POOL.acquire(self)
