@@ -87,22 +87,20 @@ class FilePool:
         if seg.gone:
             raise FileNotFoundError(f"{seg.path} was deleted")
         seg.fd = os.open(seg.path, os.O_RDWR)
+        self._count_locked(seg)
+
+    def adopt(self, seg: PooledSegment) -> None:
+        """Count a descriptor just opened for ``seg`` (closing others if over budget)."""
+        with self._lock:
+            self._count_locked(seg)
+
+    def _count_locked(self, seg: PooledSegment) -> None:
         self._open[id(seg)] = seg
         seg.users.append(None)  # not evicted by its own arrival
         try:
             self._evict_locked()
         finally:
             seg.users.pop()
-
-    def adopt(self, seg: PooledSegment) -> None:
-        """Count a descriptor just opened for ``seg`` (closing others if over budget)."""
-        with self._lock:
-            self._open[id(seg)] = seg
-            seg.users.append(None)
-            try:
-                self._evict_locked()
-            finally:
-                seg.users.pop()
 
     def forget(self, seg: PooledSegment) -> None:
         with self._lock:
