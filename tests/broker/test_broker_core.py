@@ -10,6 +10,7 @@ import pytest
 
 from siftmq.broker import Broker, ProducedMessage, Subscription
 from siftmq.broker import filter_registry as filter_registry_module
+from siftmq.broker import parts as parts_module
 from siftmq.broker.model import ProducedBatch
 from siftmq.errors import BadRequestError, FilterError, UnsupportedError
 from siftmq.hashing import java_string_hash
@@ -166,22 +167,23 @@ def test_non_matching_messages_are_passed_over(broker: Broker) -> None:
         assert prog.committed_offset == broker.store.get_max_offset_in_queue(TOPIC, qid)
 
 
-def test_redelivery_with_attempts_then_dead_letter_queue(tmp_path: Path) -> None:
+def test_redelivery_with_attempts_then_dead_letter_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SteppedClock()
+    monkeypatch.setattr(parts_module, "time", clock)
     broker = make_broker(tmp_path / "d", max_delivery_attempts=3)
     try:
         mid = send(broker, "T", k="v")
         sub = tag_sub("T")
         attempts = []
         for _ in range(3):
-            deadline = time.monotonic() + 5
-            batch = []
-            while not batch and time.monotonic() < deadline:
-                batch = broker.receive("g", sub, invisible_ms=100)
-                time.sleep(0.02)
+            batch = broker.receive("g", sub, invisible_ms=100)
             assert len(batch) == 1 and batch[0].message_id == mid
             attempts.append(batch[0].delivery_attempt)
+            assert broker.receive("g", sub, invisible_ms=100) == []  # invisible for 100 ms
+            clock.advance(0.15)
         assert attempts == [1, 2, 3]
-        time.sleep(0.15)
         assert broker.receive("g", sub, invisible_ms=100) == []  # 3 attempts used: moved to the DLQ
         dlq = drain(broker, "dlq-reader", tag_sub("*", topic="%DLQ%g"))
         assert len(dlq) == 1
@@ -342,7 +344,11 @@ def test_invalid_filters_and_disabled_sql(tmp_path: Path, broker: Broker) -> Non
         off.close()
 
 
-def test_progress_in_flight_and_registrations_survive_a_restart(tmp_path: Path) -> None:
+def test_progress_in_flight_and_registrations_survive_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SteppedClock()
+    monkeypatch.setattr(parts_module, "time", clock)
     data = tmp_path / "data"
     broker = make_broker(data)
     for i in range(6):
@@ -359,7 +365,7 @@ def test_progress_in_flight_and_registrations_survive_a_restart(tmp_path: Path) 
     try:
         reg = broker.filters.get("g", TOPIC)
         assert reg is not None and reg.expression == "n >= 0" and reg.version == 1
-        time.sleep(0.25)
+        clock.advance(0.25)  # the unacknowledged two are visible again
         seen: dict[str, int] = {}
         for _ in range(10):
             for d in broker.receive("g", sub, batch_size=16, invisible_ms=60_000):
@@ -481,12 +487,14 @@ def test_retention_deletes_old_segments_and_consumers_move_on(tmp_path: Path) ->
         broker.close()
 
 
-def test_a_failing_dlq_move_keeps_the_message_due(tmp_path: Path) -> None:
+def test_a_failing_dlq_move_keeps_the_message_due(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SteppedClock()
+    monkeypatch.setattr(parts_module, "time", clock)
     broker = make_broker(tmp_path / "d", max_delivery_attempts=1)
     try:
         send(broker, "T", n="1")
         [d] = broker.receive("g", tag_sub("T"), invisible_ms=60)
-        time.sleep(0.1)
+        clock.advance(0.1)
         real = broker._to_dlq
 
         def broken(*args: object, **kwargs: object) -> None:
@@ -519,7 +527,9 @@ def test_corrupt_consumer_state_stops_the_start(tmp_path: Path) -> None:
     assert "consumer_state.json" in exc.value.message
 
 
-def test_a_failing_filter_at_dispatch_falls_back_to_exact_evaluation(broker: Broker) -> None:
+def test_a_failing_filter_at_dispatch_falls_back_to_exact_evaluation(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dataclasses import replace
 
     sub = sql_sub("a = 'yes'")
@@ -534,7 +544,8 @@ def test_a_failing_filter_at_dispatch_falls_back_to_exact_evaluation(broker: Bro
             raise RuntimeError("boom")
 
     broker.filters._by_topic = {TOPIC: (replace(reg, compiled=Broken(), born_time_ms=0),)}  # type: ignore[arg-type]
-    time.sleep(1.1)
+    # stored past the registration margin (its bitmap is trusted), without waiting for it
+    monkeypatch.setattr(store_module, "time", SteppedClock(2 * 10**9))
     send(broker, "T", a="yes")
     broker.filters._reindex_locked()
     got = drain(broker, "g", sub)

@@ -5,7 +5,6 @@ each group had not consumed, and counted for ``/metrics``. ``max_topics`` caps t
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -106,7 +105,7 @@ def test_a_full_disk_delays_dead_letters_and_keeps_serving_the_rest(
             broker.send(ProducedMessage(topic=TOPIC, body=b"%d" % i, message_id=f"01DLQ{i}", tag="t"))
         sub = Subscription(TOPIC, "TAG", "*")
         assert len(broker.receive("g", sub, batch_size=2, invisible_ms=50)) == 2  # never acked
-        time.sleep(0.1)
+        clock.advance(0.1)
         gib = 1024**3
         full = DiskUsage(100 * gib, 99 * gib, gib)
         broker.store.disk._usage = lambda path: full
