@@ -37,6 +37,8 @@ _log = logging.getLogger(__name__)
 
 #: Messages one SendMessage request may carry (the official client sends one; siftmq's batches).
 MAX_BATCH_MESSAGES: Final = 1024
+#: Characters of a born host that is not ip:port kept as the message's __BORN_HOST property.
+MAX_BORN_HOST_LENGTH: Final = 255
 
 
 class Sending(BrokerParts):
@@ -195,7 +197,8 @@ class Sending(BrokerParts):
         born_host = _host_bytes(host)
         if born_host is not None:
             return born_host, None
-        return encode_host("0.0.0.0", 0), (host[:255].replace("\x01", "").replace("\x02", "") or None)
+        kept = host[:MAX_BORN_HOST_LENGTH].replace("\x01", "").replace("\x02", "")
+        return encode_host("0.0.0.0", 0), kept or None
 
 
 def _host_bytes(host: str) -> bytes | None:

@@ -19,6 +19,7 @@ MAX_TAG_LENGTH: Final = 255
 MAX_KEY_LENGTH: Final = 255
 MAX_KEYS: Final = 32
 MAX_MESSAGE_ID_LENGTH: Final = 128
+TAG_CACHE_SIZE: Final = 4096  # distinct tags whose check is remembered
 _NAME_RE: Final = re.compile(r"[%|a-zA-Z0-9_-]+")  # RocketMQ's TopicValidator characters
 _WHITESPACE: Final = re.compile(r"\s")  # the characters of str.isspace() (re uses the same table)
 # Java's Character.isISOControl, which RocketMQ's proxy refuses in tags and keys (\x01 and \x02 among
@@ -97,7 +98,7 @@ def check_group(group: str) -> None:
         )
 
 
-@functools.lru_cache(maxsize=4096)  # tags repeat; a refused tag raises, and raising is never cached
+@functools.lru_cache(maxsize=TAG_CACHE_SIZE)  # tags repeat; a refused tag raises, and raising is never cached
 def check_tag(tag: str) -> None:
     """A tag is non-blank, at most 255 characters, and never contains ``|`` (the subscription separator)."""
     if not tag.strip():

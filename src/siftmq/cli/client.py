@@ -10,6 +10,7 @@ import typer
 
 from siftmq.cli.console import err, error, out
 
+DEFAULT_ENDPOINT = "127.0.0.1:8081"  # where `siftmq broker` listens by default
 EndpointOption = Annotated[
     str, typer.Option("--endpoint", envvar="SIFTMQ_ENDPOINT", help="The broker's host:port.")
 ]
@@ -36,7 +37,7 @@ def produce(  # noqa: PLR0917 - typer maps options to parameters
         list[str] | None, typer.Option("--prop", help="A user property key=value (repeatable).")
     ] = None,
     batch: Annotated[int, typer.Option("--batch", min=1, max=1024, help="Messages per request.")] = 64,
-    endpoint: EndpointOption = "127.0.0.1:8081",
+    endpoint: EndpointOption = DEFAULT_ENDPOINT,
 ) -> None:
     """Send COUNT messages to TOPIC and print their ids."""
     from siftmq.client import Producer
@@ -73,7 +74,7 @@ def consume(  # noqa: PLR0917 - typer maps options to parameters
         float, typer.Option("--wait", help="Stop after this many seconds with nothing new.")
     ] = 3.0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per message.")] = False,
-    endpoint: EndpointOption = "127.0.0.1:8081",
+    endpoint: EndpointOption = DEFAULT_ENDPOINT,
 ) -> None:
     """Receive and acknowledge up to COUNT messages of TOPIC that match the filter."""
     from siftmq.client import FilterExpression, SimpleConsumer

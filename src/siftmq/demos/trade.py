@@ -87,13 +87,17 @@ def make_rows(count: int, seed: int = 2) -> list[Row]:
     ]
 
 
+BODY_SIZE = 256  # bytes of each demo message's body
+SEND_BATCH = 256  # messages per send_many call
+
+
 async def run(endpoint: str, count: int, progress: Callable[[str, int], None] | None = None) -> list[Report]:
     """Send ``count`` messages, drain every system's group, and report per system."""
     rows = make_rows(count)
-    body = b"x" * 256
+    body = b"x" * BODY_SIZE
     async with Producer(endpoint) as producer:
-        for first in range(0, count, 256):
-            chunk = rows[first : first + 256]
+        for first in range(0, count, SEND_BATCH):
+            chunk = rows[first : first + SEND_BATCH]
             await producer.send_many(
                 [
                     producer.message(

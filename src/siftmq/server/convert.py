@@ -33,7 +33,9 @@ def topic_name(resource: pb.Resource) -> str:
     return _qualified(resource.resource_namespace, resource.name)
 
 
-_qualified = functools.lru_cache(maxsize=4096)(qualified_name)  # per sent message: names repeat
+#: Distinct names (topics, groups, hosts) remembered by the per-message conversions: names repeat.
+NAME_CACHE_SIZE = 4096
+_qualified = functools.lru_cache(maxsize=NAME_CACHE_SIZE)(qualified_name)
 
 
 def enum_name(enum: Any, value: int, field: str) -> str:
@@ -236,7 +238,7 @@ def message_columns(messages: Sequence[StoredMessage], deliveries: Sequence[Deli
     return columns
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=NAME_CACHE_SIZE)
 def _host(raw: bytes) -> str:
     """The IPv4 part of a stored 8-byte host (cached: hosts repeat, and this runs per delivered message)."""
     return ".".join(str(b) for b in raw[:4]) if len(raw) >= 4 else ""

@@ -38,6 +38,8 @@ _log = logging.getLogger(__name__)
 DEADLINE_MARGIN_S = 0.5
 PRODUCER_MAX_ATTEMPTS = 3
 MESSAGE_MODEL_HEADER = "x-siftmq-message-model"
+#: Characters of a client id kept (longer ids are cut, so one header cannot grow the session table).
+MAX_CLIENT_ID_LENGTH = 256
 
 
 def _header(context: grpc.aio.ServicerContext[Any, Any], name: str, limit: int) -> str | None:
@@ -49,7 +51,7 @@ def _header(context: grpc.aio.ServicerContext[Any, Any], name: str, limit: int) 
 
 
 def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    return _header(context, "x-mq-client-id", 256) or ""
+    return _header(context, "x-mq-client-id", MAX_CLIENT_ID_LENGTH) or ""
 
 
 def _message_model(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
