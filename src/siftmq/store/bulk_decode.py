@@ -8,6 +8,7 @@ file for topic, body and properties, and the properties split into a ``map<strin
 
 from __future__ import annotations
 
+import logging
 import mmap
 import struct
 import zlib
@@ -21,6 +22,9 @@ import pyarrow.compute as pc
 
 from siftmq.errors import CorruptRecordError
 from siftmq.store import codec
+from siftmq.store.damage import next_intact
+
+_log = logging.getLogger(__name__)
 
 RECORD_SCHEMA: Final = pa.schema(
     [
@@ -100,7 +104,22 @@ def _decode_map(
     try:
         pos = lo
         while pos < hi:
-            positions, pos = _walk_chunk(view, seg_start, pos, hi, max_rows=batch_rows, max_bytes=batch_bytes)
+            try:
+                positions, end = _walk_chunk(
+                    view, seg_start, pos, hi, max_rows=batch_rows, max_bytes=batch_bytes
+                )
+            except CorruptRecordError as exc:
+                bad = exc.offset - seg_start
+                if bad > pos:  # the records before it are intact: take them first
+                    positions, end = _walk_chunk(
+                        view, seg_start, pos, bad, max_rows=batch_rows, max_bytes=batch_bytes
+                    )
+                else:  # pass over the damaged bytes, as the broker's reads do
+                    end = _past_damage(mm, seg_start, bad, hi, exc)
+                    positions = np.zeros(0, dtype=np.int64)
+            pos = end
+            if not len(positions):
+                continue
             batch = _decode_chunk(
                 view, buf, seg_start, positions, wanted=wanted, with_body=with_body, where=where
             )
@@ -112,6 +131,26 @@ def _decode_map(
             view.release()
         except BufferError:
             pass
+
+
+class _MappedRange:
+    """The part of a mapped segment file below ``length`` (a range's end), as the damage search reads it."""
+
+    def __init__(self, mm: mmap.mmap, start_offset: int, length: int) -> None:
+        self._mm = mm
+        self.start_offset = start_offset
+        self.capacity = self.length = length  # ranges never hold a blank marker
+
+    def read(self, pos: int, size: int) -> bytes:
+        return bytes(self._mm[pos : min(pos + size, self.length)])
+
+
+def _past_damage(mm: mmap.mmap, seg_start: int, bad: int, hi: int, exc: CorruptRecordError) -> int:
+    """Where the next intact record after the damaged one at ``bad`` starts (``hi`` if none does)."""
+    resume = next_intact(_MappedRange(mm, seg_start, hi), bad, hi)
+    end = hi if resume is None else resume
+    _log.warning("passing over %d damaged bytes at commit log offset %d: %s", end - bad, seg_start + bad, exc)
+    return end
 
 
 def _walk_chunk(

@@ -18,7 +18,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from siftmq.errors import CorruptRecordError
 from siftmq.store import codec, decoding
@@ -51,7 +51,17 @@ class DamagedRange:
         )
 
 
-def intact_at(seg: Segment, pos: int, max_record_size: int) -> bool:
+class SegmentBytes(Protocol):
+    """What the search needs of a segment: an open :class:`Segment`, or a mapped file."""
+
+    start_offset: int
+    capacity: int
+    length: int
+
+    def read(self, pos: int, size: int) -> bytes: ...
+
+
+def intact_at(seg: SegmentBytes, pos: int, max_record_size: int) -> bool:
     """Whether an intact record, or the segment's blank marker, starts at ``pos`` of ``seg``."""
     head = seg.read(pos, codec.BLANK_MARKER_SIZE)
     if len(head) < codec.BLANK_MARKER_SIZE:
@@ -70,7 +80,7 @@ def intact_at(seg: Segment, pos: int, max_record_size: int) -> bool:
     return True
 
 
-def next_intact(seg: Segment, pos: int, max_record_size: int) -> int | None:
+def next_intact(seg: SegmentBytes, pos: int, max_record_size: int) -> int | None:
     """The position of the first intact record or blank marker after ``pos`` in ``seg``; None if
     none follows in its data."""
     start = pos + 1
