@@ -30,7 +30,7 @@ from siftmq.spark.jobs.backfill import run_backfill
 from siftmq.spark.jobs.common import plan_commitlog
 from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec
 from siftmq.spark.jobs.reindex import run_reindex, store_layout, write_queues
-from siftmq.store import CqExtUnit, MessageStore, StoreConfig
+from siftmq.store import CqExtUnit, Message, MessageStore, StoreConfig
 from siftmq.store.offline import (
     JOURNAL_FILE,
     STAGING_DIR,
@@ -331,7 +331,7 @@ def test_backfill_makes_the_bitmap_skip_cover_history(
 # --------------------------------------------------------------------------------- pieces, no broker
 
 
-def test_queue_writer_reports_gaps_and_duplicates_and_writes_consecutive_queues(tmp_path: Path) -> None:
+def test_queue_writer_fills_gaps_refuses_duplicates_and_writes_consecutive_queues(tmp_path: Path) -> None:
     layout = IndexLayout(entries_per_file=4, bitmap_size=14)
 
     def entry(i: int) -> tuple[int, int, int, int, bytes | None]:
@@ -339,12 +339,27 @@ def test_queue_writer_reports_gaps_and_duplicates_and_writes_consecutive_queues(
 
     good = [(("T", 0, i), entry(i)) for i in range(3, 10)]  # starts past 0 (retention), spans segments
     broken = [(("T", 1, i), entry(i)) for i in (0, 1, 1, 2, 5, 6)]
-    reports = list(write_queues(good + broken, staging_root=str(tmp_path), layout=layout))
-    assert [(r.queue_id, r.ok, r.records, r.gaps, r.duplicates) for r in reports] == [
-        (0, True, 7, 0, 0),
-        (1, False, 5, 1, 1),
+    damaged = [(("T", 2, i), entry(i)) for i in (0, 1, 4, 5)]  # 2 and 3 lost to damage
+    reports = list(write_queues(good + broken + damaged, staging_root=str(tmp_path), layout=layout))
+    assert [(r.queue_id, r.ok, r.records, r.gaps, r.duplicates, r.filled) for r in reports] == [
+        (0, True, 7, 0, 0, 0),
+        (1, False, 5, 0, 1, 2),
+        (2, True, 4, 0, 0, 2),
     ]
-    assert reports[1].problems is not None and "offsets 3..4 are missing" in reports[1].problems[1]
+    assert reports[1].problems is not None and "offset 1 is stored twice" in reports[1].problems[0]
+    cq = open_queue(tmp_path, "T", 2, layout)
+    try:  # the fillers keep offsets 4 and 5 where they were, as the broker's recovery does
+        assert (cq.min_offset, cq.max_offset) == (0, 6)
+        assert [cq.get_entry(q) for q in range(6)] == [
+            (1000, 100, 7),
+            (1100, 100, 7),
+            (1400, 0, 0),
+            (1400, 0, 0),
+            (1400, 100, 7),
+            (1500, 100, 7),
+        ]
+    finally:
+        cq.close()
     cq = open_queue(tmp_path, "T", 0, layout)
     try:
         assert (cq.min_offset, cq.max_offset) == (3, 10)
@@ -435,3 +450,39 @@ def test_the_jobs_and_the_broker_read_and_write_one_registration_format(tmp_path
     loaded = FilterRegistry(tmp_path, BloomFilter(), expire_s=3600).get("g", "T")
     assert loaded is not None and loaded.backfilled_until_ms == until
     assert loaded.positions == RegistrationSpec.of(seen).positions
+
+
+def test_reindex_passes_over_damaged_records_and_keeps_the_queue_offsets(spark: Any, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    cfg = StoreConfig(data_dir=data_dir / "store", commit_log_segment_size=8 * 1024 * 1024)
+    with MessageStore.open(cfg) as store:
+        placed = [
+            store.put_message(Message("T", f"m{i}".encode() * 50, queue_id=i % 2, properties={"TAGS": "t"}))
+            for i in range(300)
+        ]
+        expected = {(r.queue_id, r.queue_offset): f"m{i}".encode() * 50 for i, r in enumerate(placed)}
+    segment = data_dir / "store" / "commitlog" / f"{0:020d}"
+    with open(segment, "r+b") as f:
+        for at in (placed[100].commit_log_offset + 120, placed[201].commit_log_offset + 5):  # body, magic
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0x5A]))
+    for kind in ("consumequeue", "consumequeue_ext"):
+        shutil.rmtree(data_dir / "store" / kind)
+    result = run_reindex(spark, data_dir)
+    assert result.filled == 2 and result.records == 298
+    assert [offset for offset, _ in result.damaged] == [placed[201].commit_log_offset]  # seen by the plan
+    lost = {(placed[i].queue_id, placed[i].queue_offset) for i in (100, 201)}
+    with MessageStore.open(cfg) as store:
+        got: dict[tuple[int, int], bytes] = {}
+        for queue_id in (0, 1):
+            offset = 0
+            while True:
+                res = store.get_messages("g", "T", queue_id, offset, 64)
+                got.update({(m.queue_id, m.queue_offset): m.body for m in res.messages})
+                if res.next_begin_offset == offset or offset >= store.get_max_offset_in_queue("T", queue_id):
+                    break
+                offset = res.next_begin_offset
+        assert got == {k: v for k, v in expected.items() if k not in lost}  # every other offset unchanged
+        assert store.damaged_reads == 2  # the two fillers, passed over and counted

@@ -425,3 +425,22 @@ def test_record_schema_columns() -> None:
     ]  # fmt: skip
     assert bulk.RECORD_SCHEMA.field("properties").type == pa.map_(pa.string(), pa.string())
     assert [f.name for f in bulk.RECORD_SCHEMA if f.nullable] == ["tags", "keys", "message_id"]
+
+
+def test_the_plan_passes_over_a_damaged_header_and_goes_on(tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 3000)
+    records = list(bulk.iter_records(data_dir))
+    starts = list_segment_starts(data_dir / "commitlog")
+    assert len(starts) >= 3
+    victims = [records[50], next(m for m in records if m.commit_log_offset > starts[1] + 1000)]
+    for victim in victims:
+        seg_start = max(s for s in starts if s <= victim.commit_log_offset)
+        flip_byte(data_dir / "commitlog" / segment_name(seg_start), victim.commit_log_offset - seg_start + 5)
+    plan = bulk.plan_scan(data_dir, target_bytes=50_000)
+    assert plan.stop_reason is None and plan.records == len(records) - 2
+    assert [offset for offset, _ in plan.damaged] == [v.commit_log_offset for v in victims]
+    assert [length for _, length in plan.damaged] == [v.store_size for v in victims]
+    gone = {v.commit_log_offset for v in victims}
+    rows = normalized(read_rows(list(plan.ranges)))
+    assert rows == [as_reference(m) for m in records if m.commit_log_offset not in gone]

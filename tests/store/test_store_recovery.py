@@ -271,7 +271,8 @@ def _crashed_copy(cfg: StoreConfig, n: int, target: Path) -> tuple[dict[int, byt
     end = store.max_commit_log_offset
     active = _commitlog_files(cfg.data_dir)[-1]
     assert active.stat().st_size == cfg.commit_log_segment_size  # preallocated while open
-    shutil.copytree(cfg.data_dir, target, ignore=shutil.ignore_patterns("lock"))
+    # (a checkpoint being written meanwhile is a .tmp file that may vanish under the copy)
+    shutil.copytree(cfg.data_dir, target, ignore=shutil.ignore_patterns("lock", "*.tmp"))
     store.close()
     files = _commitlog_files(cfg.data_dir)
     # at rest every file holds its data only: full ones up to their blank marker, the last to the end

@@ -308,6 +308,8 @@ def reindex(data_dir: DataDirOption, master: MasterOption = DEFAULT_MASTER) -> N
         ("entries with a bitmap", str(result.bitmaps)),
         ("entries with filter bits set", str(result.matched)),
         ("commit log end offset", str(result.end_offset)),
+        ("damaged ranges passed over (siftmq store check lists them)", str(len(result.damaged))),
+        ("queue offsets lost to damage (filler entries)", str(result.filled)),
     ):
         table.add_row(key, escape(value))
     _out.print(table)

@@ -48,7 +48,8 @@ import pyarrow.compute as pc
 
 from siftmq.errors import StoreError
 from siftmq.store import codec, decoding
-from siftmq.store.bulk_decode import RECORD_SCHEMA, RowFilter, _decode_map
+from siftmq.store.bulk_decode import RECORD_SCHEMA, RowFilter, _decode_map, _MappedRange
+from siftmq.store.damage import next_intact
 from siftmq.store.segment import list_segment_starts, segment_name
 from siftmq.store.tombstones import read_tombstones
 
@@ -102,6 +103,8 @@ class ScanPlan:
     ``end_offset`` is the offset right after the last complete record planned (or a segment's end
     when it ends with its blank marker); ``stop_reason`` is None when the walk reached the end of
     the log (or ``end_offset`` asked for), else why it stopped early, e.g. a torn tail.
+    ``damaged`` lists the ``(offset, length)`` of damaged bytes the walk passed over (the ranges
+    leave them out, as the broker's recovery does).
     """
 
     ranges: tuple[ByteRange, ...]
@@ -110,6 +113,7 @@ class ScanPlan:
     records: int
     bytes: int
     stop_reason: str | None
+    damaged: tuple[tuple[int, int], ...] = ()
 
 
 def commit_log_dir(store_dir: Path) -> Path:
@@ -165,6 +169,7 @@ def plan_scan(
     records = 0
     total = 0
     stop: str | None = None
+    damaged: list[tuple[int, int]] = []
     last_end = start_offset
     segments = list(_segments_from(store_dir, start_offset))
     planned_start = max(start_offset, segments[0][0]) if segments else start_offset
@@ -174,8 +179,16 @@ def plan_scan(
             break
         if pos > size:  # in the segment's unused tail (after its blank marker) or past the log's end
             continue
+        capacity = next_start - seg_start if next_start is not None else None
         seg_ranges, pos, n, reason = _walk_segment(
-            path, seg_start, size, pos, limit=limit - seg_start, target_bytes=target_bytes
+            path,
+            seg_start,
+            size,
+            pos,
+            limit=limit - seg_start,
+            target_bytes=target_bytes,
+            capacity=capacity,
+            damaged=damaged,
         )
         ranges.extend(seg_ranges)
         records += n
@@ -191,6 +204,9 @@ def plan_scan(
                 break
             continue
         last_end = seg_start + pos
+        if reason == "damaged" and next_start is not None:
+            last_end = next_start
+            continue  # nothing intact after the damage in this segment: the next one goes on
         if reason == "limit":
             break
         if reason == "end" and next_start is None:
@@ -200,7 +216,7 @@ def plan_scan(
         else:
             stop = f"{reason} at offset {seg_start + pos}"
         break
-    return ScanPlan(tuple(ranges), planned_start, last_end, records, total, stop)
+    return ScanPlan(tuple(ranges), planned_start, last_end, records, total, stop, tuple(damaged))
 
 
 def plan_ranges(
@@ -234,7 +250,15 @@ def merge_ranges(ranges: Sequence[ByteRange], target_bytes: int) -> tuple[ByteRa
 
 
 def _walk_segment(
-    path: Path, seg_start: int, size: int, pos: int, *, limit: int, target_bytes: int
+    path: Path,
+    seg_start: int,
+    size: int,
+    pos: int,
+    *,
+    limit: int,
+    target_bytes: int,
+    capacity: int | None,
+    damaged: list[tuple[int, int]],
 ) -> tuple[list[ByteRange], int, int, str]:
     """Walk one segment's records from ``pos``; returns (ranges, stop position, records, why).
 
@@ -242,6 +266,10 @@ def _walk_segment(
     ends at a record boundary, or its zero tail starts there), ``"limit"`` (reached ``limit``) or a
     description of a bad header. ``size`` is the file's size when it was listed; a broker may have
     cut its preallocated tail since, so the walk maps what the file holds when it is opened.
+
+    A bad header followed by an intact record (or the blank marker) in the segment is passed over
+    and appended to ``damaged``; with nothing intact after it, a segment before the last
+    (``capacity`` known) ends with ``"damaged"``, the last one stops there (a torn tail).
     """
     ranges: list[ByteRange] = []
     if size - pos < 8:
@@ -268,11 +296,27 @@ def _walk_segment(
                 if magic == _BLANK and total_size >= codec.BLANK_MARKER_SIZE:
                     why = "blank"
                     break
-                why = f"bad magic code {magic & 0xFFFFFFFF:#x}"
-                break
-            if total_size < _MIN_RECORD or pos + total_size > size:
-                why = "torn record" if total_size >= _MIN_RECORD else f"implausible record size {total_size}"
-                break
+                problem = f"bad magic code {magic & 0xFFFFFFFF:#x}"
+            elif total_size < _MIN_RECORD or pos + total_size > size:
+                problem = (
+                    "torn record" if total_size >= _MIN_RECORD else f"implausible record size {total_size}"
+                )
+            else:
+                problem = ""
+            if problem:
+                resume = next_intact(_MappedRange(mm, seg_start, size, capacity or size), pos, size)
+                if resume is None:
+                    why = problem
+                    if capacity is not None:
+                        damaged.append((seg_start + pos, size - pos))
+                        why = "damaged"
+                    break
+                if pos > range_start:
+                    ranges.append(ByteRange(str_path, seg_start, seg_start + range_start, seg_start + pos))
+                damaged.append((seg_start + pos, resume - pos))
+                pos = range_start = resume
+                cut_at = pos + target_bytes
+                continue
             if pos >= cut_at:
                 ranges.append(ByteRange(str_path, seg_start, seg_start + range_start, seg_start + pos))
                 range_start = pos

@@ -134,12 +134,14 @@ def _decode_map(
 
 
 class _MappedRange:
-    """The part of a mapped segment file below ``length`` (a range's end), as the damage search reads it."""
+    """A mapped segment file up to ``length`` (a range's end, or the file's), as the damage search
+    reads it."""
 
-    def __init__(self, mm: mmap.mmap, start_offset: int, length: int) -> None:
+    def __init__(self, mm: mmap.mmap, start_offset: int, length: int, capacity: int | None = None) -> None:
         self._mm = mm
         self.start_offset = start_offset
-        self.capacity = self.length = length  # ranges never hold a blank marker
+        self.length = length
+        self.capacity = length if capacity is None else capacity  # a range never holds a blank marker
 
     def read(self, pos: int, size: int) -> bytes:
         return bytes(self._mm[pos : min(pos + size, self.length)])

@@ -292,6 +292,7 @@ class QueueReport:
     matched: int = 0  # entries whose bitmap has bits set (some registration matched)
     gaps: int = 0
     duplicates: int = 0
+    filled: int = 0  # queue offsets of records lost to damage, given filler entries
     problems: list[str] | None = None
 
     def problem(self, text: str) -> None:
@@ -306,14 +307,21 @@ class QueueReport:
 
 
 class ConsecutiveChecker:
-    """Follows one queue's sorted offsets; reports gaps and duplicates into a :class:`QueueReport`."""
+    """Follows one queue's sorted offsets; reports gaps and duplicates into a :class:`QueueReport`.
 
-    def __init__(self, report: QueueReport) -> None:
+    With ``fill_gaps`` a gap is not a problem but records lost to damage (the reads passed over
+    them, as the broker's recovery does): :attr:`missing` then holds the offsets to fill.
+    """
+
+    def __init__(self, report: QueueReport, *, fill_gaps: bool = False) -> None:
         self.report = report
+        self.fill_gaps = fill_gaps
+        self.missing = range(0)
 
     def accept(self, queue_offset: int, commit_log_offset: int) -> bool:
         """True if ``queue_offset`` continues the queue (the first offset always does)."""
         r = self.report
+        self.missing = range(0)
         if r.first_offset < 0:
             r.first_offset = r.next_offset = queue_offset
         if queue_offset == r.next_offset:
@@ -326,6 +334,12 @@ class ConsecutiveChecker:
                 f"{r.topic}:{r.queue_id} offset {queue_offset} is stored twice "
                 f"(again at commit log offset {commit_log_offset})"
             )
+        elif self.fill_gaps:
+            self.missing = range(r.next_offset, queue_offset)
+            r.filled += len(self.missing)
+            r.next_offset = queue_offset + 1
+            r.records += 1
+            return True
         else:
             r.gaps += 1
             r.problem(
@@ -398,13 +412,16 @@ def write_queues(
 ) -> Iterator[QueueReport]:
     """Write the queues of one sorted shuffle partition into the staging tree; one report per queue.
 
-    A queue with a gap or a duplicate stops being written (the job installs nothing then) but is
-    still followed to the end, so the report counts all its problems.
+    Queue offsets missing between two records are records lost to damage (the reads passed over
+    them): each gets a filler entry (size 0, the next record's CommitLog offset and store time), as
+    the broker's recovery writes, so the offsets after it do not move. A queue with a duplicate
+    offset stops being written (the job installs nothing then) but is still followed to the end,
+    so the report counts all its problems.
     """
     root = Path(staging_root)
     for (topic, queue_id), entries in group_by_queue(rows):
         report = QueueReport(topic, queue_id)
-        checker = ConsecutiveChecker(report)
+        checker = ConsecutiveChecker(report, fill_gaps=True)
         writer: _QueueWriter | None = _QueueWriter(open_queue(root, topic, queue_id, layout))
         try:
             for queue_offset, entry in entries:
@@ -414,6 +431,8 @@ def write_queues(
                         writer = None
                     continue
                 if writer is not None:
+                    for missing in checker.missing:  # as the broker's recovery writes them
+                        writer.add(missing, (entry[0], 0, 0, entry[3], None))
                     writer.add(queue_offset, entry)
                     if entry[4] is not None:
                         report.bitmaps += 1
@@ -460,6 +479,10 @@ class ReindexResult:
     matched: int
     registrations: int
     end_offset: int
+    #: queue offsets of records lost to damage, given filler entries
+    filled: int = 0
+    #: (offset, length) of the damaged CommitLog bytes the plan passed over
+    damaged: tuple[tuple[int, int], ...] = ()
 
 
 def run_reindex(
@@ -533,6 +556,8 @@ def run_reindex(
         matched=sum(r.matched for r in reports),
         registrations=len(registrations),
         end_offset=plan.end_offset,
+        filled=sum(r.filled for r in reports),
+        damaged=plan.damaged,
     )
 
 
