@@ -53,6 +53,13 @@ class BrokerConfig:
     data_dir: Path = Path("./data")
     listen: str = "127.0.0.1:8081"
     admin_listen: str = "127.0.0.1:8082"  # the admin HTTP API and /metrics; "" turns it off
+    # security (RocketMQ's names): every gRPC call signed by a user of auth_file (MQv2-HMAC-SHA1),
+    # and its topics and groups allowed by the user's ACL 2.0 policies; auth_file is JSON in
+    # RocketMQ 5.3's shape, relative to <data_dir>/config unless absolute
+    authentication_enabled: bool = False
+    authorization_enabled: bool = False
+    auth_file: str = "auth.json"
+    auth_clock_skew_s: float = 900.0
     # a request (line, headers, body) not received within this time is dropped: slow clients cannot
     # hold the admin server's connections; beyond admin_max_connections it answers 503
     admin_request_timeout_s: float = 10.0
@@ -140,7 +147,9 @@ class BrokerConfig:
         )
         if self.send_threads < 0:
             raise ConfigError("send_threads must be 0 (automatic) or positive")
-        for name in ("broadcast_client_expire_s", "admin_request_timeout_s"):
+        if self.authorization_enabled and not self.authentication_enabled:
+            raise ConfigError("authorization_enabled needs authentication_enabled (who is asking?)")
+        for name in ("broadcast_client_expire_s", "admin_request_timeout_s", "auth_clock_skew_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive")
         if self.default_queue_nums > self.max_queue_nums:

@@ -20,7 +20,8 @@ from siftmq.broker.config import BrokerConfig, parse_listen
 from siftmq.broker.long_polling import ArrivalNotifier
 from siftmq.errors import SiftError
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
-from siftmq.server import decoding
+from siftmq.server import auth, decoding
+from siftmq.server.auth import Gate
 from siftmq.server.service import MessagingService
 
 _log = logging.getLogger(__name__)
@@ -35,19 +36,25 @@ class BindError(SiftError):
     code = "BIND_FAILED"
 
 
-def _handlers(service: MessagingService, *, batch_extension: bool) -> tuple[grpc.GenericRpcHandler, ...]:
+def _handlers(
+    service: MessagingService, *, batch_extension: bool, gate: Gate | None = None
+) -> tuple[grpc.GenericRpcHandler, ...]:
     """RocketMQ's MessagingService, and siftmq's batch extension unless it is turned off."""
     services = [(SERVICE_NAME, RPCS)] + ([(BATCH_SERVICE_NAME, BATCH_RPCS)] if batch_extension else [])
     return tuple(
-        grpc.method_handlers_generic_handler(name, {rpc.name: _method_handler(service, rpc) for rpc in rpcs})
+        grpc.method_handlers_generic_handler(
+            name, {rpc.name: _method_handler(service, rpc, gate) for rpc in rpcs}
+        )
         for name, rpcs in services
     )
 
 
-def _method_handler(service: MessagingService, rpc: Rpc) -> grpc.RpcMethodHandler:
+def _method_handler(service: MessagingService, rpc: Rpc, gate: Gate | None) -> grpc.RpcMethodHandler:
     behaviour: Any = getattr(service, rpc.name, None)
     if behaviour is None or rpc.request is None:
         behaviour = service.unsupported(rpc.name, rpc.response, rpc.shape != "unary_unary")
+    if gate is not None:
+        behaviour = auth.guard(behaviour, rpc, gate)  # inside the decoding guard: requests are decoded
     deserializer = None
     if rpc.request is not None:
         deserializer = decoding.tolerant(rpc.request.FromString)
@@ -83,7 +90,15 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             ]
         )
         service = MessagingService(broker, notifier, reads, sends)
-        server.add_generic_rpc_handlers(_handlers(service, batch_extension=config.batch_extension))
+        gate = None
+        if config.authentication_enabled:
+            gate = auth.Gate.load(
+                auth.auth_file(config.data_dir / "config", config.auth_file),
+                authenticate=True,
+                authorize=config.authorization_enabled,
+                skew_s=config.auth_clock_skew_s,
+            )
+        server.add_generic_rpc_handlers(_handlers(service, batch_extension=config.batch_extension, gate=gate))
         host, _ = parse_listen(config.listen)
         try:
             port = server.add_insecure_port(config.listen)

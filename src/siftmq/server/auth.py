@@ -1,0 +1,205 @@
+"""Authentication and authorization at the gRPC edge: every call signed, every action allowed.
+
+With ``authentication_enabled`` each call's ``authorization`` and ``x-mq-date-time`` metadata must
+be a valid MQv2-HMAC-SHA1 signature of a known user (:mod:`siftmq.auth.signature`); a Telemetry
+stream is checked once, when it opens (its timestamp then ages, as the clients expect). A failure
+answers ``UNAUTHORIZED`` (40100) and nothing of the request is acted on. With
+``authorization_enabled`` the request's resources are then checked against the user's policies
+(:mod:`siftmq.auth.acl`) using :data:`ACTIONS`, the one table of what each RPC needs; a denial
+answers ``FORBIDDEN`` (40300) naming the resource and the action.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from siftmq.auth.acl import Action, AuthTable, User, parse_auth_file
+from siftmq.auth.signature import DATE_HEADER, INVALID, SignatureError, parse, sign, verify
+from siftmq.errors import ConfigError, StatusCode
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol.service import Rpc
+from siftmq.server.status import status
+
+_log = logging.getLogger(__name__)
+
+#: One audit line per this many seconds at most (the rest are counted into the next line).
+AUDIT_INTERVAL_S: Final = 10.0
+_DUMMY_SECRET: Final = "siftmq-unknown-user"  # an unknown user costs the same HMAC as a known one
+
+Need = tuple[tuple[str, Action], ...]
+"""Resource/action pairs a request needs, all of them."""
+
+
+def _topic(resource: Any) -> str:
+    return f"Topic:{resource.name}"
+
+
+def _group(resource: Any) -> str:
+    return f"Group:{resource.name}"
+
+
+def _sub(request: Any, topic: Any) -> Need:
+    return ((_topic(topic), Action.SUB), (_group(request.group), Action.SUB))
+
+
+def _heartbeat(request: Any) -> Need:
+    return ((_group(request.group), Action.SUB),) if request.group.name else ()
+
+
+#: What each RPC needs (``None``: any of Pub, Sub or Get on the topic, for a route lookup).
+ACTIONS: Final[dict[str, Callable[[Any], Need] | None]] = {
+    "QueryRoute": None,
+    "SendMessage": lambda r: tuple({(_topic(m.topic), Action.PUB) for m in r.messages}),
+    "SendMessages": lambda r: ((_topic(r.topic), Action.PUB),),
+    "ReceiveMessage": lambda r: _sub(r, r.message_queue.topic),
+    "ReceiveMessages": lambda r: _sub(r, r.message_queue.topic),
+    "PullMessage": lambda r: _sub(r, r.message_queue.topic),
+    "PullMessages": lambda r: _sub(r, r.message_queue.topic),
+    "AckMessage": lambda r: _sub(r, r.topic),
+    "ChangeInvisibleDuration": lambda r: _sub(r, r.topic),
+    "ForwardMessageToDeadLetterQueue": lambda r: _sub(r, r.topic),
+    "QueryAssignment": lambda r: _sub(r, r.topic),
+    "UpdateOffset": lambda r: _sub(r, r.message_queue.topic),
+    "GetOffset": lambda r: _sub(r, r.message_queue.topic),
+    "QueryOffset": lambda r: ((_topic(r.message_queue.topic), Action.SUB),),  # names no group
+    "Heartbeat": _heartbeat,
+    "NotifyClientTermination": _heartbeat,
+}
+_ROUTE_ACTIONS: Final = (Action.PUB, Action.SUB, Action.GET)
+
+
+@dataclass
+class Gate:
+    """The users and policies in force, and the settings of the checks."""
+
+    table: AuthTable
+    authenticate: bool
+    authorize: bool
+    skew_s: float
+    failures: int = 0
+    denials: int = 0
+    # per kind of audit line (failure, denial): when it was last written, and how many since
+    _audited: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, *, authenticate: bool, authorize: bool, skew_s: float) -> Gate:
+        """Read ``path`` (refuses a missing or malformed file with what is wrong)."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read the auth file {path}: {exc.strerror}") from exc
+        return cls(parse_auth_file(text, source=str(path)), authenticate, authorize, skew_s)
+
+    def who(self, context: Any) -> User:
+        """The user who signed the call; raises :class:`SignatureError`."""
+        metadata = {k: v for k, v in context.invocation_metadata() or ()}
+        request = parse(metadata.get("authorization"), metadata.get(DATE_HEADER))
+        user = self.table.users.get(request.access_key)
+        if user is None:
+            sign(_DUMMY_SECRET, request.date_time)
+            raise SignatureError(INVALID)
+        verify(request, user.secret, now=dt.datetime.now(dt.UTC), skew_s=self.skew_s)
+        return user
+
+    def refusal(self, rpc: str, request: Any, context: Any) -> Any:
+        """The status to answer with, or None when the call may go on."""
+        try:
+            user = self.who(context) if self.authenticate else None
+        except SignatureError as exc:
+            self.failures += 1
+            self._audit("failure", "authentication failed for %s from %s: %s", rpc, _peer(context), exc)
+            return status(StatusCode.UNAUTHORIZED, f"{rpc}: {exc}")
+        if not self.authorize or user is None:
+            return None
+        peer = _peer_ip(context)
+        need = ACTIONS.get(rpc, ())
+        if need is None:  # a route lookup: any of Pub, Sub, Get on the topic
+            resource = _topic(request.topic)
+            if any(self.table.decide(user, resource, a, peer) for a in _ROUTE_ACTIONS):
+                return None
+            return self._deny(user, rpc, resource, Action.GET, context)
+        for resource, action in need(request) if need else ():
+            if not self.table.decide(user, resource, action, peer):
+                return self._deny(user, rpc, resource, action, context)
+        return None
+
+    def _deny(self, user: User, rpc: str, resource: str, action: Action, context: Any) -> Any:
+        self.denials += 1
+        line = "denied %s: user %s may not %s %s (from %s)"
+        self._audit("denial", line, rpc, user.name, action, resource, _peer(context))
+        return status(StatusCode.FORBIDDEN, f"{rpc}: user {user.name} may not {action} {resource}")
+
+    def _audit(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        at, unwritten = self._audited.get(kind, (-AUDIT_INTERVAL_S, 0))
+        if now - at < AUDIT_INTERVAL_S:
+            self._audited[kind] = (at, unwritten + 1)
+            return
+        more = f" (+{unwritten} more since the last line)" if unwritten else ""
+        self._audited[kind] = (now, 0)
+        _log.warning(message + more, *args)
+
+
+def _peer(context: Any) -> str:
+    return str(context.peer() or "")
+
+
+def _peer_ip(context: Any) -> str:
+    peer = _peer(context)
+    if peer.startswith("ipv4:"):
+        return peer[5:].rsplit(":", 1)[0]
+    if peer.startswith("ipv6:"):
+        return peer[5:].rsplit(":", 1)[0].strip("[]")
+    return peer
+
+
+def guard(behaviour: Any, rpc: Rpc, gate: Gate) -> Any:
+    """``behaviour`` behind the gate: a refused call gets ``rpc``'s answer carrying the status."""
+
+    def answer(st: Any) -> Any:
+        if rpc.response is pb.SendMessageResponse:  # the official client reads the entry's status
+            return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)])
+        return rpc.response(status=st)
+
+    if rpc.shape == "unary_unary":
+
+        async def unary(request: Any, context: Any) -> Any:
+            refused = gate.refusal(rpc.name, request, context)
+            if refused is not None:
+                return answer(refused)
+            return await behaviour(request, context)
+
+        return unary
+    if rpc.shape == "unary_stream":
+
+        async def server_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            refused = gate.refusal(rpc.name, request, context)
+            if refused is not None:
+                yield answer(refused)
+                return
+            async for item in behaviour(request, context):
+                yield item
+
+        return server_stream
+
+    async def bidi(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        refused = gate.refusal(rpc.name, None, context)  # authenticated once, when it opens
+        if refused is not None:
+            yield answer(refused)
+            return
+        async for item in behaviour(requests, context):
+            yield item
+
+    return bidi
+
+
+def auth_file(config_dir: Path, name: str) -> Path:
+    """The auth file: ``name`` as given when absolute, else in the data dir's ``config/``."""
+    path = Path(name)
+    return path if path.is_absolute() else config_dir / path
