@@ -60,6 +60,13 @@ class BrokerConfig:
     authorization_enabled: bool = False
     auth_file: str = "auth.json"
     auth_clock_skew_s: float = 900.0
+    # gRPC over TLS with this certificate and key (PEM); with tls_client_ca_file, clients must show a
+    # certificate that CA signed (mutual TLS)
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    # protected mode: without authentication the broker only listens on loopback, unless this is set
+    allow_anonymous: bool = False
     # a request (line, headers, body) not received within this time is dropped: slow clients cannot
     # hold the admin server's connections; beyond admin_max_connections it answers 503
     admin_request_timeout_s: float = 10.0
@@ -147,6 +154,10 @@ class BrokerConfig:
         )
         if self.send_threads < 0:
             raise ConfigError("send_threads must be 0 (automatic) or positive")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ConfigError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
         if self.authorization_enabled and not self.authentication_enabled:
             raise ConfigError("authorization_enabled needs authentication_enabled (who is asking?)")
         for name in ("broadcast_client_expire_s", "admin_request_timeout_s", "auth_clock_skew_s"):

@@ -10,7 +10,7 @@ import typer
 from siftmq.cli.console import fail
 
 
-def broker(
+def broker(  # noqa: PLR0917 - typer maps each parameter to an option
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the broker keeps its data [./data].")
     ] = None,
@@ -25,6 +25,13 @@ def broker(
         str | None,
         typer.Option("--admin-listen", help="host:port of the admin HTTP API [127.0.0.1:8082]; '' = off."),
     ] = None,
+    allow_anonymous: Annotated[
+        bool,
+        typer.Option(
+            "--allow-anonymous",
+            help="Serve a non-loopback address without authentication (protected mode off).",
+        ),
+    ] = False,
 ) -> None:
     """Run the broker (RocketMQ 5 gRPC) on embedded storage; prints a line with 'ready' once it serves."""
     from siftmq.broker.config import BrokerConfig
@@ -32,7 +39,12 @@ def broker(
 
     try:
         cfg = BrokerConfig.load(
-            config, data_dir=data_dir, listen=listen, flush=flush, admin_listen=admin_listen
+            config,
+            data_dir=data_dir,
+            listen=listen,
+            flush=flush,
+            admin_listen=admin_listen,
+            allow_anonymous=allow_anonymous or None,
         )
     except ConfigError as exc:
         fail(exc, code=2)

@@ -9,11 +9,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from siftmq import __version__
+from siftmq.auth.signature import DATE_HEADER, SCHEME, sign
 from siftmq.client.model import OutgoingMessage, ReceivedMessage, SendReceipt
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -52,6 +54,12 @@ class Connection:
         client_id: str | None = None,
         namespace: str = "",
         request_timeout: float = 5.0,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        tls: bool = False,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
     ) -> None:
         host, sep, port = endpoint.rpartition(":")
         if not sep or not port.isdigit():
@@ -66,9 +74,18 @@ class Connection:
         #: call of it was refused, or set by hand to use only the standard calls)
         self.batch_extension: bool | None = None
         self._unimplemented: set[str] = set()  # batch calls the broker refused (an older extension)
-        self._channel = grpc.aio.insecure_channel(
-            endpoint, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        )
+        # a broker with authentication on wants every call signed with the user's secret key
+        self._access_key, self._secret_key = access_key, secret_key or ""
+        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        if tls or ca_file or cert_file:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(ca_file),
+                private_key=_read(key_file),
+                certificate_chain=_read(cert_file),
+            )
+            self._channel = grpc.aio.secure_channel(endpoint, credentials, options=options)
+        else:
+            self._channel = grpc.aio.insecure_channel(endpoint, options=options)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (
@@ -78,8 +95,19 @@ class Connection:
             ("x-mq-client-version", f"siftmq-{__version__}"),
             ("x-mq-namespace", self.namespace),
             ("x-mq-request-id", uuid.uuid4().hex),
+            *self._signature(),
             *self.extra_metadata,
         )
+
+    def _signature(self) -> tuple[tuple[str, str], ...]:
+        if self._access_key is None:
+            return ()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        signed = sign(self._secret_key, stamp)
+        authorization = (
+            f"{SCHEME} Credential={self._access_key}, SignedHeaders={DATE_HEADER}, Signature={signed}"
+        )
+        return ((DATE_HEADER, stamp), ("authorization", authorization))
 
     def endpoints(self) -> pb.Endpoints:
         scheme = (
@@ -274,6 +302,10 @@ def _answer_of(frames: list[Any]) -> Answer:
         elif which == "next_offset" and next_offset is None:  # pull only
             next_offset = frame.next_offset
     return Answer(status, messages, next_offset)
+
+
+def _read(path: str | None) -> bytes | None:
+    return None if path is None else Path(path).read_bytes()
 
 
 def check(call: str, status: pb.Status) -> None:

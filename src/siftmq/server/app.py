@@ -11,14 +11,15 @@ import socket
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import grpc
 
 from siftmq.broker.broker import Broker
 from siftmq.broker.config import BrokerConfig, parse_listen
 from siftmq.broker.long_polling import ArrivalNotifier
-from siftmq.errors import SiftError
+from siftmq.errors import ConfigError, SiftError
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from siftmq.server import auth, decoding
 from siftmq.server.auth import Gate
@@ -68,6 +69,56 @@ def _method_handler(service: MessagingService, rpc: Rpc, gate: Gate | None) -> g
     return make(behaviour, request_deserializer=deserializer, response_serializer=serializer)
 
 
+def _tls_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
+    """The server's TLS credentials (None: plaintext); unreadable files refuse the start."""
+    if not config.tls_cert_file:
+        return None
+    try:
+        key = Path(config.tls_key_file).read_bytes()
+        cert = Path(config.tls_cert_file).read_bytes()
+        client_ca = Path(config.tls_client_ca_file).read_bytes() if config.tls_client_ca_file else None
+    except OSError as exc:
+        raise ConfigError(f"cannot read a TLS file: {exc.filename}: {exc.strerror}") from exc
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def _loopback(host: str) -> bool:
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def _check_protected_mode(config: BrokerConfig, host: str) -> None:
+    """Without authentication the broker serves loopback only, unless told otherwise (Redis's
+    protected mode): anyone who can reach the port could publish, consume and delete. The admin
+    API has no login yet, so it stays on loopback whatever the gRPC side does."""
+    if (
+        config.admin_listen
+        and not _loopback(parse_listen(config.admin_listen)[0])
+        and not config.allow_anonymous
+    ):
+        raise ConfigError(
+            f"refusing to serve the admin API on {config.admin_listen} (protected mode): it has no login "
+            "yet; keep it on loopback, or start with --allow-anonymous"
+        )
+    if config.authentication_enabled or _loopback(host):
+        return
+    if not config.allow_anonymous:
+        raise ConfigError(
+            f"refusing to listen on {config.listen} without authentication (protected mode): set "
+            "authentication_enabled with an auth_file, or start with --allow-anonymous to accept "
+            "anyone who can reach the port"
+        )
+    _log.warning(
+        "listening on %s with authentication off (--allow-anonymous): anyone who can reach the "
+        "port may publish, consume and change the broker",
+        config.listen,
+    )
+
+
 async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
     """Run a broker until SIGTERM/SIGINT; prints the ready line once it accepts calls."""
     loop = asyncio.get_running_loop()
@@ -100,8 +151,13 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             )
         server.add_generic_rpc_handlers(_handlers(service, batch_extension=config.batch_extension, gate=gate))
         host, _ = parse_listen(config.listen)
+        _check_protected_mode(config, host)
         try:
-            port = server.add_insecure_port(config.listen)
+            credentials = _tls_credentials(config)
+            if credentials is None:
+                port = server.add_insecure_port(config.listen)
+            else:
+                port = server.add_secure_port(config.listen, credentials)
         except RuntimeError as exc:
             raise BindError(
                 f"cannot listen on {config.listen}: {exc} (is another broker running there?)"
@@ -117,7 +173,10 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        details = f"{admin_text}data in {config.data_dir}, flush {config.flush}"
+        security = ("tls, " if config.tls_cert_file else "") + (
+            "authentication on" if config.authentication_enabled else "anonymous"
+        )
+        details = f"{admin_text}data in {config.data_dir}, flush {config.flush}, {security}"
         line = f"siftmq broker ready on {host}:{port} ({details})"
         print(line, flush=True)
         if ready is not None:
