@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 rocketmq = pytest.importorskip("rocketmq")
@@ -104,6 +105,9 @@ def test_signed_allowed_calls_work_and_the_rest_are_refused(start_broker: Any, t
     finally:
         consumer.shutdown()
 
+    metrics = httpx.get(f"{broker.admin_url}/metrics", timeout=10).text
+    assert 'siftmq_auth_failures_total{reason="invalid"}' in metrics  # wrong secret, unknown user
+    assert 'siftmq_authz_denials_total{action="Get"}' in metrics  # alice's route to Secret
     log = broker.log()
     assert "authentication failed" in log and "denied QueryRoute: user alice may not Get Topic:Secret" in log
     assert not any(secret in log for secret in SECRETS.values())  # secrets are never logged

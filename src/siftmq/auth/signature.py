@@ -29,7 +29,12 @@ INVALID: Final = "the credential or the signature is not valid"
 
 
 class SignatureError(ValueError):
-    """Why a call is not authenticated (the text never says whether the user exists)."""
+    """Why a call is not authenticated (the text never says whether the user exists); ``reason`` is
+    a short label for metrics: unsigned, malformed, invalid, skew."""
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +47,7 @@ class SignedRequest:
 def parse(authorization: str | None, date_time: str | None) -> SignedRequest:
     """The credential, signature and signed date of a call; raises :class:`SignatureError`."""
     if not authorization:
-        raise SignatureError("the call is not signed (no authorization header)")
+        raise SignatureError("the call is not signed (no authorization header)", "unsigned")
     if len(authorization) > MAX_HEADER_LENGTH or not authorization.startswith(SCHEME + " "):
         raise SignatureError(f"the authorization header is not {SCHEME}")
     fields = dict(_FIELDS.findall(authorization[len(SCHEME) + 1 :]))
@@ -64,7 +69,7 @@ def sign(secret_key: str, date_time: str) -> str:
 def verify(request: SignedRequest, secret_key: str, *, now: dt.datetime, skew_s: float) -> None:
     """Raise :class:`SignatureError` unless ``request`` is signed with ``secret_key`` within ``skew_s``."""
     if not hmac.compare_digest(sign(secret_key, request.date_time), request.signature):
-        raise SignatureError(INVALID)
+        raise SignatureError(INVALID, "invalid")
     try:
         stamped = dt.datetime.strptime(request.date_time, _DATE_FORMAT)
     except ValueError as exc:
@@ -72,4 +77,4 @@ def verify(request: SignedRequest, secret_key: str, *, now: dt.datetime, skew_s:
     utc = now.astimezone(dt.UTC).replace(tzinfo=None)
     local = now.astimezone().replace(tzinfo=None)  # the Python client's "Z" is its local time
     if min(abs((stamped - utc).total_seconds()), abs((stamped - local).total_seconds())) > skew_s:
-        raise SignatureError(f"{DATE_HEADER} is outside the allowed clock skew ({skew_s:.0f} s)")
+        raise SignatureError(f"{DATE_HEADER} is outside the allowed clock skew ({skew_s:.0f} s)", "skew")

@@ -24,6 +24,7 @@ from siftmq.broker.broker import Broker
 from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
 from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError, StatusCode
+from siftmq.server.auth import Gate
 from siftmq.store import StoredMessage
 
 _HTTP_STATUS = {"PRECONDITION_FAILED": 409, "UNSUPPORTED": 501, "TOO_MANY_REQUESTS": 429}
@@ -59,11 +60,11 @@ def message_json(m: StoredMessage) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def create_app(broker: Broker) -> FastAPI:
+def create_app(broker: Broker, gate: Gate | None = None) -> FastAPI:
     """The admin application for ``broker``."""
     app = FastAPI(title="siftmq admin", version="1", docs_url="/docs", redoc_url=None)
     registry = CollectorRegistry()
-    registry.register(BrokerCollector(broker))
+    registry.register(BrokerCollector(broker, gate))
 
     async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(functools.partial(fn, **kwargs), *args)
@@ -211,8 +212,9 @@ def create_app(broker: Broker) -> FastAPI:
 class BrokerCollector(Collector):
     """Reads the broker's counters at scrape time."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, gate: Gate | None = None) -> None:
         self.broker = broker
+        self.gate = gate
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.broker.stats
@@ -291,3 +293,15 @@ class BrokerCollector(Collector):
         clients.add_metric([], len(self.broker.clients.sessions()))
         yield from (sends, sent_bytes, dups, deliveries, delivered_bytes, acks, dlq, work)
         yield from (inconsistent, lag, store, clients, deleted, disk_used, disk_refusing, damaged)
+        if self.gate is not None:
+            failures = CounterMetricFamily(
+                "siftmq_auth_failures", "Calls refused as not authenticated", labels=["reason"]
+            )
+            for reason, n in sorted(self.gate.failures.items()):
+                failures.add_metric([reason], n)
+            denials = CounterMetricFamily(
+                "siftmq_authz_denials", "Calls refused by the ACL policies", labels=["action"]
+            )
+            for action, n in sorted(self.gate.denials.items()):
+                denials.add_metric([action], n)
+            yield from (failures, denials)

@@ -164,7 +164,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             ) from exc
         if port == 0:
             raise BindError(f"cannot listen on {config.listen} (is another broker running there?)")
-        admin = _AdminServer(broker, config.admin_listen) if config.admin_listen else None
+        admin = _AdminServer(broker, config.admin_listen, gate) if config.admin_listen else None
         await server.start()
         admin_text = ""
         if admin is not None:
@@ -196,7 +196,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
 class _AdminServer:
     """uvicorn serving the admin API on the broker's event loop (signals stay the broker's)."""
 
-    def __init__(self, broker: Broker, listen: str) -> None:
+    def __init__(self, broker: Broker, listen: str, gate: Gate | None = None) -> None:
         import uvicorn
 
         from siftmq.server.admin_http import create_app
@@ -217,7 +217,7 @@ class _AdminServer:
         self.address = f"{host}:{self._sock.getsockname()[1]}"
         self._server = _Quiet(
             uvicorn.Config(
-                create_app(broker),
+                create_app(broker, gate),
                 log_level="warning",
                 lifespan="off",
                 http=deadline_protocol(broker.config.admin_request_timeout_s),

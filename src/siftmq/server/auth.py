@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +83,9 @@ class Gate:
     authenticate: bool
     authorize: bool
     skew_s: float
-    failures: int = 0
-    denials: int = 0
+    #: authentication failures by reason, and denials by action (for the metrics)
+    failures: Counter[str] = field(default_factory=Counter)
+    denials: Counter[str] = field(default_factory=Counter)
     # per kind of audit line (failure, denial): when it was last written, and how many since
     _audited: dict[str, tuple[float, int]] = field(default_factory=dict)
 
@@ -103,7 +105,7 @@ class Gate:
         user = self.table.users.get(request.access_key)
         if user is None:
             sign(_DUMMY_SECRET, request.date_time)
-            raise SignatureError(INVALID)
+            raise SignatureError(INVALID, "invalid")
         verify(request, user.secret, now=dt.datetime.now(dt.UTC), skew_s=self.skew_s)
         return user
 
@@ -112,7 +114,7 @@ class Gate:
         try:
             user = self.who(context) if self.authenticate else None
         except SignatureError as exc:
-            self.failures += 1
+            self.failures[exc.reason] += 1
             self._audit("failure", "authentication failed for %s from %s: %s", rpc, _peer(context), exc)
             return status(StatusCode.UNAUTHORIZED, f"{rpc}: {exc}")
         if not self.authorize or user is None:
@@ -130,7 +132,7 @@ class Gate:
         return None
 
     def _deny(self, user: User, rpc: str, resource: str, action: Action, context: Any) -> Any:
-        self.denials += 1
+        self.denials[action.value] += 1
         line = "denied %s: user %s may not %s %s (from %s)"
         self._audit("denial", line, rpc, user.name, action, resource, _peer(context))
         return status(StatusCode.FORBIDDEN, f"{rpc}: user {user.name} may not {action} {resource}")
