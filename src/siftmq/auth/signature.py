@@ -23,7 +23,6 @@ SCHEME: Final = "MQv2-HMAC-SHA1"
 DATE_HEADER: Final = "x-mq-date-time"
 MAX_HEADER_LENGTH: Final = 1024  # an authorization header longer than this is not one
 _FIELDS: Final = re.compile(r"(\w+)=([^,\s]*)")
-_DATE_FORMAT: Final = "%Y%m%dT%H%M%SZ"
 #: The one answer for an unknown user and a wrong signature alike (it says nothing of who exists).
 INVALID: Final = "the credential or the signature is not valid"
 
@@ -61,6 +60,23 @@ def parse(authorization: str | None, date_time: str | None) -> SignedRequest:
     return SignedRequest(access_key, signature.lower(), date_time)
 
 
+def _parse_date(text: str) -> dt.datetime:
+    """``YYYYMMDDTHHMMSSZ`` (by hand: ``strptime`` costs more than the HMAC)."""
+    if (
+        len(text) != len("20261125T101500Z")
+        or text[8] != "T"
+        or text[15] != "Z"
+        or not (text[:8] + text[9:15]).isdigit()
+    ):
+        raise SignatureError(f"{DATE_HEADER} is not YYYYMMDDTHHMMSSZ")
+    try:
+        return dt.datetime(
+            int(text[:4]), int(text[4:6]), int(text[6:8]), int(text[9:11]), int(text[11:13]), int(text[13:15])
+        )
+    except ValueError as exc:
+        raise SignatureError(f"{DATE_HEADER} is not a valid date and time") from exc
+
+
 def sign(secret_key: str, date_time: str) -> str:
     """The hex HMAC-SHA1 the clients send for ``date_time``."""
     return hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
@@ -70,10 +86,7 @@ def verify(request: SignedRequest, secret_key: str, *, now: dt.datetime, skew_s:
     """Raise :class:`SignatureError` unless ``request`` is signed with ``secret_key`` within ``skew_s``."""
     if not hmac.compare_digest(sign(secret_key, request.date_time), request.signature):
         raise SignatureError(INVALID, "invalid")
-    try:
-        stamped = dt.datetime.strptime(request.date_time, _DATE_FORMAT)
-    except ValueError as exc:
-        raise SignatureError(f"{DATE_HEADER} is not YYYYMMDDTHHMMSSZ") from exc
+    stamped = _parse_date(request.date_time)
     utc = now.astimezone(dt.UTC).replace(tzinfo=None)
     local = now.astimezone().replace(tzinfo=None)  # the Python client's "Z" is its local time
     if min(abs((stamped - utc).total_seconds()), abs((stamped - local).total_seconds())) > skew_s:
