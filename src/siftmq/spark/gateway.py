@@ -25,6 +25,7 @@ from siftmq.client.model import OutgoingMessage, ReceivedMessage
 from siftmq.client.producer import Producer
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.spark.options import ConnectionOptions
 
 T = TypeVar("T")
 
@@ -46,14 +47,17 @@ class Pulled:
 class BrokerGateway:
     """Synchronous broker calls over a private event loop (one per process that needs one)."""
 
-    def __init__(self, endpoint: str, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, endpoint: str, *, timeout: float = 30.0, connection: ConnectionOptions | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        self._client_options = (connection or ConnectionOptions()).client_options()
         self._loop = asyncio.new_event_loop()
         self._producer: Producer | None = None
 
         async def connect() -> Connection:  # grpc.aio channels belong to the loop they are made on
-            return Connection(endpoint, request_timeout=timeout)
+            return Connection(endpoint, request_timeout=timeout, **self._client_options)
 
         self._conn: Connection = self._loop.run_until_complete(connect())
         self._used = False  # a session exists on the broker only after a call
@@ -193,7 +197,7 @@ class BrokerGateway:
 
         async def go() -> int:
             if self._producer is None:
-                producer = Producer(self.endpoint, request_timeout=self.timeout)
+                producer = Producer(self.endpoint, request_timeout=self.timeout, **self._client_options)
                 await producer.start()
                 self._producer = producer
             return len(await self._producer.send_many(messages))

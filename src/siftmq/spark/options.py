@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from siftmq.errors import ConfigError, FilterError
 from siftmq.filter import TagFilter, compile_filter
@@ -28,7 +28,9 @@ MAX_PULL_BATCH: Final = 1024  # the broker's cap on messages per pull and per se
 #: Options Spark itself puts into a source's or sink's options: accepted and ignored.
 SPARK_OPTIONS: Final = frozenset({"path", "checkpointlocation", "queryname"})
 
-_COMMON: Final = ("endpoints", "topic", "requestTimeout")
+#: how to reach a broker with security on (see :class:`ConnectionOptions`)
+CONNECTION_OPTIONS: Final = ("accessKey", "secretKey", "tls", "caFile", "certFile", "keyFile")
+_COMMON: Final = ("endpoints", "topic", "requestTimeout", *CONNECTION_OPTIONS)
 READ_OPTIONS: Final = (
     *_COMMON,
     "filter",
@@ -248,6 +250,46 @@ def _hot_properties(options: Mapping[str, str]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class ConnectionOptions:
+    """Credentials and TLS for a broker with security on (picklable: executors connect with it)."""
+
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)  # never printed
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def client_options(self) -> dict[str, Any]:
+        """The keyword options of siftmq's client (``Connection``, ``Producer``)."""
+        return {
+            "access_key": self.access_key,
+            "secret_key": self.secret_key,
+            "tls": self.tls,
+            "ca_file": self.ca_file,
+            "cert_file": self.cert_file,
+            "key_file": self.key_file,
+        }
+
+
+def _connection(options: Mapping[str, str]) -> ConnectionOptions:
+    access_key, secret_key = _text(options, "accessKey"), _text(options, "secretKey")
+    if bool(access_key) != bool(secret_key):
+        raise option_error("accessKey" if secret_key else "secretKey", "accessKey and secretKey go together")
+    tls = (_text(options, "tls") or "false").strip().lower()
+    if tls not in ("true", "false"):
+        raise option_error("tls", f"must be true or false, not {tls[:20]!r}")
+    return ConnectionOptions(
+        access_key,
+        secret_key,
+        tls == "true",
+        _text(options, "caFile"),
+        _text(options, "certFile"),
+        _text(options, "keyFile"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class ReadOptions:
     endpoint: str
     topic: str
@@ -266,6 +308,7 @@ class ReadOptions:
     fail_on_data_loss: bool
     max_messages_per_trigger: int | None
     request_timeout: float
+    connection: ConnectionOptions = ConnectionOptions()
 
 
 def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
@@ -333,6 +376,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) ->
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         max_messages_per_trigger=per_trigger,
         request_timeout=_float(options, "requestTimeout", 30.0, 0.1, 3600.0),
+        connection=_connection(options),
     )
 
 
@@ -345,6 +389,7 @@ class WriteOptions:
     max_batch_messages: int
     max_batch_bytes: int
     request_timeout: float
+    connection: ConnectionOptions = ConnectionOptions()
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -363,4 +408,5 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         or MAX_PULL_BATCH,
         max_batch_bytes=_int(options, "maxBatchBytes", 4 << 20, 1, 1 << 30) or (4 << 20),
         request_timeout=_float(options, "requestTimeout", 30.0, 0.1, 3600.0),
+        connection=_connection(options),
     )

@@ -15,7 +15,7 @@ from pyspark.sql.datasource import InputPartition
 from siftmq.errors import RemoteError, SiftError
 from siftmq.filter import compile_filter
 from siftmq.spark.gateway import BrokerGateway
-from siftmq.spark.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, option_error
+from siftmq.spark.options import EARLIEST, LATEST, ConnectionOptions, OffsetSpec, ReadOptions, option_error
 from siftmq.spark.pushdown import BrokerFilter
 from siftmq.spark.rows import BatchBuilder
 
@@ -56,6 +56,7 @@ class ReadPlan:
     rows_per_batch: int
     fail_on_data_loss: bool
     timeout: float
+    connection: ConnectionOptions
 
     @classmethod
     def of(cls, options: ReadOptions, flt: BrokerFilter) -> ReadPlan:
@@ -70,6 +71,7 @@ class ReadPlan:
             rows_per_batch=options.rows_per_batch,
             fail_on_data_loss=options.fail_on_data_loss,
             timeout=options.request_timeout,
+            connection=options.connection,
         )
 
 
@@ -89,7 +91,7 @@ def read_queue_range(plan: ReadPlan, schema: pa.Schema, queue_id: int, start: in
     if start >= end:
         return
     builder = BatchBuilder(schema, plan.topic, queue_id, plan.hot_properties)
-    gateway = BrokerGateway(plan.endpoint, timeout=plan.timeout)
+    gateway = BrokerGateway(plan.endpoint, timeout=plan.timeout, connection=plan.connection)
     try:
         cur = start
         while cur < end:
@@ -182,7 +184,7 @@ def check_sql92(gateway: BrokerGateway, plan: ReadPlan, queue_count: int) -> boo
 
 
 def connect(options: ReadOptions) -> BrokerGateway:
-    return BrokerGateway(options.endpoint, timeout=options.request_timeout)
+    return BrokerGateway(options.endpoint, timeout=options.request_timeout, connection=options.connection)
 
 
 def queue_count(gateway: BrokerGateway, options: ReadOptions) -> int:

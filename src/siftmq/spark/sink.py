@@ -200,7 +200,11 @@ class _Sender:
         if not messages:
             return
         if self.gateway is None:
-            self.gateway = BrokerGateway(self.options.endpoint, timeout=self.options.request_timeout)
+            self.gateway = BrokerGateway(
+                self.options.endpoint,
+                timeout=self.options.request_timeout,
+                connection=self.options.connection,
+            )
         self.sent += self.gateway.send(messages)
 
 
