@@ -127,8 +127,9 @@ class BrokerProcess:
                 if "ready on" in line and not ready.is_set():
                     self.endpoint = line.split("ready on ", 1)[1].split()[0]
                     self.port = int(self.endpoint.rsplit(":", 1)[1])
-                    if "admin http://" in line:
-                        self.admin_url = "http://" + line.split("admin http://", 1)[1].split(",")[0]
+                    for scheme in ("http://", "https://"):
+                        if f"admin {scheme}" in line:
+                            self.admin_url = scheme + line.split(f"admin {scheme}", 1)[1].split(",")[0]
                     ready.set()
 
         self._pump = threading.Thread(target=pump, daemon=True)

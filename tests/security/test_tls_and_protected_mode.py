@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trustme
 
@@ -119,4 +121,69 @@ def test_protected_mode_refuses_a_public_address_without_authentication(start_br
         start_broker("refused", listen="0.0.0.0:0")
     broker = start_broker("open", listen="0.0.0.0:0", config={"allow_anonymous": True})
     assert "--allow-anonymous" in broker.log() and "anyone who can reach the port" in broker.log()
+    assert broker.stop() == 0
+
+
+def test_admin_api_logins_over_https(start_broker: Any, pki: dict[str, Path], tmp_path: Path) -> None:
+    auth = tmp_path / "admin-auth.json"
+    auth.write_text(
+        json.dumps(
+            {
+                "users": [
+                    {"username": "root", "password": "R00t-s3cret", "userType": "Super"},
+                    {"username": "viewer", "password": "V1ew-s3cret", "userType": "Normal"},
+                ],
+                "acls": [
+                    {
+                        "subject": "User:viewer",
+                        "policies": [
+                            {"entries": [{"resource": ["Topic:*", "Cluster"], "actions": ["Get", "List"]}]}
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    broker = start_broker(
+        "data",
+        config={
+            "authentication_enabled": True,
+            "authorization_enabled": True,
+            "auth_file": str(auth),
+            "tls_cert_file": str(pki["cert"]),
+            "tls_key_file": str(pki["key"]),
+        },
+    )
+    url = broker.admin_url
+    assert url.startswith("https://")
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(pki["ca"])), timeout=10) as http:
+        assert http.get(f"{url}/healthz").status_code == 200  # open
+        assert http.get(f"{url}/metrics").status_code == 200  # open for a local Prometheus (default)
+        anonymous = http.get(f"{url}/topics")
+        assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"].startswith("Basic")
+        assert http.get(f"{url}/topics", auth=("root", "wrong")).status_code == 401
+        assert http.get(f"{url}/topics", auth=("ghost", "R00t-s3cret")).status_code == 401
+        assert (
+            http.post(
+                f"{url}/topics", json={"name": "Made", "queue_nums": 2}, auth=("root", "R00t-s3cret")
+            ).status_code
+            == 201
+        )
+        assert http.get(f"{url}/topics", auth=("viewer", "V1ew-s3cret")).status_code == 200
+        assert http.get(f"{url}/topics/Made", auth=("viewer", "V1ew-s3cret")).status_code == 200
+        refused = http.delete(f"{url}/topics/Made", auth=("viewer", "V1ew-s3cret"))
+        assert refused.status_code == 403 and "may not Delete Topic:Made" in refused.json()["message"]
+        assert http.delete(f"{url}/topics/Made", auth=("root", "R00t-s3cret")).status_code == 204
+        body = http.get(f"{url}/topics", auth=("root", "R00t-s3cret")).text
+        assert "R00t-s3cret" not in body and "V1ew-s3cret" not in body
+    env = {**os.environ, "SIFTMQ_ADMIN_CA_FILE": str(pki["ca"])}
+    cli = [sys.executable, "-m", "siftmq", "admin", "topics", "--json", "--url", url]
+    refused = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 1 and "error 401" in refused.stderr
+    logged_in = {**env, "SIFTMQ_ADMIN_USER": "viewer", "SIFTMQ_ADMIN_PASSWORD": "V1ew-s3cret"}
+    listed = subprocess.run(cli, env=logged_in, capture_output=True, text=True, timeout=60, check=False)
+    assert listed.returncode == 0 and json.loads(listed.stdout) is not None
+    with pytest.raises(httpx.TransportError):  # plain HTTP to the HTTPS port: no answer
+        httpx.get(url.replace("https://", "http://") + "/healthz", timeout=5)
+    assert "R00t-s3cret" not in broker.log()
     assert broker.stop() == 0

@@ -67,6 +67,8 @@ class BrokerConfig:
     tls_client_ca_file: str = ""
     # protected mode: without authentication the broker only listens on loopback, unless this is set
     allow_anonymous: bool = False
+    # with authentication on, /metrics still answers without a login (for a local Prometheus)
+    admin_metrics_open: bool = True
     # a request (line, headers, body) not received within this time is dropped: slow clients cannot
     # hold the admin server's connections; beyond admin_max_connections it answers 503
     admin_request_timeout_s: float = 10.0

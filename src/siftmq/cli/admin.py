@@ -19,12 +19,23 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the JSON answer.
 DEFAULT_URL = "http://127.0.0.1:8082"
 
 
+#: A broker with authentication on wants a login; from the environment, so it is never in a
+#: command line (which other users of the machine can see) or the shell's history.
+USER_ENV, PASSWORD_ENV, CA_ENV = "SIFTMQ_ADMIN_USER", "SIFTMQ_ADMIN_PASSWORD", "SIFTMQ_ADMIN_CA_FILE"
+
+
 def _request(method: str, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    import os
+    import ssl
+
     import httpx
 
+    user, password, ca_file = (os.environ.get(name) for name in (USER_ENV, PASSWORD_ENV, CA_ENV))
+    login = (user, password or "") if user else None
+    verify: Any = ssl.create_default_context(cafile=ca_file) if ca_file else True
     try:
         response = httpx.request(
-            method, url.rstrip("/") + path, json=body, timeout=30
+            method, url.rstrip("/") + path, json=body, timeout=30, auth=login, verify=verify
         )  # path parts are quoted
     except httpx.HTTPError as exc:
         fail(f"cannot reach the admin API at {url}: {exc}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -24,6 +24,7 @@ from siftmq.broker.broker import Broker
 from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
 from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError, StatusCode
+from siftmq.server.admin_auth import OPEN_PATHS, admin_action, basic_user
 from siftmq.server.auth import Gate
 from siftmq.store import StoredMessage
 
@@ -68,6 +69,35 @@ def create_app(broker: Broker, gate: Gate | None = None) -> FastAPI:
 
     async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(functools.partial(fn, **kwargs), *args)
+
+    if gate is not None:
+        open_paths = OPEN_PATHS | ({"/metrics"} if broker.config.admin_metrics_open else set())
+
+        @app.middleware("http")
+        async def login(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+            if request.url.path in open_paths:
+                return await call_next(request)
+            user = basic_user(gate, request.headers.get("authorization"))
+            if user is None:
+                gate.failures["admin"] += 1
+                return JSONResponse(
+                    {"error": "UNAUTHORIZED", "message": "a user and password of the broker are needed"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": 'Basic realm="siftmq"'},
+                )
+            if gate.authorize:
+                resource, action = admin_action(
+                    request.method, request.url.path, request.query_params.get("topic")
+                )
+                if not gate.table.decide(
+                    user, resource, action, request.client.host if request.client else None
+                ):
+                    gate.denials[action.value] += 1
+                    return JSONResponse(
+                        {"error": "FORBIDDEN", "message": f"user {user.name} may not {action} {resource}"},
+                        status_code=403,
+                    )
+            return await call_next(request)
 
     @app.exception_handler(SiftError)
     async def sift_error(request: Request, exc: SiftError) -> JSONResponse:

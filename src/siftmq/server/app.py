@@ -93,16 +93,13 @@ def _loopback(host: str) -> bool:
 
 def _check_protected_mode(config: BrokerConfig, host: str) -> None:
     """Without authentication the broker serves loopback only, unless told otherwise (Redis's
-    protected mode): anyone who can reach the port could publish, consume and delete. The admin
-    API has no login yet, so it stays on loopback whatever the gRPC side does."""
-    if (
-        config.admin_listen
-        and not _loopback(parse_listen(config.admin_listen)[0])
-        and not config.allow_anonymous
-    ):
+    protected mode): anyone who can reach the port could publish, consume and delete. The admin API
+    likewise: with authentication on it asks for a login (see :mod:`siftmq.server.admin_auth`)."""
+    admin_public = bool(config.admin_listen) and not _loopback(parse_listen(config.admin_listen)[0])
+    if admin_public and not config.authentication_enabled and not config.allow_anonymous:
         raise ConfigError(
-            f"refusing to serve the admin API on {config.admin_listen} (protected mode): it has no login "
-            "yet; keep it on loopback, or start with --allow-anonymous"
+            f"refusing to serve the admin API on {config.admin_listen} without authentication (protected "
+            "mode): set authentication_enabled, keep it on loopback, or start with --allow-anonymous"
         )
     if config.authentication_enabled or _loopback(host):
         return
@@ -169,7 +166,8 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
         admin_text = ""
         if admin is not None:
             await admin.start()
-            admin_text = f"admin http://{admin.address}, "
+            scheme = "https" if config.tls_cert_file else "http"
+            admin_text = f"admin {scheme}://{admin.address}, "
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -222,6 +220,9 @@ class _AdminServer:
                 lifespan="off",
                 http=deadline_protocol(broker.config.admin_request_timeout_s),
                 limit_concurrency=broker.config.admin_max_connections,
+                # HTTPS with the gRPC side's certificate (the logins are HTTP Basic)
+                ssl_certfile=broker.config.tls_cert_file or None,
+                ssl_keyfile=broker.config.tls_key_file or None,
             )
         )
         self._task: asyncio.Task[None] | None = None
