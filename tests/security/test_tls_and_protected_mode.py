@@ -187,3 +187,57 @@ def test_admin_api_logins_over_https(start_broker: Any, pki: dict[str, Path], tm
         httpx.get(url.replace("https://", "http://") + "/healthz", timeout=5)
     assert "R00t-s3cret" not in broker.log()
     assert broker.stop() == 0
+
+
+def test_a_changed_auth_file_takes_effect_without_a_restart(start_broker: Any, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from siftmq.errors import RemoteForbidden
+
+    def policy(*topics: str) -> str:
+        return json.dumps(
+            {
+                "users": [{"username": "alice", "password": "Al1ce-s3cret", "userType": "Normal"}],
+                "acls": [
+                    {
+                        "subject": "User:alice",
+                        "policies": [
+                            {"entries": [{"resource": [f"Topic:{t}" for t in topics], "actions": ["Pub"]}]}
+                        ],
+                    }
+                ],
+            }
+        )
+
+    auth = tmp_path / "live-auth.json"
+    auth.write_text(policy("Orders"))
+    broker = start_broker(
+        "data", config={"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(auth)}
+    )
+    alice = {"access_key": "alice", "secret_key": "Al1ce-s3cret"}
+
+    async def send(topic: str) -> str:
+        async with Producer(broker.endpoint, max_attempts=1, request_timeout=5, **alice) as producer:
+            return (await producer.send(topic, b"x", tag="t")).message_id
+
+    with pytest.raises(RemoteForbidden, match="may not Pub Topic:Secure"):
+        asyncio.run(send("Secure"))
+    auth.write_text(policy("Orders", "Secure"))
+    assert broker.proc is not None
+    broker.proc.send_signal(signal.SIGHUP)  # (the file is also watched: SIGHUP just does not wait)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert asyncio.run(send("Secure"))
+            break
+        except RemoteForbidden:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    auth.write_text("{not json")  # a broken edit keeps the policy in force
+    broker.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    assert asyncio.run(send("Secure"))
+    assert "was not reloaded; the previous users and policies stay" in broker.log()
+    assert broker.stop() == 0

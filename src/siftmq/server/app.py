@@ -87,6 +87,16 @@ def _tls_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
 LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
+AUTH_FILE_CHECK_S: Final = 2.0  # how often the auth file is looked at for a change
+
+
+async def _watch_auth_file(gate: Gate, stop: asyncio.Event) -> None:
+    """Reload the users and policies when the auth file changes (SIGHUP reloads at once)."""
+    while not stop.is_set():
+        await asyncio.sleep(AUTH_FILE_CHECK_S)
+        gate.reload(if_changed=True)
+
+
 def _loopback(host: str) -> bool:
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
@@ -171,6 +181,10 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        watcher = None
+        if gate is not None:
+            loop.add_signal_handler(signal.SIGHUP, gate.reload)
+            watcher = asyncio.create_task(_watch_auth_file(gate, stop))
         security = ("tls, " if config.tls_cert_file else "") + (
             "authentication on" if config.authentication_enabled else "anonymous"
         )
@@ -180,6 +194,8 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
         if ready is not None:
             ready(host, port)
         await stop.wait()
+        if watcher is not None:
+            watcher.cancel()
         _log.info("stopping: finishing calls in flight (up to %.0f s)", SHUTDOWN_GRACE_S)
         if admin is not None:
             await admin.stop()

@@ -95,14 +95,37 @@ class Gate:
     _signed: dict[tuple[str, str], tuple[User, float]] = field(default_factory=dict)
     _decided: dict[tuple[str, str, Action, str], bool] = field(default_factory=dict)
 
+    path: Path | None = None
+    _loaded_mtime: float = 0.0
+
     @classmethod
     def load(cls, path: Path, *, authenticate: bool, authorize: bool, skew_s: float) -> Gate:
         """Read ``path`` (refuses a missing or malformed file with what is wrong)."""
+        gate = cls(_read_table(path), authenticate, authorize, skew_s, path=path)
+        gate._loaded_mtime = _mtime(path)
+        return gate
+
+    def reload(self, *, if_changed: bool = False) -> bool:
+        """Read the auth file again; a file that cannot be read or parsed keeps the policy in force
+        (logged with what is wrong). True when a new policy took effect."""
+        if self.path is None:
+            return False
+        mtime = _mtime(self.path)
+        if if_changed and mtime == self._loaded_mtime:
+            return False
+        self._loaded_mtime = mtime
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read the auth file {path}: {exc.strerror}") from exc
-        return cls(parse_auth_file(text, source=str(path)), authenticate, authorize, skew_s)
+            table = _read_table(self.path)
+        except ConfigError as exc:
+            _log.error(
+                "the auth file was not reloaded; the previous users and policies stay: %s", exc.message
+            )
+            return False
+        self.table = table
+        self._signed.clear()
+        self._decided.clear()
+        _log.info("auth file %s reloaded: %d user(s)", self.path, len(table.users))
+        return True
 
     def who(self, context: Any) -> User:
         """The user who signed the call; raises :class:`SignatureError`.
@@ -177,6 +200,21 @@ class Gate:
         more = f" (+{unwritten} more since the last line)" if unwritten else ""
         self._audited[kind] = (now, 0)
         _log.warning(message + more, *args)
+
+
+def _read_table(path: Path) -> AuthTable:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the auth file {path}: {exc.strerror}") from exc
+    return parse_auth_file(text, source=str(path))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _peer(context: Any) -> str:
