@@ -4,6 +4,14 @@ it asks for, so no test file has to remember to."""
 
 from __future__ import annotations
 
+import os
+
+# Test workers use gRPC in-process and then start the JVM of a SparkSession (fork, then exec). gRPC's
+# fork handlers are for a child that goes on using gRPC; with other threads inside gRPC at the
+# fork they leave the child broken and the JVM launch fails ("Java gateway process exited"). A
+# child that execs at once needs none of them. Set before grpc is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from collections.abc import Iterator
 from pathlib import Path
 
