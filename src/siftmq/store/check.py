@@ -26,8 +26,8 @@ from siftmq.store import codec
 from siftmq.store.commitlog import CommitLog
 from siftmq.store.config import GIB
 from siftmq.store.consumequeue import CQ_DTYPE
-from siftmq.store.damage import QUARANTINE_DIR, DamagedRange
-from siftmq.store.segment import Segment, list_segment_starts
+from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range
+from siftmq.store.segment import Segment, list_segment_starts, sequential_starts
 
 #: The segment size of a store whose single segment file does not show it (StoreConfig's default).
 DEFAULT_SEGMENT_SIZE: Final = GIB
@@ -88,7 +88,7 @@ def check_store(
         report = CheckReport(store_dir, crashed=(store_dir / "abort").exists())
         starts = list_segment_starts(log_dir)
         size = segment_size or _segment_size(starts)
-        kept = _sequence(starts, size)
+        kept = sequential_starts(starts, size)
         report.misplaced_segments = [f"{s:020d}" for s in starts[len(kept) :]]
         commit_log = CommitLog(log_dir, size, size - codec.BLANK_MARKER_SIZE)
         segments = [Segment.open(log_dir, s, size, writable=False) for s in kept]
@@ -96,11 +96,11 @@ def check_store(
             commit_log.adopt(segments)
             total = sum(seg.length for seg in segments)
             report.segments = len(segments)
-            for msg in commit_log.scan(kept[0] if kept else 0):
+            first = kept[0] if kept else 0
+            for msg in commit_log.scan(first):
                 report.records += 1
-                report.bytes_scanned = msg.commit_log_offset + msg.store_size - (kept[0] if kept else 0)
                 if on_progress is not None and report.records % 65536 == 0:
-                    on_progress(report.bytes_scanned, total)
+                    on_progress(msg.commit_log_offset + msg.store_size - first, total)
             report.bytes_scanned = total
             report.damaged = list(commit_log.damaged)
             if commit_log.scan_error is not None:
@@ -128,24 +128,13 @@ def _tail(commit_log: CommitLog) -> DamagedRange:
     zeros = data.find(bytes(codec.BLANK_MARKER_SIZE * 8))
     if zeros >= 0:
         length = zeros
-    return DamagedRange(
-        commit_log.scan_end, length, str(commit_log.scan_error), f"{seg.start_offset:020d}", pos
-    )
+    return damaged_range(seg, pos, pos + length, str(commit_log.scan_error))
 
 
 def _segment_size(starts: list[int]) -> int:
     if len(starts) >= 2:
         return starts[1] - starts[0]
     return DEFAULT_SEGMENT_SIZE
-
-
-def _sequence(starts: list[int], size: int) -> list[int]:
-    kept: list[int] = []
-    for start in starts:
-        if start % size != 0 or (kept and start != kept[-1] + size):
-            break
-        kept.append(start)
-    return kept
 
 
 def _lost_entries(store_dir: Path, damaged: list[DamagedRange]) -> tuple[list[LostEntry], int]:

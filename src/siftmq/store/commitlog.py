@@ -28,7 +28,13 @@ from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
 from siftmq.store import codec, decoding
 from siftmq.store.codec import EncodedBatch, EncodedParts, StoredMessage
 from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, next_intact
-from siftmq.store.segment import Segment, fsync_dir, list_segment_starts, segment_name
+from siftmq.store.segment import (
+    Segment,
+    fsync_dir,
+    list_segment_starts,
+    segment_name,
+    sequential_starts,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -81,11 +87,7 @@ class CommitLog:
         """Open the existing segment files; stop at the first gap or misnamed start."""
         self.directory.mkdir(parents=True, exist_ok=True)
         starts = list_segment_starts(self.directory)
-        kept: list[int] = []
-        for start in starts:
-            if start % self.segment_size != 0 or (kept and start != kept[-1] + self.segment_size):
-                break
-            kept.append(start)
+        kept = sequential_starts(starts, self.segment_size)
         for start in starts[len(kept) :]:
             self._quarantine_segment(start)
         for start in kept:

@@ -59,6 +59,20 @@ def list_segment_starts(directory: Path) -> list[int]:
     return sorted(starts)
 
 
+def sequential_starts(starts: list[int], step: int) -> list[int]:
+    """The leading run of ``starts`` that are multiples of ``step`` with no gap between them.
+
+    Segments after a gap or a misnamed start cannot be addressed by offset, so every
+    reader of a segment directory stops at the first one.
+    """
+    kept: list[int] = []
+    for start in starts:
+        if start % step != 0 or (kept and start != kept[-1] + step):
+            break
+        kept.append(start)
+    return kept
+
+
 def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, pos: int) -> None:
     """``os.pwrite`` until every byte is written."""
     written = os.pwrite(fd, data, pos)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from siftmq.store.statefile import peek_json, read_json, write_json
 
@@ -31,9 +31,7 @@ class Tombstones:
     def __init__(self, store_dir: Path) -> None:
         self._path = store_dir / TOMBSTONES_FILE
         self._lock = threading.Lock()
-        self._by_topic: dict[str, int] = {
-            str(topic): int(offset) for topic, offset in read_json(self._path, {}, strict=True).items()
-        }
+        self._by_topic = _parse(read_json(self._path, {}, strict=True))
 
     def __bool__(self) -> bool:
         return bool(self._by_topic)
@@ -45,9 +43,6 @@ class Tombstones:
     def is_dead(self, topic: str, commit_log_offset: int) -> bool:
         below = self._by_topic.get(topic)
         return below is not None and commit_log_offset < below
-
-    def snapshot(self) -> dict[str, int]:
-        return dict(self._by_topic)
 
     def add(self, topic: str, offset: int) -> None:
         """Record (durably) that ``topic``'s records below ``offset`` are dead."""
@@ -69,5 +64,8 @@ class Tombstones:
 
 def read_tombstones(store_dir: Path) -> Mapping[str, int]:
     """The tombstones of a store, for a reader that does not own it (nothing is moved or logged)."""
-    found = peek_json(store_dir / TOMBSTONES_FILE, {})
+    return _parse(peek_json(store_dir / TOMBSTONES_FILE, {}))
+
+
+def _parse(found: Mapping[str, Any]) -> dict[str, int]:
     return {str(topic): int(offset) for topic, offset in found.items()}

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from siftmq.store.filepool import PooledSegment
-from siftmq.store.segment import Segment, list_segment_starts
+from siftmq.store.segment import Segment, list_segment_starts, sequential_starts
 
 _log = logging.getLogger(__name__)
 
@@ -41,11 +41,7 @@ class UnitLog:
     def load(self) -> None:
         """Open existing segments; drop a torn partial unit at the end and anything after a gap."""
         starts = list_segment_starts(self.directory)
-        kept: list[int] = []
-        for start in starts:
-            if start % self.segment_bytes != 0 or (kept and start != kept[-1] + self.segment_bytes):
-                break
-            kept.append(start)
+        kept = sequential_starts(starts, self.segment_bytes)
         for start in starts[len(kept) :]:
             _log.error("%s: segment %d breaks the sequence; removed", self.directory, start)
             Segment(self.directory, start, self.segment_bytes).destroy()
