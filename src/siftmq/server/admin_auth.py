@@ -16,7 +16,7 @@ import hmac
 from typing import Final
 
 from siftmq.auth.acl import Action, User
-from siftmq.server.auth import Gate
+from siftmq.server.auth import UNKNOWN_USER_SECRET, Gate
 
 OPEN_PATHS: Final = frozenset({"/healthz"})
 _BY_METHOD: Final = {"GET": Action.GET, "POST": Action.CREATE, "PATCH": Action.UPDATE, "PUT": Action.UPDATE}
@@ -31,7 +31,7 @@ def basic_user(gate: Gate, authorization: str | None) -> User | None:
     except (binascii.Error, UnicodeDecodeError):
         return None
     user = gate.table.users.get(name)
-    secret = user.secret if user is not None else "siftmq-unknown-user"
+    secret = user.secret if user is not None else UNKNOWN_USER_SECRET
     if not hmac.compare_digest(secret.encode(), password.encode()) or user is None:
         return None
     return user

@@ -89,9 +89,7 @@ def create_app(broker: Broker, gate: Gate | None = None) -> FastAPI:
                 resource, action = admin_action(
                     request.method, request.url.path, request.query_params.get("topic")
                 )
-                if not gate.table.decide(
-                    user, resource, action, request.client.host if request.client else None
-                ):
+                if not gate.allowed(user, resource, action, request.client.host if request.client else None):
                     gate.denials[action.value] += 1
                     return JSONResponse(
                         {"error": "FORBIDDEN", "message": f"user {user.name} may not {action} {resource}"},

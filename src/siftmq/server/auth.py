@@ -31,7 +31,8 @@ _log = logging.getLogger(__name__)
 
 #: One audit line per this many seconds at most (the rest are counted into the next line).
 AUDIT_INTERVAL_S: Final = 10.0
-_DUMMY_SECRET: Final = "siftmq-unknown-user"  # an unknown user costs the same HMAC as a known one
+#: checked against what an unknown user sent, so that it costs what a known user costs
+UNKNOWN_USER_SECRET: Final = "siftmq-unknown-user"
 #: How long a verified signature is taken again without checking (its date is to the second).
 SIGNED_CACHE_S: Final = 1.0
 CACHE_SIZE: Final = 4096  # remembered signatures and decisions (cleared when full)
@@ -93,7 +94,7 @@ class Gate:
     _audited: dict[str, tuple[float, int]] = field(default_factory=dict)
     # verified (authorization, date) pairs and the user, until when; and decisions
     _signed: dict[tuple[str, str], tuple[User, float]] = field(default_factory=dict)
-    _decided: dict[tuple[str, str, Action, str], bool] = field(default_factory=dict)
+    _decided: dict[tuple[str, str, Action, str | None], bool] = field(default_factory=dict)
 
     path: Path | None = None
     _loaded_mtime: float = 0.0
@@ -144,7 +145,7 @@ class Gate:
         request = parse(authorization, stamp)
         user = self.table.users.get(request.access_key)
         if user is None:
-            sign(_DUMMY_SECRET, request.date_time)
+            sign(UNKNOWN_USER_SECRET, request.date_time)
             raise SignatureError(INVALID, "invalid")
         verify(request, user.secret, now=dt.datetime.now(dt.UTC), skew_s=self.skew_s)
         if len(self._signed) >= CACHE_SIZE:
@@ -152,8 +153,11 @@ class Gate:
         self._signed[key] = (user, now + SIGNED_CACHE_S)
         return user
 
-    def _allowed(self, user: User, resource: str, action: Action, peer: str) -> bool:
-        """:meth:`AuthTable.decide`, remembered (the table of a gate never changes)."""
+    def allowed(self, user: User, resource: str, action: Action, peer: str | None) -> bool:
+        """:meth:`AuthTable.decide`, remembered until the table is reloaded.
+
+        No lock: the checks and the reloads all run on the event loop, and neither awaits.
+        """
         key = (user.name, resource, action, peer)
         found = self._decided.get(key)
         if found is None:
@@ -177,11 +181,11 @@ class Gate:
         need = ACTIONS.get(rpc, ())
         if need is None:  # a route lookup: any of Pub, Sub, Get on the topic
             resource = _topic(request.topic)
-            if any(self._allowed(user, resource, a, peer) for a in _ROUTE_ACTIONS):
+            if any(self.allowed(user, resource, a, peer) for a in _ROUTE_ACTIONS):
                 return None
             return self._deny(user, rpc, resource, Action.GET, context)
         for resource, action in need(request) if need else ():
-            if not self._allowed(user, resource, action, peer):
+            if not self.allowed(user, resource, action, peer):
                 return self._deny(user, rpc, resource, action, context)
         return None
 
