@@ -38,8 +38,27 @@ REQUESTS = {
     "Heartbeat": (pb.HeartbeatRequest(group=GROUP), {("Group:g", Action.SUB)}),
     "NotifyClientTermination": (pb.NotifyClientTerminationRequest(group=GROUP), {("Group:g", Action.SUB)}),
 }
-#: Served without a resource check: answered UNSUPPORTED, or (Telemetry) authenticated when it opens.
-UNCHECKED = {"Telemetry", "EndTransaction", "RecallMessage", "SyncLiteSubscription"}
+#: A Telemetry stream's commands, each checked as it comes (RocketMQ 5.3's rules)
+TELEMETRY = [
+    (
+        pb.TelemetryCommand(
+            settings=pb.Settings(publishing=pb.Publishing(topics=[TOPIC, pb.Resource(name="B")]))
+        ),
+        {("Topic:Orders", Action.PUB), ("Topic:B", Action.PUB)},
+    ),
+    (
+        pb.TelemetryCommand(
+            settings=pb.Settings(
+                subscription=pb.Subscription(group=GROUP, subscriptions=[pb.SubscriptionEntry(topic=TOPIC)])
+            )
+        ),
+        SUB,
+    ),
+    (pb.TelemetryCommand(settings=pb.Settings()), set()),
+    (pb.TelemetryCommand(status=pb.Status(message="a reply")), set()),
+]
+#: Served without a resource check: answered UNSUPPORTED.
+UNCHECKED = {"EndTransaction", "RecallMessage", "SyncLiteSubscription"}
 
 
 def test_every_rpc_served_is_in_the_table_or_knowingly_unchecked() -> None:
@@ -52,6 +71,12 @@ def test_row(name: str) -> None:
     request, expected = REQUESTS[name]
     need = ACTIONS[name]
     assert need is not None and set(need(request)) == expected
+
+
+@pytest.mark.parametrize(("command", "expected"), TELEMETRY)
+def test_telemetry_commands(command: pb.TelemetryCommand, expected: set[tuple[str, Action]]) -> None:
+    need = ACTIONS["Telemetry"]
+    assert need is not None and set(need(command)) == expected
 
 
 def test_a_route_lookup_needs_any_of_pub_sub_get() -> None:

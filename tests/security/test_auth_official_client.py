@@ -30,7 +30,11 @@ AUTH = {
                 {
                     "policyType": "Custom",
                     "entries": [
-                        {"resource": ["Topic:Orders"], "actions": ["Pub", "Sub"], "decision": "Allow"},
+                        {
+                            "resource": ["Topic:Orders"],
+                            "actions": ["Pub", "Sub", "Create"],
+                            "decision": "Allow",
+                        },
                         {"resource": ["Group:alice-*"], "actions": ["Sub"], "decision": "Allow"},
                     ],
                 }

@@ -203,7 +203,11 @@ def test_a_changed_auth_file_takes_effect_without_a_restart(start_broker: Any, t
                     {
                         "subject": "User:alice",
                         "policies": [
-                            {"entries": [{"resource": [f"Topic:{t}" for t in topics], "actions": ["Pub"]}]}
+                            {
+                                "entries": [
+                                    {"resource": [f"Topic:{t}" for t in topics], "actions": ["Pub", "Create"]}
+                                ]
+                            }
                         ],
                     }
                 ],

@@ -73,6 +73,17 @@ class Entry:
             return False
         return any(address in net for net in self.networks)
 
+    def as_json(self) -> dict[str, Any]:
+        """The entry in the auth file's shape."""
+        out: dict[str, Any] = {
+            "resource": list(self.resources),
+            "actions": sorted(a.value for a in self.actions),
+            "decision": "Allow" if self.allow else "Deny",
+        }
+        if self.networks:
+            out["sourceIps"] = [str(net) for net in self.networks]
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class AuthTable:
@@ -92,6 +103,38 @@ class AuthTable:
                     return False  # Deny wins
                 allowed = True
         return allowed
+
+    def as_json(self, *, with_secrets: bool) -> dict[str, Any]:
+        """The table in the auth file's shape; the passwords only ``with_secrets`` (for the file).
+
+        A user's entries are written as one ``Custom`` policy (the file may have split them over
+        several; a decision does not depend on how)."""
+        users = []
+        for user in self.users.values():
+            item = {"username": user.name, "userType": "Super" if user.super_user else "Normal"}
+            if with_secrets:
+                item["password"] = user.secret
+            users.append(item)
+        acls = [
+            {"subject": f"User:{name}",
+             "policies": [{"policyType": "Custom", "entries": [e.as_json() for e in found]}]}
+            for name, found in self.entries.items() if found
+        ]  # fmt: skip
+        return {"users": users, "acls": acls}
+
+
+def dump_auth_file(table: AuthTable) -> str:
+    """The text of an auth file holding ``table`` (parsed back, it decides the same)."""
+    return json.dumps(table.as_json(with_secrets=True), indent=2, ensure_ascii=False) + "\n"
+
+
+def parse_entries(raw: Any, where: str) -> tuple[Entry, ...]:
+    """Policy entries sent to the admin API, checked as the auth file's are."""
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: expected a non-empty list of entries")
+    if len(raw) > MAX_ENTRIES:
+        raise ConfigError(f"{where}: more than {MAX_ENTRIES} entries")
+    return tuple(_entry(item, f"{where}[{i}]") for i, item in enumerate(raw))
 
 
 def _resource_matches(pattern: str, resource: str) -> bool:

@@ -69,6 +69,8 @@ class BrokerConfig:
     allow_anonymous: bool = False
     # with authentication on, /metrics still answers without a login (for a local Prometheus)
     admin_metrics_open: bool = True
+    # how long a bearer token from POST /tokens on the admin API lasts
+    admin_token_ttl_s: float = 3600.0
     # a request (line, headers, body) not received within this time is dropped: slow clients cannot
     # hold the admin server's connections; beyond admin_max_connections it answers 503
     admin_request_timeout_s: float = 10.0
@@ -162,7 +164,12 @@ class BrokerConfig:
             raise ConfigError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
         if self.authorization_enabled and not self.authentication_enabled:
             raise ConfigError("authorization_enabled needs authentication_enabled (who is asking?)")
-        for name in ("broadcast_client_expire_s", "admin_request_timeout_s", "auth_clock_skew_s"):
+        for name in (
+            "broadcast_client_expire_s",
+            "admin_request_timeout_s",
+            "auth_clock_skew_s",
+            "admin_token_ttl_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive")
         if self.default_queue_nums > self.max_queue_nums:

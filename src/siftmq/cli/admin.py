@@ -17,25 +17,44 @@ admin_app = typer.Typer(
 UrlOption = Annotated[str, typer.Option("--url", envvar="SIFTMQ_ADMIN_URL", help="The broker's admin API.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the JSON answer.")]
 DEFAULT_URL = "http://127.0.0.1:8082"
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
-#: A broker with authentication on wants a login; from the environment, so it is never in a
-#: command line (which other users of the machine can see) or the shell's history.
+#: A broker with authentication on wants a login (a user and password, or a bearer token from
+#: ``siftmq admin token``); from the environment, so it is never in a command line (which other
+#: users of the machine can see) or the shell's history.
 USER_ENV, PASSWORD_ENV, CA_ENV = "SIFTMQ_ADMIN_USER", "SIFTMQ_ADMIN_PASSWORD", "SIFTMQ_ADMIN_CA_FILE"
+TOKEN_ENV = "SIFTMQ_ADMIN_TOKEN"
 
 
-def _request(method: str, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def call_api(
+    method: str,
+    url: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    params: dict[str, str] | None = None,
+) -> Any:
+    """Call the admin API; an error answer is printed and exits 1."""
     import os
     import ssl
 
     import httpx
 
     user, password, ca_file = (os.environ.get(name) for name in (USER_ENV, PASSWORD_ENV, CA_ENV))
-    login = (user, password or "") if user else None
+    token = os.environ.get(TOKEN_ENV)
+    login = (user, password or "") if user and not token else None
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     verify: Any = ssl.create_default_context(cafile=ca_file) if ca_file else True
     try:
         response = httpx.request(
-            method, url.rstrip("/") + path, json=body, timeout=30, auth=login, verify=verify
+            method,
+            url.rstrip("/") + path,
+            json=body,
+            params=params,
+            timeout=30,
+            auth=login,
+            headers=headers,
+            verify=verify,
         )  # path parts are quoted
     except httpx.HTTPError as exc:
         fail(f"cannot reach the admin API at {url}: {exc}")
@@ -50,13 +69,13 @@ def _request(method: str, url: str, path: str, body: dict[str, Any] | None = Non
     return None if response.status_code == 204 else response.json()
 
 
-def _q(part: str) -> str:
+def quote_part(part: str) -> str:
     from urllib.parse import quote
 
     return quote(part, safe="")
 
 
-def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+def print_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
     table = Table(title=title)
     for col in columns:
         table.add_column(col)
@@ -65,7 +84,7 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
     out.print(table)
 
 
-def _emit(data: Any, as_json: bool) -> bool:
+def print_json(data: Any, as_json: bool) -> bool:
     if as_json:
         out.print(json.dumps(data, ensure_ascii=False, indent=2), markup=False)
     return as_json
@@ -74,17 +93,17 @@ def _emit(data: Any, as_json: bool) -> bool:
 @admin_app.command("topics")
 def topics(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
     """List topics."""
-    data = _request("GET", url, "/topics")
-    if not _emit(data, as_json):
-        _table("topics", data, ["name", "queue_nums", "perm"])
+    data = call_api("GET", url, "/topics")
+    if not print_json(data, as_json):
+        print_table("topics", data, ["name", "queue_nums", "perm"])
 
 
 @admin_app.command("topic")
 def topic(name: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
     """Describe a topic: its queues and their offsets."""
-    data = _request("GET", url, f"/topics/{_q(name)}")
-    if not _emit(data, as_json):
-        _table(f"{data['name']}: {data['messages']} messages, perm {data['perm']}", data["queues"],
+    data = call_api("GET", url, f"/topics/{quote_part(name)}")
+    if not print_json(data, as_json):
+        print_table(f"{data['name']}: {data['messages']} messages, perm {data['perm']}", data["queues"],
                ["queue_id", "min_offset", "max_offset"])  # fmt: skip
 
 
@@ -96,51 +115,48 @@ def create_topic(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Create a topic."""
-    data = _request("POST", url, "/topics", {"name": name, "queue_nums": queues, "perm": perm})
+    data = call_api("POST", url, "/topics", {"name": name, "queue_nums": queues, "perm": perm})
     out.print(f"created {data['name']} with {data['queue_nums']} queues", markup=False)
-
-
-YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
 @admin_app.command("delete-topic")
 def delete_topic(name: str, yes: YesOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """Delete a topic and every message stored in it (cannot be undone)."""
-    _delete(f"/topics/{_q(name)}", f"topic {name}", "and all its messages", yes=yes, url=url)
+    _delete(f"/topics/{quote_part(name)}", f"topic {name}", "and all its messages", yes=yes, url=url)
 
 
 @admin_app.command("delete-group")
 def delete_group(name: str, yes: YesOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """Delete an idle consumer group and its progress (refused while it has live members)."""
-    _delete(f"/groups/{_q(name)}", f"group {name}", "and its progress", yes=yes, url=url)
+    _delete(f"/groups/{quote_part(name)}", f"group {name}", "and its progress", yes=yes, url=url)
 
 
 def _delete(path: str, what: str, with_it: str, *, yes: bool, url: str) -> None:
     if not yes:
         typer.confirm(f"Delete {what} {with_it}?", abort=True)
-    _request("DELETE", url, path)
+    call_api("DELETE", url, path)
     out.print(f"deleted {what}", markup=False)
 
 
 @admin_app.command("groups")
 def groups(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
     """List consumer groups."""
-    data = _request("GET", url, "/groups")
-    if not _emit(data, as_json):
-        _table("groups", data, ["group", "mode", "consistency", "clients", "topics", "inconsistencies"])
+    data = call_api("GET", url, "/groups")
+    if not print_json(data, as_json):
+        print_table("groups", data, ["group", "mode", "consistency", "clients", "topics", "inconsistencies"])
 
 
 @admin_app.command("group")
 def group(name: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
     """Describe a group: clients, subscriptions, filter work and lag (matching messages only)."""
-    data = _request("GET", url, f"/groups/{_q(name)}")
-    if _emit(data, as_json):
+    data = call_api("GET", url, f"/groups/{quote_part(name)}")
+    if print_json(data, as_json):
         return
     out.print(f"group {data['group']}: {data['mode']}, {data['consistency']}, "
                f"{data['inconsistencies']} inconsistencies", markup=False)  # fmt: skip
     if data["last_inconsistency"]:
         out.print(f"last inconsistency: {data['last_inconsistency']}", markup=False)
-    _table("clients", data["clients"], ["client_id", "client_type", "address", "last_seen_s"])
+    print_table("clients", data["clients"], ["client_id", "client_type", "address", "last_seen_s"])
     for sub in data["subscriptions"]:
         stats = sub["filter_stats"]
         out.print(
@@ -151,7 +167,7 @@ def group(name: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) 
             markup=False,
         )
         columns = ["queue_id", "committed_offset", "max_offset", "lag", "matching_lag", "estimated"]
-        _table(f"lag of {name} on {sub['topic']}", sub["lag"], columns)
+        print_table(f"lag of {name} on {sub['topic']}", sub["lag"], columns)
 
 
 @admin_app.command("set-group")
@@ -162,12 +178,12 @@ def set_group(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Change a group's message model or subscription-consistency policy."""
-    data = _request("PATCH", url, f"/groups/{_q(name)}", {"mode": mode, "consistency": consistency})
+    data = call_api("PATCH", url, f"/groups/{quote_part(name)}", {"mode": mode, "consistency": consistency})
     out.print(f"group {name}: {data['mode']}, {data['consistency']}", markup=False)
 
 
 @admin_app.command("message")
 def message(message_id: str, url: UrlOption = DEFAULT_URL) -> None:
     """Look a message up by its id."""
-    out.print(json.dumps(_request("GET", url, f"/messages/{_q(message_id)}"), ensure_ascii=False, indent=2),
-               markup=False)  # fmt: skip
+    found = call_api("GET", url, f"/messages/{quote_part(message_id)}")
+    out.print(json.dumps(found, ensure_ascii=False, indent=2), markup=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from siftmq.cli.admin import admin_app
+from siftmq.cli.admin_users import acl_app, init_auth, token, user_app
 from siftmq.cli.broker import broker
 from siftmq.cli.client import consume, produce
 from siftmq.cli.demo import demo_app
@@ -15,6 +16,10 @@ from siftmq.cli.store import store_app
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="siftmq: RocketMQ-style message filtering."
 )
+admin_app.add_typer(user_app, name="user")
+admin_app.add_typer(acl_app, name="acl")
+admin_app.command("token")(token)
+admin_app.command("init-auth")(init_auth)
 app.add_typer(filter_app, name="filter")
 app.add_typer(admin_app, name="admin")
 app.add_typer(demo_app, name="demo")

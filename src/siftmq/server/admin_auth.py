@@ -1,25 +1,95 @@
-"""Logins for the admin HTTP API: the broker's users (HTTP Basic, meant for HTTPS) and their ACLs.
+"""Logins for the admin HTTP API: the broker's users (HTTP Basic, meant for HTTPS, or a bearer
+token the API issued) and their ACLs.
 
 With authentication on, every admin request but ``/healthz`` (and ``/metrics`` when
-``admin_metrics_open``) needs ``Authorization: Basic`` with a user and password of the auth file:
-401 otherwise, with the same message for an unknown user and a wrong password. With authorization
-on, :func:`admin_action` maps the request to the resource and action RocketMQ's ACL 2.0 uses (list
-→ ``List`` on ``Cluster``, read → ``Get``, create → ``Create``, change → ``Update``, delete →
-``Delete`` on the topic or group named in the path): 403 without it.
+``admin_metrics_open``) needs ``Authorization: Basic`` with a user and password of the auth file,
+or ``Authorization: Bearer`` with a token from ``POST /tokens``: 401 otherwise, with the same
+message for an unknown user, a wrong password and a bad token. With authorization on,
+:func:`admin_action` maps the request to the resource and action RocketMQ's ACL 2.0 uses (list →
+``List`` on ``Cluster``, read → ``Get``, create → ``Create``, change → ``Update``, delete →
+``Delete`` on the topic or group named in the path): 403 without it. Users and ACLs
+(``/users``, ``/acls``) are Super users' business only, whatever the policies say.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
+import secrets
+import time
+from dataclasses import dataclass, field
 from typing import Final
 
 from siftmq.auth.acl import Action, User
 from siftmq.server.auth import UNKNOWN_USER_SECRET, Gate
 
 OPEN_PATHS: Final = frozenset({"/healthz"})
+SUPER_PATHS: Final = ("users", "acls")  # first path parts only Super users may touch
+MAX_TOKENS: Final = 10_000
 _BY_METHOD: Final = {"GET": Action.GET, "POST": Action.CREATE, "PATCH": Action.UPDATE, "PUT": Action.UPDATE}
+
+
+@dataclass
+class Tokens:
+    """Bearer tokens issued to logged-in users. Only their SHA-256 is kept, with the user's name, a
+    digest of the password it was issued under (a changed password or a deleted user ends it) and
+    its expiry. In memory: a restart ends every token."""
+
+    ttl_s: float
+    _issued: dict[bytes, tuple[str, bytes, float]] = field(default_factory=dict)
+
+    def issue(self, user: User) -> str | None:
+        """A new token for ``user``; None while :data:`MAX_TOKENS` unexpired ones are out."""
+        now = time.monotonic()
+        if len(self._issued) >= MAX_TOKENS:
+            self._issued = {k: v for k, v in self._issued.items() if v[2] > now}
+            if len(self._issued) >= MAX_TOKENS:
+                return None
+        token = secrets.token_urlsafe(32)
+        self._issued[_digest(token)] = (user.name, _digest(user.secret), now + self.ttl_s)
+        return token
+
+    def user(self, gate: Gate, token: str) -> User | None:
+        found = self._issued.get(_digest(token))
+        if found is None:
+            return None
+        name, secret_digest, expires = found
+        user = gate.table.users.get(name)
+        if (
+            expires <= time.monotonic()
+            or user is None
+            or not hmac.compare_digest(secret_digest, _digest(user.secret))
+        ):
+            del self._issued[_digest(token)]
+            return None
+        return user
+
+    def revoke(self, token: str) -> bool:
+        return self._issued.pop(_digest(token), None) is not None
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if authorization and authorization.startswith("Bearer "):
+        return authorization[7:].strip() or None
+    return None
+
+
+def login(gate: Gate, tokens: Tokens, authorization: str | None) -> User | None:
+    """The user an ``Authorization`` header proves (Basic or Bearer); None otherwise."""
+    token = bearer_token(authorization)
+    if token is not None:
+        return tokens.user(gate, token)
+    return basic_user(gate, authorization)
+
+
+def needs_super(path: str) -> bool:
+    return path.split("/", 2)[1] in SUPER_PATHS if path.startswith("/") else False
 
 
 def basic_user(gate: Gate, authorization: str | None) -> User | None:

@@ -19,12 +19,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, Field
 
+from siftmq.auth.acl import Action
 from siftmq.broker import deletion
 from siftmq.broker.broker import Broker
 from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
 from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError, StatusCode
-from siftmq.server.admin_auth import OPEN_PATHS, admin_action, basic_user
+from siftmq.server.admin_auth import OPEN_PATHS, Tokens, admin_action, login, needs_super
+from siftmq.server.admin_users import users_router
 from siftmq.server.auth import Gate
 from siftmq.store import StoredMessage
 
@@ -70,32 +72,44 @@ def create_app(broker: Broker, gate: Gate | None = None) -> FastAPI:
     async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(functools.partial(fn, **kwargs), *args)
 
-    if gate is not None:
+    tokens = Tokens(broker.config.admin_token_ttl_s) if gate is not None else None
+    if gate is not None and tokens is not None:
         open_paths = OPEN_PATHS | ({"/metrics"} if broker.config.admin_metrics_open else set())
 
         @app.middleware("http")
-        async def login(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
-            if request.url.path in open_paths:
+        async def check_login(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+            path = request.url.path
+            if path in open_paths:
                 return await call_next(request)
-            user = basic_user(gate, request.headers.get("authorization"))
+            peer = request.client.host if request.client else None
+            user = login(gate, tokens, request.headers.get("authorization"))
             if user is None:
                 gate.failures["admin"] += 1
+                gate.audit("failure", "admin API login failed: %s %s from %s", request.method, path, peer)
                 return JSONResponse(
                     {"error": "UNAUTHORIZED", "message": "a user and password of the broker are needed"},
                     status_code=401,
                     headers={"WWW-Authenticate": 'Basic realm="siftmq"'},
                 )
-            if gate.authorize:
-                resource, action = admin_action(
-                    request.method, request.url.path, request.query_params.get("topic")
+            request.state.user = user
+            if needs_super(path):
+                resource, action, allowed = "users and ACLs", Action.UPDATE, user.super_user
+            elif path == "/tokens" or not gate.authorize:
+                resource, action, allowed = "", Action.GET, True  # a login's own token
+            else:
+                resource, action = admin_action(request.method, path, request.query_params.get("topic"))
+                allowed = gate.allowed(user, resource, action, peer)
+            if not allowed:
+                gate.denials[action.value] += 1
+                line = "admin API denied %s %s: user %s may not %s %s (from %s)"
+                gate.audit("denial", line, request.method, path, user.name, action, resource, peer)
+                return JSONResponse(
+                    {"error": "FORBIDDEN", "message": f"user {user.name} may not {action} {resource}"},
+                    status_code=403,
                 )
-                if not gate.allowed(user, resource, action, request.client.host if request.client else None):
-                    gate.denials[action.value] += 1
-                    return JSONResponse(
-                        {"error": "FORBIDDEN", "message": f"user {user.name} may not {action} {resource}"},
-                        status_code=403,
-                    )
             return await call_next(request)
+
+    app.include_router(users_router(gate, tokens))
 
     @app.exception_handler(SiftError)
     async def sift_error(request: Request, exc: SiftError) -> JSONResponse:

@@ -156,6 +156,8 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
                 authorize=config.authorization_enabled,
                 skew_s=config.auth_clock_skew_s,
             )
+            if config.auto_create_topics:  # a call on a topic that does not exist creates it
+                gate.missing_topic = lambda name: broker.topics.get(name) is None
         server.add_generic_rpc_handlers(_handlers(service, batch_extension=config.batch_extension, gate=gate))
         host, _ = parse_listen(config.listen)
         _check_protected_mode(config, host)

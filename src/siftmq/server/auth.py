@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from siftmq.auth.acl import Action, AuthTable, User, parse_auth_file
+from siftmq.auth.acl import Action, AuthTable, User, dump_auth_file, parse_auth_file
 from siftmq.auth.signature import DATE_HEADER, INVALID, SignatureError, parse, sign, verify
-from siftmq.errors import ConfigError, StatusCode
+from siftmq.errors import ConfigError, StatusCode, UnsupportedError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import Rpc
 from siftmq.server.status import status
+from siftmq.store.segment import write_atomically
 
 _log = logging.getLogger(__name__)
 
@@ -57,6 +58,22 @@ def _heartbeat(request: Any) -> Need:
     return ((_group(request.group), Action.SUB),) if request.group.name else ()
 
 
+def _telemetry(command: Any) -> Need:
+    """A Telemetry stream's settings: a producer's topics need Pub, a consumer's group and topics
+    Sub (as RocketMQ 5.3 checks them); its other commands need nothing."""
+    if command.WhichOneof("command") != "settings":
+        return ()
+    settings = command.settings
+    which = settings.WhichOneof("pub_sub")
+    if which == "publishing":
+        return tuple((_topic(t), Action.PUB) for t in settings.publishing.topics)
+    if which == "subscription":
+        sub = settings.subscription
+        topics = tuple((_topic(e.topic), Action.SUB) for e in sub.subscriptions)
+        return (((_group(sub.group), Action.SUB),) if sub.group.name else ()) + topics
+    return ()
+
+
 #: What each RPC needs (``None``: any of Pub, Sub or Get on the topic, for a route lookup).
 ACTIONS: Final[dict[str, Callable[[Any], Need] | None]] = {
     "QueryRoute": None,
@@ -75,6 +92,7 @@ ACTIONS: Final[dict[str, Callable[[Any], Need] | None]] = {
     "QueryOffset": lambda r: ((_topic(r.message_queue.topic), Action.SUB),),  # names no group
     "Heartbeat": _heartbeat,
     "NotifyClientTermination": _heartbeat,
+    "Telemetry": _telemetry,  # per command of the stream
 }
 _ROUTE_ACTIONS: Final = (Action.PUB, Action.SUB, Action.GET)
 
@@ -98,6 +116,8 @@ class Gate:
 
     path: Path | None = None
     _loaded_mtime: float = 0.0
+    #: with topic auto-creation on: whether a topic does not exist yet (calling on it creates it)
+    missing_topic: Callable[[str], bool] | None = None
 
     @classmethod
     def load(cls, path: Path, *, authenticate: bool, authorize: bool, skew_s: float) -> Gate:
@@ -122,11 +142,23 @@ class Gate:
                 "the auth file was not reloaded; the previous users and policies stay: %s", exc.message
             )
             return False
+        self._install(table)
+        _log.info("auth file %s reloaded: %d user(s)", self.path, len(table.users))
+        return True
+
+    def change(self, table: AuthTable) -> None:
+        """Put ``table`` in force, written to the auth file first (atomically, mode 0600): a change
+        the admin API made survives a restart, and a failed write changes nothing."""
+        if self.path is None:
+            raise UnsupportedError("this broker has no auth file to keep users in")
+        write_auth_file(self.path, table)
+        self._loaded_mtime = _mtime(self.path)
+        self._install(table)
+
+    def _install(self, table: AuthTable) -> None:
         self.table = table
         self._signed.clear()
         self._decided.clear()
-        _log.info("auth file %s reloaded: %d user(s)", self.path, len(table.users))
-        return True
 
     def who(self, context: Any) -> User:
         """The user who signed the call; raises :class:`SignatureError`.
@@ -169,33 +201,56 @@ class Gate:
 
     def refusal(self, rpc: str, request: Any, context: Any) -> Any:
         """The status to answer with, or None when the call may go on."""
+        user, refused = self.authenticated(rpc, context)
+        if refused is not None or user is None or not self.authorize:
+            return refused
+        return self.authorized(user, rpc, request, context)
+
+    def authenticated(self, rpc: str, context: Any) -> tuple[User | None, Any]:
+        """Who signed the call (None with authentication off), or the UNAUTHORIZED status."""
+        if not self.authenticate:
+            return None, None
         try:
-            user = self.who(context) if self.authenticate else None
+            return self.who(context), None
         except SignatureError as exc:
             self.failures[exc.reason] += 1
-            self._audit("failure", "authentication failed for %s from %s: %s", rpc, _peer(context), exc)
-            return status(StatusCode.UNAUTHORIZED, f"{rpc}: {exc}")
-        if not self.authorize or user is None:
-            return None
+            self.audit("failure", "authentication failed for %s from %s: %s", rpc, _peer(context), exc)
+            return None, status(StatusCode.UNAUTHORIZED, f"{rpc}: {exc}")
+
+    def authorized(self, user: User, rpc: str, request: Any, context: Any) -> Any:
+        """The FORBIDDEN status when ``user`` may not make ``request`` (a Telemetry stream's command
+        is checked one by one), else None. A topic the call would auto-create also needs Create."""
         peer = _peer_ip(context)
         need = ACTIONS.get(rpc, ())
         if need is None:  # a route lookup: any of Pub, Sub, Get on the topic
             resource = _topic(request.topic)
-            if any(self.allowed(user, resource, a, peer) for a in _ROUTE_ACTIONS):
-                return None
-            return self._deny(user, rpc, resource, Action.GET, context)
-        for resource, action in need(request) if need else ():
-            if not self.allowed(user, resource, action, peer):
-                return self._deny(user, rpc, resource, action, context)
+            if not any(self.allowed(user, resource, a, peer) for a in _ROUTE_ACTIONS):
+                return self._deny(user, rpc, resource, Action.GET, context)
+            pairs: Need = ((resource, Action.GET),)
+        else:
+            pairs = need(request) if need else ()
+            for resource, action in pairs:
+                if not self.allowed(user, resource, action, peer):
+                    return self._deny(user, rpc, resource, action, context)
+        if self.missing_topic is not None:
+            for resource, _ in pairs:
+                if (
+                    resource.startswith("Topic:")
+                    and self.missing_topic(resource[6:])
+                    and not self.allowed(user, resource, Action.CREATE, peer)
+                ):
+                    return self._deny(user, rpc, resource, Action.CREATE, context)
         return None
 
     def _deny(self, user: User, rpc: str, resource: str, action: Action, context: Any) -> Any:
         self.denials[action.value] += 1
         line = "denied %s: user %s may not %s %s (from %s)"
-        self._audit("denial", line, rpc, user.name, action, resource, _peer(context))
+        self.audit("denial", line, rpc, user.name, action, resource, _peer(context))
         return status(StatusCode.FORBIDDEN, f"{rpc}: user {user.name} may not {action} {resource}")
 
-    def _audit(self, kind: str, message: str, *args: object) -> None:
+    def audit(self, kind: str, message: str, *args: object) -> None:
+        """Log an audit line of ``kind``, at most one per :data:`AUDIT_INTERVAL_S` (the lines held
+        back are counted into the next one)."""
         now = time.monotonic()
         at, unwritten = self._audited.get(kind, (-AUDIT_INTERVAL_S, 0))
         if now - at < AUDIT_INTERVAL_S:
@@ -209,9 +264,20 @@ class Gate:
 def _read_table(path: Path) -> AuthTable:
     try:
         text = path.read_text(encoding="utf-8")
+        mode = path.stat().st_mode
     except OSError as exc:
         raise ConfigError(f"cannot read the auth file {path}: {exc.strerror}") from exc
+    if mode & 0o077:
+        _log.warning("the auth file %s holds passwords and can be read by other users: chmod 600 it", path)
     return parse_auth_file(text, source=str(path))
+
+
+def write_auth_file(path: Path, table: AuthTable) -> None:
+    """Replace the auth file with ``table``, atomically and readable by its owner only."""
+    try:
+        write_atomically(path, dump_auth_file(table).encode(), mode=0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the auth file {path}: {exc.strerror}") from exc
 
 
 def _mtime(path: Path) -> float:
@@ -264,12 +330,29 @@ def guard(behaviour: Any, rpc: Rpc, gate: Gate) -> Any:
         return server_stream
 
     async def bidi(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        refused = gate.refusal(rpc.name, None, context)  # authenticated once, when it opens
+        user, refused = gate.authenticated(rpc.name, context)  # once, when it opens
         if refused is not None:
             yield answer(refused)
             return
-        async for item in behaviour(requests, context):
+        if user is None or not gate.authorize:
+            async for item in behaviour(requests, context):
+                yield item
+            return
+        denied: list[Any] = []
+
+        async def checked() -> AsyncIterator[Any]:
+            # the user who opened the stream, each command's resources; a denial ends the stream
+            async for command in requests:
+                refused = gate.authorized(user, rpc.name, command, context)
+                if refused is not None:
+                    denied.append(refused)
+                    return
+                yield command
+
+        async for item in behaviour(checked(), context):
             yield item
+        if denied:
+            yield answer(denied[0])
 
     return bidi
 

@@ -89,12 +89,16 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, payload: bytes) -> None:
-    """Replace ``path`` with ``payload`` durably: write a temporary file, fsync it, rename, fsync the dir."""
+def write_atomically(path: Path, payload: bytes, *, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``payload`` durably: write a temporary file, fsync it, rename, fsync the dir.
+    The file gets ``mode`` (a temporary file left over from a crash may have had another)."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        os.write(fd, payload)
+        os.fchmod(fd, mode)
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

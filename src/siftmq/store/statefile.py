@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from siftmq.errors import ConfigError
+from siftmq.store.segment import fsync_dir
 
 _log = logging.getLogger(__name__)
 
@@ -51,11 +52,7 @@ def write_json(path: Path, data: Any) -> None:
     if path.exists():
         os.replace(path, previous_of(path))  # a crash right here leaves .prev and .tmp: read_json takes .prev
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(path.parent)
 
 
 def previous_of(path: Path) -> Path:
