@@ -40,13 +40,16 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
 
-def send_phase(endpoint: str, topic: str, total: int, threads: int) -> tuple[float, list[float]]:
+def send_phase(
+    endpoint: str, topic: str, total: int, threads: int, credentials: Credentials | None = None
+) -> tuple[float, list[float]]:
     latencies: list[float] = []
     lock = threading.Lock()
     counter = iter(range(total))
 
     def worker() -> None:
-        producer = Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), (topic,))
+        config = ClientConfiguration(endpoint, credentials or Credentials(), request_timeout=10)
+        producer = Producer(config, (topic,))
         producer.startup()
         mine = []
         try:

@@ -62,3 +62,25 @@ def test_trade_demo_command() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "order tracking" in proc.stdout and "bytes on the wire" in proc.stdout
+
+
+def test_security_demo_command() -> None:
+    """The official client's calls, as the demo prints them: refused, refused, allowed."""
+    pytest.importorskip("rocketmq")
+    proc = subprocess.run(
+        [sys.executable, "-m", "siftmq", "demo", "security"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    row = {(w, c): line for line in lines for w in ("anonymous", "alice", "mallory")
+           for c in ("send", "receive") if f" {w} " in line and f" {c} " in line}  # fmt: skip
+    assert "UNAUTHORIZED" in row[("anonymous", "send")]
+    assert "may not Pub Topic:Orders" in row[("mallory", "send")]
+    assert "FORBIDDEN" in row[("mallory", "receive")] and "Group:alice-app" in row[("mallory", "receive")]
+    assert "received ['order #1']" in row[("alice", "receive")]
+    assert "expected" not in proc.stdout

@@ -130,3 +130,49 @@ def test_a_stream_outlives_the_skew_window_and_each_command_is_authorized(broker
         finally:
             producer.close()
     assert "denied Telemetry: user alice may not Sub Group:payments" in broker.log()
+
+
+def test_a_thousand_bad_signatures_leave_a_good_client_served(broker: Any) -> None:
+    """Functional half (the timing half is benchmarks/bench_auth_e2e.py): every bad call refused,
+    every good one served meanwhile, the failures counted, the audit log rate limited."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    from siftmq.client import Producer
+
+    rpc = RPC["QueryRoute"]
+    answers: list[int] = []
+
+    def bad_calls(count: int) -> None:
+        with grpc.insecure_channel(broker.endpoint) as channel:
+            call = channel.unary_unary(rpc.path, request_serializer=pb.QueryRouteRequest.SerializeToString,
+                                       response_deserializer=pb.QueryRouteResponse.FromString)  # fmt: skip
+            for i in range(count):
+                stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+                header = (
+                    f"{SCHEME} Credential=alice, SignedHeaders={DATE_HEADER}, Signature={sign(str(i), stamp)}"
+                )
+                reply = call(pb.QueryRouteRequest(topic=pb.Resource(name="Orders")), timeout=30,
+                             metadata=((DATE_HEADER, stamp), ("authorization", header)))  # fmt: skip
+                answers.append(reply.status.code)
+
+    async def good_sends() -> int:
+        sent = 0
+        async with Producer(broker.endpoint, access_key="alice", secret_key="Al1ce-s3cret-pw") as producer:
+            while any(t.is_alive() for t in flooders) or sent == 0:
+                assert (await producer.send("Orders", b"good", tag="t")).message_id
+                sent += 1
+        return sent
+
+    flooders = [threading.Thread(target=bad_calls, args=(250,)) for _ in range(4)]
+    for t in flooders:
+        t.start()
+    sent = asyncio.run(good_sends())
+    for t in flooders:
+        t.join()
+    assert sent > 0 and len(answers) == 1000 and set(answers) == {pb.Code.UNAUTHORIZED}
+    metrics = httpx.get(f"{broker.admin_url}/metrics", timeout=10).text
+    assert 'siftmq_auth_failures_total{reason="invalid"} 1000.0' in metrics
+    assert broker.log().count("authentication failed") <= 3  # one line per 10 s, the rest counted
