@@ -121,6 +121,11 @@ def test_protected_mode_refuses_a_public_address_without_authentication(start_br
         start_broker("refused", listen="0.0.0.0:0")
     broker = start_broker("open", listen="0.0.0.0:0", config={"allow_anonymous": True})
     assert "--allow-anonymous" in broker.log() and "anyone who can reach the port" in broker.log()
+    health = httpx.get(f"{broker.admin_url}/healthz", timeout=10).json()
+    assert (
+        health["status"] == "ok"
+        and "gRPC listens on 0.0.0.0:0 with authentication off" in health["warnings"][0]
+    )
     assert broker.stop() == 0
 
 

@@ -63,8 +63,9 @@ def message_json(m: StoredMessage) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def create_app(broker: Broker, gate: Gate | None = None) -> FastAPI:
-    """The admin application for ``broker``."""
+def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | None = None) -> FastAPI:
+    """The admin application for ``broker``; ``warnings`` (an exposed broker without authentication)
+    are shown by ``/healthz``."""
     app = FastAPI(title="siftmq admin", version="1", docs_url="/docs", redoc_url=None)
     registry = CollectorRegistry()
     registry.register(BrokerCollector(broker, gate))
@@ -245,8 +246,8 @@ def create_app(broker: Broker, gate: Gate | None = None) -> FastAPI:
         return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "warnings": list(warnings or [])}
 
     return app
 

@@ -101,29 +101,33 @@ def _loopback(host: str) -> bool:
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
-def _check_protected_mode(config: BrokerConfig, host: str) -> None:
+def _check_protected_mode(config: BrokerConfig, host: str) -> list[str]:
     """Without authentication the broker serves loopback only, unless told otherwise (Redis's
     protected mode): anyone who can reach the port could publish, consume and delete. The admin API
-    likewise: with authentication on it asks for a login (see :mod:`siftmq.server.admin_auth`)."""
-    admin_public = bool(config.admin_listen) and not _loopback(parse_listen(config.admin_listen)[0])
-    if admin_public and not config.authentication_enabled and not config.allow_anonymous:
+    likewise: with authentication on it asks for a login (see :mod:`siftmq.server.admin_auth`).
+    Returns the warnings an ``--allow-anonymous`` start earns (logged here, and shown by the admin
+    API's ``/healthz``)."""
+    if config.authentication_enabled:
+        return []
+    listening = [("gRPC", config.listen, host)]
+    if config.admin_listen:
+        listening.append(("the admin API", config.admin_listen, parse_listen(config.admin_listen)[0]))
+    exposed = [(what, listen) for what, listen, on in listening if not _loopback(on)]
+    if exposed and not config.allow_anonymous:
+        what, listen = exposed[0]
         raise ConfigError(
-            f"refusing to serve the admin API on {config.admin_listen} without authentication (protected "
-            "mode): set authentication_enabled, keep it on loopback, or start with --allow-anonymous"
+            f"refusing to serve {what} on {listen} without authentication (protected mode): set "
+            "authentication_enabled with an auth_file, keep it on loopback, or start with "
+            "--allow-anonymous to accept anyone who can reach the port"
         )
-    if config.authentication_enabled or _loopback(host):
-        return
-    if not config.allow_anonymous:
-        raise ConfigError(
-            f"refusing to listen on {config.listen} without authentication (protected mode): set "
-            "authentication_enabled with an auth_file, or start with --allow-anonymous to accept "
-            "anyone who can reach the port"
-        )
-    _log.warning(
-        "listening on %s with authentication off (--allow-anonymous): anyone who can reach the "
-        "port may publish, consume and change the broker",
-        config.listen,
-    )
+    warnings = [
+        f"{what} listens on {listen} with authentication off (--allow-anonymous): anyone who can "
+        "reach the port may publish, consume and change the broker"
+        for what, listen in exposed
+    ]
+    for warning in warnings:
+        _log.warning("%s", warning)
+    return warnings
 
 
 async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
@@ -160,7 +164,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
                 gate.missing_topic = lambda name: broker.topics.get(name) is None
         server.add_generic_rpc_handlers(_handlers(service, batch_extension=config.batch_extension, gate=gate))
         host, _ = parse_listen(config.listen)
-        _check_protected_mode(config, host)
+        warnings = _check_protected_mode(config, host)
         try:
             credentials = _tls_credentials(config)
             if credentials is None:
@@ -173,7 +177,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             ) from exc
         if port == 0:
             raise BindError(f"cannot listen on {config.listen} (is another broker running there?)")
-        admin = _AdminServer(broker, config.admin_listen, gate) if config.admin_listen else None
+        admin = _AdminServer(broker, config.admin_listen, gate, warnings) if config.admin_listen else None
         await server.start()
         admin_text = ""
         if admin is not None:
@@ -212,7 +216,9 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
 class _AdminServer:
     """uvicorn serving the admin API on the broker's event loop (signals stay the broker's)."""
 
-    def __init__(self, broker: Broker, listen: str, gate: Gate | None = None) -> None:
+    def __init__(
+        self, broker: Broker, listen: str, gate: Gate | None = None, warnings: list[str] | None = None
+    ) -> None:
         import uvicorn
 
         from siftmq.server.admin_http import create_app
@@ -233,7 +239,7 @@ class _AdminServer:
         self.address = f"{host}:{self._sock.getsockname()[1]}"
         self._server = _Quiet(
             uvicorn.Config(
-                create_app(broker, gate),
+                create_app(broker, gate, warnings or []),
                 log_level="warning",
                 lifespan="off",
                 http=deadline_protocol(broker.config.admin_request_timeout_s),
