@@ -6,6 +6,7 @@ Synchronous and thread-safe; the gRPC edge calls it from a thread pool (long pol
     <data_dir>/store/...                the message store (CommitLog, ConsumeQueue, ext, checkpoint)
     <data_dir>/config/topics.json       topics
     <data_dir>/config/filters.json      SQL92 filter registrations (bloom keys group#topic)
+    <data_dir>/config/programs.json     filter programs (per group and topic, versioned)
     <data_dir>/config/consumer_state.json   per-group progress and in-flight messages
 """
 
@@ -24,6 +25,7 @@ from siftmq.broker.consumer_state import ConsumerStateTable
 from siftmq.broker.filter_registry import FilterRegistry
 from siftmq.broker.groups import GroupManager
 from siftmq.broker.offsets import OffsetTable
+from siftmq.broker.programs import ProgramRegistry
 from siftmq.broker.pull import Pulling
 from siftmq.broker.receive import Receiving
 from siftmq.broker.reports import Reporting
@@ -31,6 +33,7 @@ from siftmq.broker.send import Sending
 from siftmq.broker.stats import BrokerStats
 from siftmq.broker.topics import TopicManager
 from siftmq.filter import BloomFilter
+from siftmq.filterserver.pool import Limits
 from siftmq.store import (
     MessageStore,
     StoreConfig,
@@ -65,6 +68,16 @@ class Broker(Sending, Receiving, Pulling, Reporting):
             compat_groups=config.compat_groups,
             broadcasting_groups=config.broadcasting_groups,
             restore_grace_s=config.client_session_expire_s,
+        )
+        self.programs = ProgramRegistry(
+            config_dir,
+            Limits(
+                memory_mb=config.filter_program_memory_mb,
+                timeout_ms=config.filter_program_timeout_ms,
+                batch_timeout_ms=config.filter_program_batch_timeout_ms,
+                max_failures=config.filter_program_max_failures,
+            ),
+            config.filter_server_nums,
         )
         self.consumers = ConsumerStateTable(config_dir)
         self.offsets = OffsetTable(config_dir)
@@ -120,6 +133,7 @@ class Broker(Sending, Receiving, Pulling, Reporting):
             self._housekeeper.join()
             self._housekeeper = None
         try:
+            self.programs.close()
             self.consumers.save()
             self.offsets.save()
             self.filters.save()

@@ -100,6 +100,15 @@ class BrokerConfig:
     # filtering
     enable_property_filter: bool = True
     filter_registration_expire_s: float = 24 * 3600.0
+    # the filter server: sandboxed worker processes running consumers' filter programs (one
+    # program version per worker); a worker gets filter_program_timeout_ms per message of a batch
+    # (at most filter_program_batch_timeout_ms) and filter_program_memory_mb of address space; a
+    # program whose workers are killed filter_program_max_failures times in a minute is suspended
+    filter_server_nums: int = 2
+    filter_program_memory_mb: int = 256
+    filter_program_timeout_ms: float = 50.0
+    filter_program_batch_timeout_ms: float = 2000.0
+    filter_program_max_failures: int = 16
     # receive / ack
     min_invisible_time_s: float = 1.0
     max_invisible_time_s: float = 12 * 3600.0
@@ -149,6 +158,9 @@ class BrokerConfig:
             "max_user_properties_bytes",
             "max_batch_size",
             "max_pull_batch_size",
+            "filter_server_nums",
+            "filter_program_memory_mb",
+            "filter_program_max_failures",
             "max_pull_bytes",
             "read_threads",
             "max_delivery_attempts",
@@ -169,6 +181,8 @@ class BrokerConfig:
             "admin_request_timeout_s",
             "auth_clock_skew_s",
             "admin_token_ttl_s",
+            "filter_program_timeout_ms",
+            "filter_program_batch_timeout_ms",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive")

@@ -6,11 +6,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from siftmq.store import StoredMessage
+from siftmq.store import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, StoredMessage
 
 PROPERTY_BORN_HOST = "__BORN_HOST"
 PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+#: Why a filter program failed on a message it sent to the dead-letter topic ("Type: message").
+PROPERTY_FILTER_ERROR = "FILTER_ERROR"
+#: Properties the broker keeps in the system part of a delivered message, not the user part.
+SYSTEM_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_BORN_HOST})
+
+
+def user_properties(props: Mapping[str, str]) -> dict[str, str]:
+    """The properties a delivered message carries as user properties (neither system nor ``__``-prefixed)."""
+    return {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES and k[:2] != "__"}
 
 
 @dataclass(slots=True)

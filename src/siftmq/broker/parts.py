@@ -24,6 +24,7 @@ from siftmq.broker.consumer_state import ConsumerStateTable
 from siftmq.broker.filter_registry import FilterRegistry
 from siftmq.broker.groups import GroupManager
 from siftmq.broker.offsets import OffsetTable
+from siftmq.broker.programs import ProgramRegistry
 from siftmq.broker.stats import BrokerStats
 from siftmq.broker.topics import TopicConfig, TopicManager
 from siftmq.broker.validation import (
@@ -58,6 +59,7 @@ class BrokerParts:
     bloom: BloomFilter
     topics: TopicManager
     filters: FilterRegistry
+    programs: ProgramRegistry
     groups: GroupManager
     consumers: ConsumerStateTable
     offsets: OffsetTable

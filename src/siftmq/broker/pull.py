@@ -79,7 +79,10 @@ class Pulling(Subscribing):
                 return PullResult("ILLEGAL_OFFSET", messages, r.next_begin_offset, lo, hi)
             if r.status in (S.NO_MATCHED_LOGIC_QUEUE, S.NO_MESSAGE_IN_QUEUE, S.OFFSET_OVERFLOW_ONE):
                 break
-            messages.extend(r.messages)
+            delivered = self._programmed(group, topic.name, r.messages)
+            if delivered is None:  # the group's program is held: nothing delivered, nothing passed
+                break
+            messages.extend(delivered)
             size += sum(m.store_size for m in r.messages)
             scanned += max(r.scanned, 1)
             moved = r.next_begin_offset != next_offset

@@ -12,12 +12,10 @@ from typing import Final
 
 from siftmq.broker.consumer_state import InFlight, QueueProgress
 from siftmq.broker.model import (
-    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
-    PROPERTY_DLQ_ORIGIN_TOPIC,
     Delivery,
     Subscription,
 )
-from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, _now_ms, _positive_batch, dlq_topic
+from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, _now_ms, _positive_batch
 from siftmq.broker.receipts import ReceiptHandle
 from siftmq.broker.subscriptions import Subscribing
 from siftmq.broker.validation import (
@@ -31,7 +29,6 @@ from siftmq.errors import (
 )
 from siftmq.store import (
     GetMessageStatus,
-    Message,
     MessageFilter,
     StoredMessage,
 )
@@ -181,6 +178,9 @@ class Receiving(Subscribing):
             result = self.store.get_messages(
                 rp.group, rp.topic, qid, prog.pop_offset, limit, rp.message_filter
             )
+            delivered = self._programmed(rp.group, rp.topic, result.messages)
+            if delivered is None:  # the group's program is held: nothing delivered, nothing passed
+                break
             moved = result.next_begin_offset != prog.pop_offset
             if result.status in (
                 S.FOUND,
@@ -193,9 +193,9 @@ class Receiving(Subscribing):
                 prog.pop_offset = result.next_begin_offset
             if moved:
                 self.consumers.mark_dirty()
-            for msg in result.messages:
+            for msg in delivered:
                 rp.out.append(self._deliver(rp, qid, prog, msg, 1))
-            limit -= len(result.messages)
+            limit -= len(delivered)
             scanned += max(result.scanned, 1)
             if (
                 not moved
@@ -334,26 +334,6 @@ class Receiving(Subscribing):
             self.consumers.mark_dirty()
         finally:
             prog.lock.release()
-
-    def _to_dlq(self, group: str, msg: StoredMessage, attempts: int) -> None:
-        topic = dlq_topic(group)
-        cfg = self.topics.get_or_create(topic, system=True)
-        props = dict(msg.properties)
-        props[PROPERTY_DLQ_ORIGIN_TOPIC] = msg.topic
-        props[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = msg.uniq_key or msg.offset_msg_id
-        self.store.put_message(
-            Message(
-                topic=cfg.name,
-                body=msg.body,
-                queue_id=0,
-                properties=props,
-                born_timestamp=msg.born_timestamp,
-                born_host=msg.born_host,
-                reconsume_times=attempts,
-            )
-        )
-        self.stats.count(self.stats.dead_letters, group)
-        _log.info("message %s of %s moved to %s after %d attempts", msg.uniq_key, msg.topic, topic, attempts)
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from siftmq.broker.message_filters import TagMessageFilter
 from siftmq.broker.model import (
     Subscription,
 )
-from siftmq.broker.parts import BrokerParts
+from siftmq.broker.program_reads import ProgramReads
 from siftmq.broker.validation import (
     check_group,
     check_topic,
@@ -36,7 +36,7 @@ MAX_SUBSCRIPTIONS: Final = 1024
 FILTER_KINDS: Final = {"TAG": "TAG", "SQL": "SQL92", "SQL92": "SQL92"}
 
 
-class Subscribing(BrokerParts):
+class Subscribing(ProgramReads):
     """Subscription handling of :class:`~siftmq.broker.broker.Broker`."""
 
     def message_filter(self, group: str, subscription: Subscription) -> MessageFilter | None:

@@ -10,6 +10,7 @@ from siftmq.cli.broker import broker
 from siftmq.cli.client import consume, produce
 from siftmq.cli.demo import demo_app
 from siftmq.cli.filter import filter_app
+from siftmq.cli.programs import program_app, test_program
 from siftmq.cli.spark import spark_app
 from siftmq.cli.store import store_app
 
@@ -18,8 +19,10 @@ app = typer.Typer(
 )
 admin_app.add_typer(user_app, name="user")
 admin_app.add_typer(acl_app, name="acl")
+admin_app.add_typer(program_app, name="program")
 admin_app.command("token")(token)
 admin_app.command("init-auth")(init_auth)
+filter_app.command("test-program")(test_program)
 app.add_typer(filter_app, name="filter")
 app.add_typer(admin_app, name="admin")
 app.add_typer(demo_app, name="demo")

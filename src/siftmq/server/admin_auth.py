@@ -114,7 +114,9 @@ def admin_action(method: str, path: str, query_topic: str | None) -> tuple[str, 
     if len(parts) >= 2 and parts[0] == "topics":
         return f"Topic:{parts[1]}", action
     if len(parts) >= 2 and parts[0] == "groups":
-        return f"Group:{parts[1]}", Action.UPDATE if len(parts) > 2 and method == "PUT" else action
+        # a group's subscriptions and filter programs are changes to the group (Update)
+        changed = len(parts) > 2 and method in ("PUT", "DELETE")
+        return f"Group:{parts[1]}", Action.UPDATE if changed else action
     if parts[:1] == ["messages"] and query_topic:
         return f"Topic:{query_topic}", Action.GET
     if parts and parts[0] in ("topics", "groups") and method == "GET":

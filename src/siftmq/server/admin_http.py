@@ -49,6 +49,12 @@ class GroupUpdate(BaseModel):
     consistency: Literal["strict", "compat"] | None = None
 
 
+class ProgramSet(BaseModel):
+    source: str = Field(min_length=1, max_length=64 * 1024)
+    #: a message the program must handle without failing (default: the topic's newest)
+    sample: dict[str, Any] | None = None
+
+
 class SubscriptionSet(BaseModel):
     type: Literal["TAG", "SQL92"] = "TAG"
     expression: str = Field(default="*", max_length=65_536)
@@ -205,6 +211,20 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
         )
         return {"group": group, "topic": topic, "type": entry.kind, "expression": entry.expression,
                 "version": entry.version}  # fmt: skip
+
+    @app.put("/groups/{group}/programs/{topic}")
+    async def set_program(group: str, topic: str, body: ProgramSet) -> dict[str, Any]:
+        program = await call(broker.set_program, group, topic, body.source, body.sample)
+        return {"group": group, "topic": topic, "version": program.version, "sha256": program.sha256}
+
+    @app.get("/groups/{group}/programs/{topic}")
+    async def get_program(group: str, topic: str) -> dict[str, Any]:
+        return broker.programs.report(group, topic)
+
+    @app.delete("/groups/{group}/programs/{topic}", status_code=204)
+    async def delete_program(group: str, topic: str) -> Response:
+        await call(broker.programs.remove, group, topic)
+        return Response(status_code=204)
 
     @app.get("/groups/{group}/lag/{topic}")
     async def get_lag(group: str, topic: str) -> list[dict[str, object]]:

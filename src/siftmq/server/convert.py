@@ -10,7 +10,14 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from siftmq.broker.model import PROPERTY_BORN_HOST, Delivery, ProducedBatch, ProducedMessage, Subscription
+from siftmq.broker.model import (
+    PROPERTY_BORN_HOST,
+    Delivery,
+    ProducedBatch,
+    ProducedMessage,
+    Subscription,
+    user_properties,
+)
 from siftmq.broker.validation import qualified_name
 from siftmq.errors import BadRequestError, StatusCode
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -18,8 +25,6 @@ from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.protocol.fields import map_to_dict
 from siftmq.store import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, StoredMessage
 
-#: Properties the broker keeps in the system part of a delivered message, not the user part.
-SYSTEM_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_BORN_HOST})
 FILTER_TYPES = {pb.FilterType.TAG: "TAG", pb.FilterType.SQL: "SQL92"}
 # enum attribute lookups go through a slow Python wrapper: resolve the per-message ones once
 _GZIP = pb.Encoding.GZIP
@@ -118,11 +123,6 @@ def _gunzip(data: bytes, limit: int) -> bytes:
             f"decompressed body exceeds the limit {limit}", status=StatusCode.MESSAGE_BODY_TOO_LARGE
         )
     return out
-
-
-def user_properties(props: dict[str, str]) -> dict[str, str]:
-    """The properties a delivered message carries as user properties (neither system nor ``__``-prefixed)."""
-    return {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES and k[:2] != "__"}
 
 
 def message_fields(

@@ -1,0 +1,226 @@
+"""Filter programs: consumers' own ``match(message)`` code, per (group, topic), run by the filter
+server (:mod:`siftmq.filterserver`) on the messages a read is about to deliver.
+
+A program is versioned and kept in ``<data_dir>/config/programs.json``. A read hands it the
+messages that passed the group's TAG/SQL92 filter; it keeps those ``match`` accepts. A message on
+which ``match`` fails (an exception, a result that is not a bool, a worker it kills) is not lost:
+the reader moves it to ``%DLQ%<group>`` with a ``FILTER_ERROR`` property. A program that is
+suspended (it killed its workers too often) or failed (it no longer loads) delivers nothing and
+its group's progress stays where it is, until a new version is registered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from siftmq.broker.model import user_properties
+from siftmq.errors import BadRequestError, NotFoundError, StatusCode, UnsupportedError
+from siftmq.filterserver.message import Row
+from siftmq.filterserver.pool import (
+    FilterServer,
+    Limits,
+    ProgramKey,
+    ProgramLoadError,
+    ProgramSuspended,
+)
+from siftmq.filterserver.program import ProgramError, check_program
+from siftmq.filterserver.sandbox import SandboxUnavailable, check_supported
+from siftmq.filterserver.wire import ERROR, MATCH
+from siftmq.store import StoredMessage
+from siftmq.store.statefile import read_json, write_json
+
+_log = logging.getLogger(__name__)
+
+Status = Literal["active", "suspended", "failed"]
+MAX_PROGRAMS: Final = 1000
+
+
+@dataclass
+class Program:
+    group: str
+    topic: str
+    version: int
+    sha256: str
+    source: str
+    registered_ms: int
+    status: Status = "active"
+    last_error: str = ""
+
+    @property
+    def key(self) -> ProgramKey:
+        return ProgramKey(self.group, self.topic, self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    """What a program made of a read's messages: those to deliver, and those it failed on (with
+    why) for the dead-letter topic. ``held`` when the program runs no more: deliver nothing and
+    keep the progress."""
+
+    kept: list[StoredMessage]
+    failed: list[tuple[StoredMessage, str]]
+    held: bool = False
+
+
+def to_row(m: StoredMessage) -> Row:
+    return (m.topic, m.tags, tuple(m.keys), user_properties(m.properties), m.body,
+            m.uniq_key or m.offset_msg_id, m.born_timestamp, m.store_timestamp, m.queue_id,
+            m.queue_offset)  # fmt: skip
+
+
+class ProgramRegistry:
+    """The programs in force and the filter server that runs them. Thread-safe."""
+
+    def __init__(self, config_dir: Path, limits: Limits, workers: int) -> None:
+        self._path = config_dir / "programs.json"
+        self._lock = threading.Lock()
+        self._programs: dict[tuple[str, str], Program] = {}
+        for item in read_json(self._path, []):
+            program = Program(**item)
+            self._programs[(program.group, program.topic)] = program
+        self._limits, self._workers = limits, workers
+        self._server: FilterServer | None = None
+        self.unavailable = ""
+        try:
+            check_supported()
+        except SandboxUnavailable as exc:
+            self.unavailable = str(exc)
+            if self._programs:
+                _log.error("filter programs are registered but cannot run here: %s", exc)
+
+    def _filter_server(self) -> FilterServer:
+        if self.unavailable:
+            raise UnsupportedError(f"the filter server cannot run here: {self.unavailable}")
+        with self._lock:
+            if self._server is None:
+                self._server = FilterServer(self._limits, self._workers)
+            return self._server
+
+    # ------------------------------------------------------------------------------- registration
+
+    def register(self, group: str, topic: str, source: str, sample: list[Row]) -> Program:
+        """Check ``source``, load it in the sandbox and run it on ``sample``; then it is the
+        (group, topic)'s program, a version above the one it replaces."""
+        checked = check_program(source)
+        server = self._filter_server()
+        old = self._programs.get((group, topic))
+        version = (old.version if old else 0) + 1
+        if old is None and len(self._programs) >= MAX_PROGRAMS:
+            raise BadRequestError(f"the broker holds {MAX_PROGRAMS} filter programs, its limit")
+        trial = ProgramKey(group, topic, -version)  # not the key reads use
+        try:
+            verdict = server.evaluate(trial, source, sample) if sample else None
+            if verdict is None:
+                server.evaluate(trial, source, [to_row_placeholder(topic)])  # loads it, result unused
+        except ProgramLoadError as exc:
+            raise ProgramError(f"the program failed to load: {exc}") from exc
+        except ProgramSuspended as exc:
+            raise ProgramError(f"the program kept killing its worker: {exc}") from exc
+        finally:
+            server.forget(trial)
+        if verdict is not None and verdict.errors:
+            raise ProgramError(f"match failed on the sample message: {next(iter(verdict.errors.values()))}")
+        program = Program(group, topic, version, checked.sha256, source, int(time.time() * 1000))
+        with self._lock:
+            self._programs[(group, topic)] = program
+            self._save_locked()
+        if old is not None:
+            server.forget(old.key)
+        _log.info("filter program of %s on %s: version %d (%s)", group, topic, version, checked.sha256[:12])
+        return program
+
+    def remove(self, group: str, topic: str) -> None:
+        with self._lock:
+            old = self._programs.pop((group, topic), None)
+            if old is None:
+                raise NotFoundError(f"group {group!r} has no filter program on {topic!r}")
+            self._save_locked()
+        if self._server is not None:
+            self._server.forget(old.key)
+
+    def get(self, group: str, topic: str) -> Program | None:
+        return self._programs.get((group, topic))
+
+    def report(self, group: str, topic: str) -> dict[str, Any]:
+        program = self._programs.get((group, topic))
+        if program is None:
+            raise NotFoundError(f"group {group!r} has no filter program on {topic!r}")
+        counters = self._server.counters(program.key).as_dict() if self._server else {}
+        return {"group": group, "topic": topic, "version": program.version, "sha256": program.sha256,
+                "status": program.status, "last_error": program.last_error,
+                "registered_ms": program.registered_ms, "counters": counters,
+                "source": program.source}  # fmt: skip
+
+    def all(self) -> list[Program]:
+        return list(self._programs.values())
+
+    # ---------------------------------------------------------------------------------- reads
+
+    def apply(self, group: str, topic: str, messages: list[StoredMessage]) -> Filtered | None:
+        """The program's verdict on ``messages`` (None: the group has no program on the topic)."""
+        program = self._programs.get((group, topic))
+        if program is None:
+            return None
+        if program.status != "active" or self.unavailable:
+            return Filtered([], [], held=True)
+        if not messages:
+            return Filtered([], [])
+        try:
+            verdict = self._filter_server().evaluate(
+                program.key, program.source, [to_row(m) for m in messages]
+            )
+        except ProgramSuspended as exc:
+            self._set_status(program, "suspended", str(exc))
+            return Filtered([], [], held=True)
+        except ProgramLoadError as exc:
+            self._set_status(program, "failed", f"the program no longer loads: {exc}")
+            return Filtered([], [], held=True)
+        kept = [m for m, code in zip(messages, verdict.codes, strict=True) if code == MATCH]
+        failed = [(messages[i], text) for i, text in verdict.errors.items() if verdict.codes[i] == ERROR]
+        return Filtered(kept, failed)
+
+    def _set_status(self, program: Program, status: Status, error: str) -> None:
+        with self._lock:
+            if self._programs.get((program.group, program.topic)) is not program:
+                return  # replaced meanwhile
+            program.status, program.last_error = status, error
+            self._save_locked()
+        _log.error("filter program of %s on %s (v%d) %s: %s", program.group, program.topic,
+                   program.version, status, error)  # fmt: skip
+
+    def _save_locked(self) -> None:
+        write_json(self._path, [asdict(p) for p in self._programs.values()])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+def to_row_placeholder(topic: str) -> Row:
+    """A message with nothing in it, to load a program when no sample was given (its result is
+    not looked at: a program need not make sense of an empty message)."""
+    return (topic, None, (), {}, b"", "", 0, 0, 0, 0)
+
+
+def check_sample(raw: Any) -> Row:
+    """A sample message sent to the admin API: ``{"body", "tag", "keys", "properties"}``."""
+    if not isinstance(raw, dict):
+        raise BadRequestError("sample must be an object with body, tag, keys and properties")
+    body, tag = raw.get("body", ""), raw.get("tag")
+    properties, keys = raw.get("properties", {}), raw.get("keys", [])
+    if not isinstance(body, str) or len(body) > 1 << 20:
+        raise BadRequestError("sample.body must be a string of at most 1 MiB")
+    if tag is not None and not isinstance(tag, str):
+        raise BadRequestError("sample.tag must be a string")
+    if not isinstance(properties, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+    ):
+        raise BadRequestError("sample.properties must map strings to strings")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise BadRequestError("sample.keys must be a list of strings", status=StatusCode.BAD_REQUEST)
+    return ("", tag, tuple(keys), dict(properties), body.encode(), "sample", 0, 0, 0, 0)

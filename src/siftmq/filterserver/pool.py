@@ -1,0 +1,309 @@
+"""The broker's side of the filter server: worker processes started, fed, timed and replaced.
+
+A worker runs one program version; programs never share one. At most ``max_workers`` run at once:
+a program whose worker was taken for another gets a new one when it next needs it. A batch has a
+deadline (per message, capped); a worker that misses it, dies or breaks the protocol is killed and
+the batch is run again in a fresh one, halved until the message that kills it is alone — that one
+gets an error outcome with the reason, the others their real results. Kills of a program are
+counted: past ``max_failures`` within a minute :meth:`FilterServer.evaluate` raises
+:class:`ProgramSuspended` until the program is replaced (a new version). Restarts back off.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import marshal
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from siftmq.filterserver import wire
+from siftmq.filterserver.message import Row
+
+_log = logging.getLogger(__name__)
+
+LOAD_TIMEOUT_S: Final = 10.0  # a worker's start: interpreter, allowed modules, the program's module code
+FAILURE_WINDOW_S: Final = 60.0
+RECURSION_LIMIT: Final = 400
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    memory_mb: int = 256
+    timeout_ms: float = 50.0  # per message of a batch
+    batch_timeout_ms: float = 2000.0  # at most, per batch
+    max_failures: int = 16  # kills within a minute before the program is suspended
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramKey:
+    group: str
+    topic: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One code per message (:data:`wire.MATCH`, ``REJECT`` or ``ERROR``) and the errors' reasons."""
+
+    codes: bytes
+    errors: dict[int, str]
+
+
+class ProgramLoadError(Exception):
+    """The program's module code failed in the sandbox (or it has no ``match``)."""
+
+
+class ProgramSuspended(Exception):
+    """The program killed its workers too often; it runs no more until replaced."""
+
+
+class WorkerDied(Exception):
+    def __init__(self, reason: str, *, timed_out: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.timed_out = timed_out
+
+
+@dataclass
+class Counters:
+    evaluated: int = 0
+    matched: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    restarts: int = 0
+    kills: collections.deque[float] = field(default_factory=collections.deque)
+    last_error: str = ""
+
+    def as_dict(self) -> dict[str, int]:
+        return {"evaluated": self.evaluated, "matched": self.matched, "errors": self.errors,
+                "timeouts": self.timeouts, "worker_restarts": self.restarts}  # fmt: skip
+
+
+class Worker:
+    """One sandboxed worker process running one program."""
+
+    def __init__(self, source: str, limits: Limits, workdir: str) -> None:
+        self.limits = limits
+        worker_r, self._to_worker = os.pipe()
+        self._from_worker, from_worker_w = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-m", "siftmq.filterserver.worker", str(worker_r), str(from_worker_w)],
+                env={},
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(worker_r, from_worker_w),
+                start_new_session=True,
+            )
+        finally:
+            os.close(worker_r)
+            os.close(from_worker_w)
+        os.set_blocking(self._to_worker, False)
+        os.set_blocking(self._from_worker, False)
+        payload = marshal.dumps((source, limits.memory_mb * 1024 * 1024, RECURSION_LIMIT))
+        try:
+            deadline = time.monotonic() + LOAD_TIMEOUT_S
+            wire.send(self._to_worker, wire.frame(wire.LOAD, payload), deadline)
+            kind, answer = wire.receive(self._from_worker, deadline, 64 * 1024)
+        except wire.WireError as exc:
+            raise WorkerDied(self._death(exc)) from exc
+        if kind == wire.LOAD_FAILED:
+            self.kill()
+            raise ProgramLoadError(answer.decode("utf-8", "replace")[: wire.MAX_ERROR_TEXT])
+        if kind != wire.LOADED:
+            self.kill()
+            raise WorkerDied("the worker answered its load with something else")
+
+    def evaluate(self, rows: Sequence[Row]) -> wire.Result:
+        budget = min(self.limits.timeout_ms * len(rows), self.limits.batch_timeout_ms) / 1000
+        deadline = time.monotonic() + max(budget, 0.01)
+        try:
+            wire.send(self._to_worker, wire.frame(wire.BATCH, marshal.dumps(list(rows))), deadline)
+            kind, payload = wire.receive(self._from_worker, deadline)
+            if kind != wire.RESULT:
+                raise wire.WireError("the worker answered a batch with something else")
+            return wire.parse_result(payload, len(rows))
+        except wire.WireError as exc:
+            raise WorkerDied(self._death(exc), timed_out=exc.timed_out) from exc
+
+    def _death(self, exc: wire.WireError) -> str:
+        """Kill the worker; why it failed, in words."""
+        self.kill()
+        code = self.process.returncode
+        if exc.timed_out:
+            return f"the program ran past its deadline ({self.limits.timeout_ms:g} ms a message)"
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals.__members__.values() else str(-code)
+            return f"the worker was killed by {name}"
+        if code is not None:
+            return f"the worker exited with code {code} ({exc})"
+        return str(exc)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            _log.error("filter worker %d did not die", self.process.pid)
+        for fd in (self._to_worker, self._from_worker):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._to_worker = self._from_worker = -1
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None and self._to_worker >= 0
+
+
+class FilterServer:
+    """The worker processes of every program. Thread-safe: read threads call :meth:`evaluate`."""
+
+    def __init__(self, limits: Limits, max_workers: int) -> None:
+        self.limits = limits
+        self.max_workers = max(1, max_workers)
+        self._workdir = tempfile.mkdtemp(prefix="siftmq-filter-")  # empty; the workers' cwd
+        os.chmod(self._workdir, 0o555)
+        self._lock = threading.Lock()
+        self._workers: collections.OrderedDict[ProgramKey, tuple[threading.Lock, Worker | None]] = (
+            collections.OrderedDict()
+        )
+        self._counters: dict[ProgramKey, Counters] = {}
+        self._suspended: dict[ProgramKey, str] = {}
+        self._closed = False
+
+    def counters(self, key: ProgramKey) -> Counters:
+        with self._lock:
+            return self._counters.setdefault(key, Counters())
+
+    def suspended(self, key: ProgramKey) -> str | None:
+        return self._suspended.get(key)
+
+    def evaluate(self, key: ProgramKey, source: str, rows: Sequence[Row]) -> Verdict:
+        """Each message's outcome; raises :class:`ProgramSuspended` or :class:`ProgramLoadError`."""
+        if not rows:
+            return Verdict(b"", {})
+        why = self._suspended.get(key)
+        if why is not None:
+            raise ProgramSuspended(why)
+        counters = self.counters(key)
+        codes, errors = self._run(key, source, list(rows), 0, counters)
+        counters.evaluated += len(rows)
+        counters.matched += codes.count(wire.MATCH)
+        counters.errors += len(errors)
+        return Verdict(codes, errors)
+
+    def _run(
+        self, key: ProgramKey, source: str, rows: list[Row], first: int, counters: Counters
+    ) -> tuple[bytes, dict[int, str]]:
+        lock, worker = self._checkout(key)
+        try:
+            if worker is None or not worker.alive:
+                worker = self._start(key, source, counters)
+                self._set(key, worker)
+            try:
+                result = worker.evaluate(rows)
+                return result.codes, {first + i: text for i, text in result.errors.items()}
+            except WorkerDied as died:
+                self._set(key, None)
+                self._killed(key, died, counters)
+                if len(rows) == 1:
+                    return bytes([wire.ERROR]), {first: died.reason}
+        finally:
+            lock.release()
+        half = len(rows) // 2  # bisect to the message that kills it; the others keep their results
+        left = self._run(key, source, rows[:half], first, counters)
+        right = self._run(key, source, rows[half:], first + half, counters)
+        return left[0] + right[0], {**left[1], **right[1]}
+
+    def _start(self, key: ProgramKey, source: str, counters: Counters) -> Worker:
+        recent = len(counters.kills)
+        if recent > 2:  # back off a program that keeps killing its workers
+            time.sleep(min(0.05 * 2 ** (recent - 3), 2.0))
+        if self._closed:
+            raise ProgramSuspended("the broker is stopping")
+        counters.restarts += 1
+        try:
+            return Worker(source, self.limits, self._workdir)
+        except WorkerDied as died:
+            self._killed(key, died, counters)
+            raise ProgramLoadError(died.reason) from died
+
+    def _killed(self, key: ProgramKey, died: WorkerDied, counters: Counters) -> None:
+        now = time.monotonic()
+        counters.kills.append(now)
+        while counters.kills and counters.kills[0] < now - FAILURE_WINDOW_S:
+            counters.kills.popleft()
+        counters.timeouts += died.timed_out
+        counters.last_error = died.reason
+        _log.warning("filter program of %s on %s (v%d): %s", key.group, key.topic, key.version, died.reason)
+        if len(counters.kills) >= self.limits.max_failures:
+            why = (
+                f"suspended after {len(counters.kills)} worker kills within a minute; the last: {died.reason}"
+            )
+            self._suspended[key] = why
+            _log.error("filter program of %s on %s (v%d) %s", key.group, key.topic, key.version, why)
+            raise ProgramSuspended(why)
+
+    def _checkout(self, key: ProgramKey) -> tuple[threading.Lock, Worker | None]:
+        """The program's worker slot, locked; makes room (the least recently used idle worker goes)."""
+        with self._lock:
+            slot = self._workers.get(key)
+            if slot is None:
+                slot = (threading.Lock(), None)
+                self._workers[key] = slot
+            self._workers.move_to_end(key)
+            running = [k for k, (_, w) in self._workers.items() if w is not None and k != key]
+            for other in running[: max(0, len(running) + 1 - self.max_workers)]:
+                other_lock, other_worker = self._workers[other]
+                if other_worker is not None and other_lock.acquire(blocking=False):
+                    try:
+                        other_worker.kill()
+                        self._workers[other] = (other_lock, None)
+                    finally:
+                        other_lock.release()
+        slot[0].acquire()
+        return self._workers.get(key, slot)[0], self._workers.get(key, slot)[1]
+
+    def _set(self, key: ProgramKey, worker: Worker | None) -> None:
+        with self._lock:
+            lock, _ = self._workers.get(key, (threading.Lock(), None))
+            self._workers[key] = (lock, worker)
+
+    def forget(self, key: ProgramKey) -> None:
+        """A program replaced or removed: its worker goes, its suspension and counters with it."""
+        with self._lock:
+            slot = self._workers.pop(key, None)
+            self._suspended.pop(key, None)
+            self._counters.pop(key, None)
+        if slot is not None and slot[1] is not None:
+            with slot[0]:
+                slot[1].kill()
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            slots = list(self._workers.values())
+            self._workers.clear()
+        for lock, worker in slots:
+            if worker is not None:
+                with lock:
+                    worker.kill()
+        try:
+            os.chmod(self._workdir, 0o700)
+            os.rmdir(self._workdir)
+        except OSError:
+            pass

@@ -1,0 +1,181 @@
+"""Hostile filter programs against real sandboxed workers (no broker): each gets a clear outcome,
+nothing escapes, and the worker pool stays usable."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from siftmq.filterserver import wire
+from siftmq.filterserver.message import row
+from siftmq.filterserver.pool import FilterServer, Limits, ProgramKey, ProgramLoadError, ProgramSuspended
+from siftmq.filterserver.sandbox import check_supported
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux only")
+
+ROWS = [
+    row(topic="T", body=b'{"total": %d}' % i, properties={"region": "eu" if i % 2 else "us"})
+    for i in range(6)
+]
+OS = (
+    "def _os():\n"
+    "    for c in ().__class__.__base__.__subclasses__():\n"
+    "        if c.__name__ == '_wrap_close':\n"
+    "            return c.__init__.__globals__\n"
+)  # the classic escape from a Python-level sandbox: reaches the os module's functions
+
+
+@pytest.fixture(scope="module")
+def server() -> FilterServer:
+    check_supported()
+    fs = FilterServer(Limits(timeout_ms=100, max_failures=100), 2)
+    yield fs
+    fs.close()
+
+
+def run(server: FilterServer, source: str, rows: list = ROWS) -> tuple[list[int], dict[int, str]]:  # type: ignore[type-arg]
+    run.version += 1  # type: ignore[attr-defined]
+    verdict = server.evaluate(ProgramKey("g", "t", run.version), source, rows)  # type: ignore[attr-defined]
+    return list(verdict.codes), verdict.errors
+
+
+run.version = 0  # type: ignore[attr-defined]
+
+
+def test_good_programs_filter_on_properties_and_bodies(server: FilterServer) -> None:
+    codes, _ = run(server, "def match(m):\n    return m.properties.get('region') == 'eu'\n")
+    assert codes == [0, 1, 0, 1, 0, 1]
+    codes, _ = run(server, "import json\ndef match(m):\n    return json.loads(m.body)['total'] >= 4\n")
+    assert codes == [0, 0, 0, 0, 1, 1]
+    every = (
+        "import json, re, math, datetime, decimal, statistics, string, itertools, functools\n"
+        "import collections, hashlib, base64, struct, unicodedata, zlib\n"
+        "from collections import Counter\nSEEN = Counter()\n"
+        "def match(m):\n    SEEN[m.topic] += 1\n    datetime.datetime.now(); decimal.Decimal('1.5') * 2\n"
+        "    statistics.mean([1, 2]); hashlib.sha256(m.body).hexdigest(); zlib.compress(m.body)\n"
+        "    base64.b64encode(m.body); struct.pack('>I', 1); unicodedata.name('a'); math.sqrt(2)\n"
+        "    return bool(re.search(rb'total', m.body)) and SEEN['T'] > 0\n"
+    )
+    assert run(server, every)[0] == [1] * 6
+
+
+def test_the_message_is_read_only(server: FilterServer) -> None:
+    codes, errors = run(server, "def match(m):\n    m.properties['x'] = '1'\n    return True\n", ROWS[:1])
+    assert codes == [wire.ERROR] and "does not support item assignment" in errors[0]
+    codes, errors = run(server, "def match(m):\n    m.topic = 'x'\n    return True\n", ROWS[:1])
+    assert codes == [wire.ERROR] and "AttributeError" in errors[0]
+
+
+def prog(*lines: str, prelude: str = "") -> str:
+    """A program whose match runs ``lines`` and then accepts the message."""
+    return prelude + "def match(m):\n" + "".join(f"    {line}\n" for line in lines) + "    return True\n"
+
+
+DENIED = "Operation not permitted"
+HOSTILE = {
+    "open a file": (prog("open('/etc/passwd')"), "NameError"),
+    "read /proc/self/environ": (prog("_os()['open']('/proc/self/environ', 0)", prelude=OS), DENIED),
+    "write into a directory": (prog("_os()['mkdir']('/tmp/siftmq-sandbox-probe')", prelude=OS), DENIED),
+    "os.system": (prog("_os()['system']('touch /tmp/siftmq-sandbox-probe')", prelude=OS), None),
+    "fork": (prog("_os()['fork']()", prelude=OS), DENIED),
+    "exec": (prog("_os()['execv']('/bin/sh', ['sh'])", prelude=OS), DENIED),
+    "kill the broker": (prog("o = _os()", "o['kill'](o['getppid'](), 9)", prelude=OS), DENIED),
+    "import os": (prog("import os"), "not allowed"),
+    "import ctypes": (prog("import ctypes"), "not allowed"),
+    "import threading": (prog("import threading"), "not allowed"),
+    "a memory bomb": (prog("x = bytearray(10**11)"), "MemoryError"),
+    "unbounded recursion": (prog("f(0)", prelude="def f(n):\n    return f(n + 1)\n"), "RecursionError"),
+    "sys.exit in match": (prog("raise SystemExit(3)"), "SystemExit"),
+    "a non-bool": ("def match(m):\n    return 1\n", "match returned int, not bool"),
+    "a raising __bool__": (
+        "class X:\n    def __bool__(self):\n        raise ValueError('no')\ndef match(m):\n    return X()\n",
+        "match returned X, not bool",
+    ),
+    "a hostile __str__": (
+        prog("raise E()", prelude="class E(Exception):\n    def __str__(self):\n        raise ValueError\n"),
+        "E: <unprintable>",
+    ),
+    "10 MB to stdout": (prog("print('x' * 10_000_000)"), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_program_gets_a_clear_outcome(server: FilterServer, name: str) -> None:
+    source, error = HOSTILE[name]
+    codes, errors = run(server, source, ROWS[:2])
+    if error is None:  # harmless: stdout is /dev/null, system() cannot fork
+        assert codes == [wire.MATCH] * 2
+    else:
+        assert codes == [wire.ERROR] * 2 and error in errors[0]
+    assert not Path("/tmp/siftmq-sandbox-probe").exists()
+
+
+def test_the_worker_runs_as_nobody_with_an_empty_environment(server: FilterServer) -> None:
+    source = (
+        OS + "def match(m):\n    o = _os()\n    raise ValueError(repr((o['getuid'](), dict(o['environ']))))\n"
+    )
+    _, errors = run(server, source, ROWS[:1])
+    uid, env = eval(errors[0].removeprefix("ValueError: "))
+    assert uid == (65534 if os.geteuid() == 0 else os.geteuid())
+    assert set(env) <= {"LC_CTYPE"}  # Python's own locale coercion; nothing of the broker's
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "reason"),
+    [
+        ("an endless loop", "def match(m):\n    while True:\n        pass\n", "deadline"),
+        ("os._exit", OS + "def match(m):\n    _os()['_exit'](0)\n", "exited with code 0"),
+    ],
+)
+def test_a_program_that_kills_its_worker_fails_only_the_message_that_did(
+    server: FilterServer, name: str, source: str, reason: str
+) -> None:
+    poisoned = source.replace(
+        "def match(m):\n", "def match(m):\n    if m.properties['region'] == 'eu':\n        return True\n"
+    )
+    codes, errors = run(server, poisoned, ROWS[:4])  # the 'us' ones (0, 2) kill it; the others match
+    assert codes == [wire.ERROR, wire.MATCH, wire.ERROR, wire.MATCH]
+    assert reason in errors[0] and reason in errors[2]
+
+
+def test_load_failures_are_reported() -> None:
+    fs = FilterServer(Limits(), 1)
+    try:
+        with pytest.raises(ProgramLoadError, match="ZeroDivisionError"):
+            fs.evaluate(ProgramKey("g", "t", 1), "x = 1 / 0\ndef match(m):\n    return True\n", ROWS[:1])
+        with pytest.raises(ProgramLoadError, match="not allowed"):
+            fs.evaluate(
+                ProgramKey("g", "t", 2), "import sys\nsys.exit(1)\ndef match(m):\n    return True\n", ROWS[:1]
+            )
+    finally:
+        fs.close()
+
+
+def test_a_program_that_keeps_killing_its_workers_is_suspended() -> None:
+    fs = FilterServer(Limits(timeout_ms=20, max_failures=3), 1)
+    key = ProgramKey("g", "t", 1)
+    try:
+        with pytest.raises(ProgramSuspended, match="3 worker kills"):
+            fs.evaluate(key, "def match(m):\n    while True:\n        pass\n", ROWS[:4])
+        with pytest.raises(ProgramSuspended):  # and stays so
+            fs.evaluate(key, "def match(m):\n    return True\n", ROWS[:1])
+        assert list(
+            fs.evaluate(ProgramKey("g", "t", 2), "def match(m):\n    return True\n", ROWS[:1]).codes
+        ) == [1]
+    finally:
+        fs.close()
+
+
+def test_more_programs_than_workers_take_turns() -> None:
+    fs = FilterServer(Limits(), 1)
+    try:
+        for round_ in range(2):
+            for v in range(3):
+                source = f"def match(m):\n    return m.properties['region'] == {'eu' if v % 2 else 'us'!r}\n"
+                codes = list(fs.evaluate(ProgramKey("g", f"t{v}", 1), source, ROWS).codes)
+                assert codes == ([0, 1] * 3 if v % 2 else [1, 0] * 3), (round_, v)
+        assert sum(1 for _, w in fs._workers.values() if w is not None and w.alive) == 1
+    finally:
+        fs.close()
