@@ -98,6 +98,22 @@ HOSTILE = {
         "E: <unprintable>",
     ),
     "10 MB to stdout": (prog("print('x' * 10_000_000)"), None),
+    "a socket to the broker": (
+        prog(
+            "socket = _os()['sys'].modules['builtins'].__import__('socket')",
+            "socket.create_connection(('127.0.0.1', 8081), timeout=1)",
+            prelude=OS,
+        ),
+        "Error",
+    ),
+    "start a thread": (
+        prog(
+            "t = _os()['sys'].modules['builtins'].__import__('_thread')",
+            "t.start_new_thread(print, ())",
+            prelude=OS,
+        ),
+        "can't start new thread",
+    ),
 }
 
 
@@ -127,6 +143,11 @@ def test_the_worker_runs_as_nobody_with_an_empty_environment(server: FilterServe
     [
         ("an endless loop", "def match(m):\n    while True:\n        pass\n", "deadline"),
         ("os._exit", OS + "def match(m):\n    _os()['_exit'](0)\n", "exited with code 0"),
+        (
+            "sleeping past the deadline",
+            OS + "def match(m):\n    _os()['sys'].modules['time'].sleep(5)\n",
+            "deadline",
+        ),
     ],
 )
 def test_a_program_that_kills_its_worker_fails_only_the_message_that_did(
@@ -164,6 +185,20 @@ def test_a_program_that_keeps_killing_its_workers_is_suspended() -> None:
         assert list(
             fs.evaluate(ProgramKey("g", "t", 2), "def match(m):\n    return True\n", ROWS[:1]).codes
         ) == [1]
+    finally:
+        fs.close()
+
+
+def test_a_program_that_works_once_then_crashes_forever_is_suspended() -> None:
+    fs = FilterServer(Limits(max_failures=4), 1)
+    source = prog(
+        "CALLS.append(1)", "if len(CALLS) > 1:", "    _os()['_exit'](1)", prelude=OS + "CALLS = []\n"
+    )
+    try:
+        assert list(fs.evaluate(ProgramKey("g", "t", 1), source, ROWS[:1]).codes) == [wire.MATCH]
+        with pytest.raises(ProgramSuspended, match="exited with code 1"):
+            for _ in range(10):  # each fresh worker gets past its first call only
+                fs.evaluate(ProgramKey("g", "t", 1), source, ROWS[:2])
     finally:
         fs.close()
 

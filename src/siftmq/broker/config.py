@@ -107,7 +107,7 @@ class BrokerConfig:
     filter_server_nums: int = 2
     filter_program_memory_mb: int = 256
     filter_program_timeout_ms: float = 50.0
-    filter_program_batch_timeout_ms: float = 2000.0
+    filter_program_batch_timeout_ms: float = 500.0
     filter_program_max_failures: int = 16
     # receive / ack
     min_invisible_time_s: float = 1.0

@@ -39,7 +39,7 @@ RECURSION_LIMIT: Final = 400
 class Limits:
     memory_mb: int = 256
     timeout_ms: float = 50.0  # per message of a batch
-    batch_timeout_ms: float = 2000.0  # at most, per batch
+    batch_timeout_ms: float = 500.0  # at most, per batch
     max_failures: int = 16  # kills within a minute before the program is suspended
 
 
