@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -174,6 +175,8 @@ def test_failures_go_to_the_dead_letter_topic_and_hostile_programs_are_suspended
     assert receive_all(broker.endpoint, "g-spin", rounds=4) == set()
     report = httpx.get(f"{broker.admin_url}/groups/g-spin/programs/{TOPIC}", timeout=10).json()
     assert report["status"] == "suspended" and "worker kills" in report["last_error"], report
+    metrics = httpx.get(f"{broker.admin_url}/metrics", timeout=10).text
+    assert 'siftmq_filter_program_held{group="g-spin",status="suspended",topic="Orders"} 1.0' in metrics
     assert receive_all(broker.endpoint, "g-plain") == set(range(COUNT))  # other groups never noticed
     # suspended: the group's progress did not move, so a good version gets every message
     assert put(broker, "g-spin", "def match(message):\n    return True\n").status_code == 200
@@ -182,6 +185,29 @@ def test_failures_go_to_the_dead_letter_topic_and_hostile_programs_are_suspended
 
     log = broker.log()
     assert "suspended after" in log
+
+
+def test_a_broadcasting_group_filters_every_member(broker: Any) -> None:
+    send_orders(broker.endpoint)
+    answer = httpx.patch(f"{broker.admin_url}/groups/g-bcast", json={"mode": "broadcasting"}, timeout=10)
+    assert answer.status_code == 200, answer.text
+    assert put(broker, "g-bcast", BIG_A).status_code == 200
+
+    async def member(tmp: str) -> set[int]:
+        got: set[int] = set()
+        everything = FilterExpression.tag()
+        async with PullConsumer(
+            broker.endpoint, "g-bcast", TOPIC, everything, mode="BROADCASTING", offset_dir=Path(tmp)
+        ) as consumer:
+            for _ in range(10):
+                got |= {int(m.properties["i"]) for m in await consumer.poll(64, timeout=0.3)}
+        return got
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        assert asyncio.run(member(a)) == expected(big_a)
+        assert asyncio.run(member(b)) == expected(big_a)
 
 
 def test_programs_survive_a_restart(start_broker: Any, broker: Any) -> None:

@@ -125,6 +125,9 @@ def test_users_and_acls_change_live_and_survive_a_restart(start_broker: Any, aut
             send(broker.endpoint, "bob", new_bob)
 
     with httpx.Client(base_url=url, timeout=10, auth=ALICE) as http:  # a Normal user: no user admin
+        program = {"source": "def match(m):\n    return True\n"}
+        denied = http.put("/groups/alice-app/programs/Orders", json=program)  # needs Update on the group
+        assert denied.status_code == 403 and "may not Update Group:alice-app" in denied.json()["message"]
         refused = http.get("/users")
         assert refused.status_code == 403 and "users and ACLs" in refused.json()["message"]
         assert http.post("/users", json={"username": "eve"}).status_code == 403

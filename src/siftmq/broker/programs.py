@@ -146,11 +146,15 @@ class ProgramRegistry:
     def get(self, group: str, topic: str) -> Program | None:
         return self._programs.get((group, topic))
 
+    def counters(self, program: Program) -> dict[str, int]:
+        """What the program's workers did since the broker started (or the version was registered)."""
+        return self._server.counters(program.key).as_dict() if self._server else {}
+
     def report(self, group: str, topic: str) -> dict[str, Any]:
         program = self._programs.get((group, topic))
         if program is None:
             raise NotFoundError(f"group {group!r} has no filter program on {topic!r}")
-        counters = self._server.counters(program.key).as_dict() if self._server else {}
+        counters = self.counters(program)
         return {"group": group, "topic": topic, "version": program.version, "sha256": program.sha256,
                 "status": program.status, "last_error": program.last_error,
                 "registered_ms": program.registered_ms, "counters": counters,

@@ -356,6 +356,7 @@ class BrokerCollector(Collector):
         clients.add_metric([], len(self.broker.clients.sessions()))
         yield from (sends, sent_bytes, dups, deliveries, delivered_bytes, acks, dlq, work)
         yield from (inconsistent, lag, store, clients, deleted, disk_used, disk_refusing, damaged)
+        yield from self._programs()
         if self.gate is not None:
             failures = CounterMetricFamily(
                 "siftmq_auth_failures", "Calls refused as not authenticated", labels=["reason"]
@@ -368,3 +369,20 @@ class BrokerCollector(Collector):
             for action, n in sorted(self.gate.denials.items()):
                 denials.add_metric([action], n)
             yield from (failures, denials)
+
+    def _programs(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        work = CounterMetricFamily(
+            "siftmq_filter_program_work",
+            "Filter program work by kind (evaluated, matched, errors, timeouts, worker_restarts)",
+            labels=["group", "topic", "kind"],
+        )
+        held = GaugeMetricFamily(
+            "siftmq_filter_program_held",
+            "1 while a group's filter program is suspended or failed (the group receives nothing)",
+            labels=["group", "topic", "status"],
+        )
+        for program in self.broker.programs.all():
+            for kind, n in self.broker.programs.counters(program).items():
+                work.add_metric([program.group, program.topic, kind], n)
+            held.add_metric([program.group, program.topic, program.status], int(program.status != "active"))
+        yield from (work, held)
