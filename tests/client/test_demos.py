@@ -84,3 +84,18 @@ def test_security_demo_command() -> None:
     assert "FORBIDDEN" in row[("mallory", "receive")] and "Group:alice-app" in row[("mallory", "receive")]
     assert "received ['order #1']" in row[("alice", "receive")]
     assert "expected" not in proc.stdout
+
+
+def test_filter_server_demo_command() -> None:
+    """The program keeps exactly the big A orders; the hostile one is suspended while big-a receives."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "siftmq", "demo", "filter-server", "--count", "400"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "hostile (spins on every real order): suspended" in proc.stdout
+    assert "│ 0     │ 0       │" in proc.stdout  # nothing wrong, nothing missing
