@@ -107,6 +107,19 @@ def test_receive_and_pull_deliver_what_the_program_keeps(broker: Any) -> None:
     assert put(broker, "g-tagged", BIG_A).status_code == 200  # TAG 'even' and the program, both
     assert receive_all(broker.endpoint, "g-tagged", "even") == {i for i in expected(big_a) if i % 2 == 0}
     assert receive_all(broker.endpoint, "g-plain") == set(range(COUNT))  # no program: everything
+    assert put(broker, "g-sql", BIG_A).status_code == 200  # SQL92 and the program, both
+
+    async def sql_receive() -> set[int]:
+        got: set[int] = set()
+        sql = FilterExpression.sql92("TAGS = 'odd'")
+        async with SimpleConsumer(broker.endpoint, "g-sql", {TOPIC: sql}, await_duration=1) as c:
+            for _ in range(6):
+                for m in await c.receive(32, 30):
+                    got.add(int(m.properties["i"]))
+                    await c.ack(m)
+        return got
+
+    assert asyncio.run(sql_receive()) == {i for i in expected(big_a) if i % 2}
 
     report = httpx.get(f"{broker.admin_url}/groups/g-big-a/programs/{TOPIC}", timeout=10).json()
     assert report["status"] == "active" and report["version"] == 1
