@@ -201,9 +201,10 @@ class FilterServer:
             raise ProgramSuspended(why)
         counters = self.counters(key)
         codes, errors = self._run(key, source, list(rows), 0, counters)
-        counters.evaluated += len(rows)
-        counters.matched += codes.count(wire.MATCH)
-        counters.errors += len(errors)
+        with self._lock:
+            counters.evaluated += len(rows)
+            counters.matched += codes.count(wire.MATCH)
+            counters.errors += len(errors)
         return Verdict(codes, errors)
 
     def _run(
@@ -212,13 +213,15 @@ class FilterServer:
         lock, worker = self._checkout(key)
         try:
             if worker is None or not worker.alive:
+                if worker is not None:  # died between batches: reap it, close its pipes
+                    worker.kill()
                 worker = self._start(key, source, counters)
-                self._set(key, worker)
+                self._set(key, lock, worker)
             try:
                 result = worker.evaluate(rows)
                 return result.codes, {first + i: text for i, text in result.errors.items()}
             except WorkerDied as died:
-                self._set(key, None)
+                self._set(key, lock, None)
                 self._killed(key, died, counters)
                 if len(rows) == 1:
                     return bytes([wire.ERROR]), {first: died.reason}
@@ -275,13 +278,22 @@ class FilterServer:
                         self._workers[other] = (other_lock, None)
                     finally:
                         other_lock.release()
-        slot[0].acquire()
-        return self._workers.get(key, slot)[0], self._workers.get(key, slot)[1]
+        lock = slot[0]
+        lock.acquire()
+        with self._lock:  # the worker of this slot, unless the program was forgotten meanwhile
+            current = self._workers.get(key)
+            return lock, current[1] if current is not None and current[0] is lock else None
 
-    def _set(self, key: ProgramKey, worker: Worker | None) -> None:
+    def _set(self, key: ProgramKey, lock: threading.Lock, worker: Worker | None) -> None:
+        """Put ``worker`` in the slot ``lock`` guards; a program forgotten meanwhile does not get
+        its slot back (its new worker is stopped)."""
         with self._lock:
-            lock, _ = self._workers.get(key, (threading.Lock(), None))
-            self._workers[key] = (lock, worker)
+            current = self._workers.get(key)
+            if current is not None and current[0] is lock:
+                self._workers[key] = (lock, worker)
+                return
+        if worker is not None:
+            worker.kill()
 
     def forget(self, key: ProgramKey) -> None:
         """A program replaced or removed: its worker goes, its suspension and counters with it."""
