@@ -114,10 +114,27 @@ def consumers(endpoint: str) -> dict[str, PullConsumer | SimpleConsumer]:
         "PullConsumer.poll(512), SQL92 sel = 1": PullConsumer(
             endpoint, "bench-pull-sql", TOPIC, FilterExpression.sql92("sel = 1")
         ),
+        "PullConsumer.poll(512) + commit() after each, TAG Sel": PullConsumer(
+            endpoint, "bench-pull-commit", TOPIC, FilterExpression.tag("Sel")
+        ),
+        "PullConsumer.poll(512) + commit() after each by the standard calls, TAG Sel": _standard_commit(
+            PullConsumer(endpoint, "bench-pull-commit-std", TOPIC, FilterExpression.tag("Sel"))
+        ),
         "SimpleConsumer.receive(64) + ack_many, TAG Sel": SimpleConsumer(
             endpoint, "bench-simple", {TOPIC: FilterExpression.tag("Sel")}, await_duration=1
         ),
     }
+
+
+def _standard_commit(consumer: PullConsumer) -> PullConsumer:
+    """The consumer committing as before the batched UpdateOffsets (QueryAssignment, then
+    UpdateOffset per queue), for the A/B in the same run."""
+
+    async def not_offered(*args: object) -> None:
+        return None
+
+    consumer.connection.update_offsets = not_offered  # type: ignore[method-assign]
+    return consumer
 
 
 async def consume_cases(meter: Meter, started: dict[str, PullConsumer | SimpleConsumer], stored: int) -> None:
@@ -129,6 +146,8 @@ async def consume_cases(meter: Meter, started: dict[str, PullConsumer | SimpleCo
             while got < expected:
                 if isinstance(consumer, PullConsumer):
                     msgs = await consumer.poll(512, timeout=1.0)
+                    if "commit" in consumer.group:
+                        await consumer.commit()
                 else:
                     msgs = await consumer.receive(64, 60)
                     if msgs:

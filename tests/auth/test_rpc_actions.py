@@ -33,6 +33,7 @@ REQUESTS = {
     ),
     "QueryAssignment": (pb.QueryAssignmentRequest(group=GROUP, topic=TOPIC), SUB),
     "UpdateOffset": (pb.UpdateOffsetRequest(group=GROUP, message_queue=QUEUE), SUB),
+    "UpdateOffsets": (batch_pb.UpdateOffsetsRequest(group=GROUP, topic=TOPIC), SUB),
     "GetOffset": (pb.GetOffsetRequest(group=GROUP, message_queue=QUEUE), SUB),
     "QueryOffset": (pb.QueryOffsetRequest(message_queue=QUEUE), {("Topic:Orders", Action.SUB)}),
     "Heartbeat": (pb.HeartbeatRequest(group=GROUP), {("Group:g", Action.SUB)}),

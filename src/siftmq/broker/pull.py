@@ -5,6 +5,7 @@ PullMessageProcessor, ConsumerManageProcessor and QueryAssignment)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from siftmq.broker.model import (
     PullResult,
@@ -112,6 +113,32 @@ class Pulling(Subscribing):
     ) -> None:
         """Commit a pull consumer's offset (the next offset it will read)."""
         check_group(group)
+        self.offsets.set(self._offset_key(group, topic_name, queue_id, offset, client_id), offset)
+
+    def update_offsets(
+        self, group: str, topic_name: str, offsets: Sequence[tuple[int, int]], *, client_id: str = ""
+    ) -> list[int]:
+        """Commit offsets of many queues of one topic: those of the queues ``client_id`` owns now
+        (its assignment), all checked before any is stored. Returns that assignment."""
+        check_group(group)
+        topic = self.route(topic_name)
+        if len(offsets) > topic.queue_nums:
+            raise BadRequestError(f"{len(offsets)} offsets for a topic of {topic.queue_nums} queues")
+        assigned = self.assignment(group, topic.name, client_id)
+        owned = list(range(topic.queue_nums)) if assigned is None else assigned
+        keys = [
+            (self._offset_key(group, topic.name, qid, offset, client_id), offset)
+            for qid, offset in offsets
+            if qid in owned
+        ]
+        for key, offset in keys:
+            self.offsets.set(key, offset)
+        return owned
+
+    def _offset_key(
+        self, group: str, topic_name: str, queue_id: int, offset: int, client_id: str
+    ) -> tuple[str, str, int]:
+        """Where a commit goes, once its queue and offset are checked."""
         topic = self._queue(topic_name, queue_id)
         hi = self.store.get_max_offset_in_queue(topic.name, queue_id)
         if not 0 <= offset <= hi:
@@ -119,7 +146,7 @@ class Pulling(Subscribing):
                 f"offset {offset} is outside 0..{hi} of {topic.name}:{queue_id}",
                 status=StatusCode.ILLEGAL_OFFSET,
             )
-        self.offsets.set((self.progress_group(group, client_id), topic.name, queue_id), offset)
+        return (self.progress_group(group, client_id), topic.name, queue_id)
 
     def get_offset(self, group: str, topic_name: str, queue_id: int, *, client_id: str = "") -> int:
         """The group's committed offset on a queue (pull commits, else its receive progress)."""

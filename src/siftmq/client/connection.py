@@ -211,6 +211,21 @@ class Connection:
             return Answer(batch.status, messages)
         return _answer_of(await self.stream("ReceiveMessage", request, timeout=timeout))
 
+    async def update_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> list[int] | None:
+        """Commit ``offsets`` (queue id -> offset) in one call through siftmq's extension; the queues
+        the client owns now, or None when the broker does not offer the call."""
+        request = batch_pb.UpdateOffsetsRequest(
+            group=self.resource(group),
+            topic=self.resource(topic),
+            queue_id=list(offsets),
+            offset=list(offsets.values()),
+        )
+        answer = await self._batch("UpdateOffsets", request, self.request_timeout)
+        if answer is None:
+            return None
+        check("UpdateOffsets", answer.status)
+        return list(answer.assigned_queue_id)
+
     async def telemetry(self, settings: pb.Settings) -> pb.TelemetryCommand:
         """Send the client's settings and wait for the broker's reply (the stream is then closed)."""
         rpc = _RPC["Telemetry"]

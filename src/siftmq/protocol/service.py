@@ -89,4 +89,11 @@ BATCH_RPCS: Final[tuple[Rpc, ...]] = (
         batch_pb.SendBatchResponse,
         BATCH_SERVICE_NAME,
     ),
+    Rpc(
+        "UpdateOffsets",
+        "unary_unary",
+        batch_pb.UpdateOffsetsRequest,
+        batch_pb.UpdateOffsetsResponse,
+        BATCH_SERVICE_NAME,
+    ),
 )

@@ -95,3 +95,23 @@ class SendBatchResponse(_message.Message):
     queue_id: _containers.RepeatedScalarFieldContainer[int]
     queue_offset: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., queue_id: _Optional[_Iterable[int]] = ..., queue_offset: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UpdateOffsetsRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "offset")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    group: _rocketmq_v2_pb2.Resource
+    topic: _rocketmq_v2_pb2.Resource
+    queue_id: _containers.RepeatedScalarFieldContainer[int]
+    offset: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, group: _Optional[_Union[_rocketmq_v2_pb2.Resource, _Mapping]] = ..., topic: _Optional[_Union[_rocketmq_v2_pb2.Resource, _Mapping]] = ..., queue_id: _Optional[_Iterable[int]] = ..., offset: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UpdateOffsetsResponse(_message.Message):
+    __slots__ = ("status", "assigned_queue_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    status: _rocketmq_v2_pb2.Status
+    assigned_queue_id: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., assigned_queue_id: _Optional[_Iterable[int]] = ...) -> None: ...

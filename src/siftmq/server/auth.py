@@ -88,6 +88,7 @@ ACTIONS: Final[dict[str, Callable[[Any], Need] | None]] = {
     "ForwardMessageToDeadLetterQueue": lambda r: _sub(r, r.topic),
     "QueryAssignment": lambda r: _sub(r, r.topic),
     "UpdateOffset": lambda r: _sub(r, r.message_queue.topic),
+    "UpdateOffsets": lambda r: _sub(r, r.topic),
     "GetOffset": lambda r: _sub(r, r.message_queue.topic),
     "QueryOffset": lambda r: ((_topic(r.message_queue.topic), Action.SUB),),  # names no group
     "Heartbeat": _heartbeat,

@@ -502,6 +502,22 @@ class MessagingService:
         )
         return pb.UpdateOffsetResponse(status=ok())
 
+    @answering(batch_pb.UpdateOffsetsResponse)
+    async def UpdateOffsets(
+        self, request: batch_pb.UpdateOffsetsRequest, context: Any
+    ) -> batch_pb.UpdateOffsetsResponse:
+        """siftmq's batch extension: a pull consumer's commit of every queue in one call."""
+        if len(request.queue_id) != len(request.offset):
+            raise BadRequestError(f"{len(request.queue_id)} queue ids for {len(request.offset)} offsets")
+        assigned = await self._call(
+            self.broker.update_offsets,
+            convert.topic_name(request.group),
+            convert.topic_name(request.topic),
+            list(zip(request.queue_id, request.offset, strict=True)),
+            client_id=_client_id(context),
+        )
+        return batch_pb.UpdateOffsetsResponse(status=ok(), assigned_queue_id=assigned)
+
     @answering(pb.GetOffsetResponse)
     async def GetOffset(self, request: pb.GetOffsetRequest, context: Any) -> pb.GetOffsetResponse:
         offset = await self._call(

@@ -1,0 +1,95 @@
+"""PullConsumer.commit: one UpdateOffsets call through siftmq's extension, the same offsets as the
+standard calls (UpdateOffset per queue after QueryAssignment), and only the client's own queues."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from siftmq.client import FilterExpression, Producer, PullConsumer
+from siftmq.errors import RemoteError
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+
+async def _committed(consumer: PullConsumer, queues: int) -> dict[int, int | None]:
+    found: dict[int, int | None] = {}
+    for qid in range(queues):
+        try:
+            got = await consumer.connection.unary(
+                "GetOffset",
+                pb.GetOffsetRequest(
+                    group=consumer.connection.resource(consumer.group), message_queue=consumer._queue(qid)
+                ),
+            )
+            found[qid] = int(got.offset)
+        except RemoteError:
+            found[qid] = None
+    return found
+
+
+@pytest.mark.parametrize("extension", [True, False])
+def test_commit_stores_the_positions_of_the_clients_queues(start_broker: Any, extension: bool) -> None:
+    broker = start_broker()
+    group = f"commit-{extension}"
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            await producer.send_many([producer.message("CommitTopic", b"x", tag="t") for _ in range(80)])
+        consumer = PullConsumer(broker.endpoint, group, "CommitTopic", FilterExpression.tag())
+        if not extension:
+            consumer.connection.batch_extension = False
+        await consumer.start()
+        try:
+            got = 0
+            for _ in range(10):
+                got += len(await consumer.poll(64, timeout=0.2))
+            assert got == 80
+            calls: list[str] = []
+            original = consumer.connection._method
+
+            def counting(rpc: Any, request: Any) -> Any:
+                if rpc.name in ("UpdateOffsets", "UpdateOffset", "QueryAssignment"):  # not the prefetch
+                    calls.append(rpc.name)
+                return original(rpc, request)
+
+            consumer.connection._method = counting  # type: ignore[method-assign]
+            await consumer.commit()
+            consumer.connection._method = original  # type: ignore[method-assign]
+            queues = await consumer.assignment()
+            if extension:
+                assert calls == ["UpdateOffsets"]
+            else:
+                assert calls.count("UpdateOffset") == len(queues) and "QueryAssignment" in calls
+            committed = await _committed(consumer, 8)
+            assert sum(o or 0 for o in committed.values()) == 80  # every message's position
+        finally:
+            await consumer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_bad_offset_stores_nothing(start_broker: Any) -> None:
+    broker = start_broker()
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            await producer.send_many([producer.message("BadCommit", b"x", tag="t") for _ in range(16)])
+        consumer = PullConsumer(broker.endpoint, "bad-commit", "BadCommit", FilterExpression.tag())
+        await consumer.start()
+        try:
+            for _ in range(4):
+                await consumer.poll(64, timeout=0.2)
+            qids = await consumer.assignment()
+            with pytest.raises(RemoteError, match="outside"):
+                await consumer.connection.update_offsets(
+                    "bad-commit", "BadCommit", {qids[0]: 1, qids[1]: 10_000}
+                )
+            assert set((await _committed(consumer, 8)).values()) == {None}  # the good one was not stored
+        finally:
+            await consumer.stop()
+
+    asyncio.run(scenario())
