@@ -130,6 +130,7 @@ def test_a_stream_outlives_the_skew_window_and_each_command_is_authorized(broker
         finally:
             producer.close()
     assert "denied Telemetry: user alice may not Sub Group:payments" in broker.log()
+    assert "client telemetry-test)" in broker.log()  # the audit line names the client
 
 
 def test_a_thousand_bad_signatures_leave_a_good_client_served(broker: Any) -> None:

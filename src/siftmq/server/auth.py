@@ -215,7 +215,8 @@ class Gate:
             return self.who(context), None
         except SignatureError as exc:
             self.failures[exc.reason] += 1
-            self.audit("failure", "authentication failed for %s from %s: %s", rpc, _peer(context), exc)
+            line = "authentication failed for %s from %s (client %s): %s"
+            self.audit("failure", line, rpc, _peer(context), _client(context), exc)
             return None, status(StatusCode.UNAUTHORIZED, f"{rpc}: {exc}")
 
     def authorized(self, user: User, rpc: str, request: Any, context: Any) -> Any:
@@ -245,8 +246,8 @@ class Gate:
 
     def _deny(self, user: User, rpc: str, resource: str, action: Action, context: Any) -> Any:
         self.denials[action.value] += 1
-        line = "denied %s: user %s may not %s %s (from %s)"
-        self.audit("denial", line, rpc, user.name, action, resource, _peer(context))
+        line = "denied %s: user %s may not %s %s (from %s, client %s)"
+        self.audit("denial", line, rpc, user.name, action, resource, _peer(context), _client(context))
         return status(StatusCode.FORBIDDEN, f"{rpc}: user {user.name} may not {action} {resource}")
 
     def audit(self, kind: str, message: str, *args: object) -> None:
@@ -290,6 +291,14 @@ def _mtime(path: Path) -> float:
 
 def _peer(context: Any) -> str:
     return str(context.peer() or "")
+
+
+def _client(context: Any) -> str:
+    """The client id the call names (for the audit log; ``-`` when it names none)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id":
+            return str(value)[:128]
+    return "-"
 
 
 def _peer_ip(context: Any) -> str:
