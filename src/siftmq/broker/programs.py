@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from siftmq.broker.model import user_properties
-from siftmq.errors import BadRequestError, NotFoundError, StatusCode, UnsupportedError
+from siftmq.errors import BadRequestError, ConfigError, NotFoundError, StatusCode, UnsupportedError
 from siftmq.filterserver.message import Row
 from siftmq.filterserver.pool import (
     FilterServer,
@@ -81,7 +81,10 @@ class ProgramRegistry:
         self._lock = threading.Lock()
         self._programs: dict[tuple[str, str], Program] = {}
         for item in read_json(self._path, []):
-            program = Program(**item)
+            try:
+                program = Program(**item)
+            except TypeError as exc:
+                raise ConfigError(f"{self._path}: a filter program entry is not understood: {exc}") from exc
             self._programs[(program.group, program.topic)] = program
         self._limits, self._workers = limits, workers
         self._server: FilterServer | None = None
