@@ -254,3 +254,40 @@ def test_the_official_client_is_filtered_unchanged(broker: Any) -> None:
     finally:
         consumer.shutdown()
     assert got == expected(big_a)
+
+
+HOSTILE_AT_REGISTRATION = {
+    "an endless loop": ("def match(m):\n    while True:\n        pass\n", "deadline"),
+    "a memory bomb": ("def match(m):\n    x = bytearray(10**11)\n    return True\n", "MemoryError"),
+    "open a file": ("def match(m):\n    return open('/etc/passwd') is not None\n", "NameError"),
+    "import os": ("def match(m):\n    import os\n    return True\n", "not allowed"),
+    "sys.exit at import": ("import sys\nsys.exit(0)\ndef match(m):\n    return True\n", "not allowed"),
+    "sys.exit in match": ("def match(m):\n    raise SystemExit(1)\n", "SystemExit"),
+    "unbounded recursion": (
+        "def f(n):\n    return f(n + 1)\ndef match(m):\n    return f(0)\n",
+        "RecursionError",
+    ),
+    "a non-bool": ("def match(m):\n    return 'yes'\n", "not bool"),
+    "a thread": ("def match(m):\n    import threading\n    return True\n", "not allowed"),
+    "the os module by introspection": (
+        "def match(m):\n"
+        "    for c in ().__class__.__base__.__subclasses__():\n"
+        "        if c.__name__ == '_wrap_close':\n"
+        "            c.__init__.__globals__['kill'](c.__init__.__globals__['getppid'](), 9)\n"
+        "    return True\n",
+        "Operation not permitted",
+    ),
+}
+
+
+def test_hostile_programs_are_refused_while_a_good_group_receives(broker: Any) -> None:
+    """Each hostile program, run on the topic's newest message at registration, is refused with
+    why; the broker keeps serving and a well-behaved group gets every message it wants."""
+    send_orders(broker.endpoint, 20)
+    assert put(broker, "g-good", BIG_A).status_code == 200
+    for name, (source, reason) in HOSTILE_AT_REGISTRATION.items():
+        answer = put(broker, "g-hostile", source)
+        assert answer.status_code == 400 and reason in answer.json()["message"], (name, answer.text)
+    assert httpx.get(f"{broker.admin_url}/groups/g-hostile/programs/{TOPIC}", timeout=10).status_code == 404
+    assert receive_all(broker.endpoint, "g-good") == {i for i in range(20) if big_a(order(i))}
+    assert httpx.get(f"{broker.admin_url}/healthz", timeout=10).status_code == 200
