@@ -211,6 +211,35 @@ def test_more_programs_than_workers_take_turns() -> None:
                 source = f"def match(m):\n    return m.properties['region'] == {'eu' if v % 2 else 'us'!r}\n"
                 codes = list(fs.evaluate(ProgramKey("g", f"t{v}", 1), source, ROWS).codes)
                 assert codes == ([0, 1] * 3 if v % 2 else [1, 0] * 3), (round_, v)
-        assert sum(1 for _, w in fs._workers.values() if w is not None and w.alive) == 1
+        live = [s for slots in fs._workers.values() for s in slots if s.worker is not None and s.worker.alive]
+        assert len(live) == 1
+    finally:
+        fs.close()
+
+
+def test_a_program_busy_in_two_threads_gets_two_workers() -> None:
+    import threading
+
+    fs = FilterServer(Limits(timeout_ms=2000), 2)
+    key = ProgramKey("g", "t", 1)
+    source = (
+        "import math\ndef match(m):\n    for i in range(300_000):\n        math.sqrt(i)\n    return True\n"
+    )
+    start = threading.Barrier(2)
+    codes: list[list[int]] = []
+
+    def evaluate() -> None:
+        start.wait()
+        codes.append(list(fs.evaluate(key, source, ROWS[:2]).codes))
+
+    try:
+        threads = [threading.Thread(target=evaluate) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert codes == [[wire.MATCH] * 2] * 2
+        assert len(fs._workers[key]) == 2  # the second call did not wait for the first one's worker
+        assert fs.counters(key).evaluated == 4
     finally:
         fs.close()

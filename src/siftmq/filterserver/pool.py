@@ -1,7 +1,8 @@
 """The broker's side of the filter server: worker processes started, fed, timed and replaced.
 
-A worker runs one program version; programs never share one. At most ``max_workers`` run at once:
-a program whose worker was taken for another gets a new one when it next needs it. A batch has a
+A worker runs one program version; programs never share one, and a program busy in several read
+threads gets several. At most ``max_workers`` run at once: a program whose worker was taken for
+another gets a new one when it next needs it. A batch has a
 deadline (per message, capped); a worker that misses it, dies or breaks the protocol is killed and
 the batch is run again in a fresh one, halved until the message that kills it is alone — that one
 gets an error outcome with the reason, the others their real results. Kills of a program are
@@ -169,8 +170,19 @@ class Worker:
         return self.process.poll() is None and self._to_worker >= 0
 
 
+@dataclass(eq=False)
+class _Slot:
+    """A place for one worker of a program; held (``lock``) while a batch runs in it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    worker: Worker | None = None
+
+
 class FilterServer:
-    """The worker processes of every program. Thread-safe: read threads call :meth:`evaluate`."""
+    """The worker processes of every program. Thread-safe: read threads call :meth:`evaluate`.
+
+    A program busy in several read threads at once gets several workers (each runs the same
+    program version), up to ``max_workers`` in all."""
 
     def __init__(self, limits: Limits, max_workers: int) -> None:
         self.limits = limits
@@ -178,9 +190,7 @@ class FilterServer:
         self._workdir = tempfile.mkdtemp(prefix="siftmq-filter-")  # empty; the workers' cwd
         os.chmod(self._workdir, 0o555)
         self._lock = threading.Lock()
-        self._workers: collections.OrderedDict[ProgramKey, tuple[threading.Lock, Worker | None]] = (
-            collections.OrderedDict()
-        )
+        self._workers: collections.OrderedDict[ProgramKey, list[_Slot]] = collections.OrderedDict()
         self._counters: dict[ProgramKey, Counters] = {}
         self._suspended: dict[ProgramKey, str] = {}
         self._closed = False
@@ -210,23 +220,24 @@ class FilterServer:
     def _run(
         self, key: ProgramKey, source: str, rows: list[Row], first: int, counters: Counters
     ) -> tuple[bytes, dict[int, str]]:
-        lock, worker = self._checkout(key)
+        slot = self._checkout(key)
         try:
+            worker = slot.worker
             if worker is None or not worker.alive:
                 if worker is not None:  # died between batches: reap it, close its pipes
                     worker.kill()
                 worker = self._start(key, source, counters)
-                self._set(key, lock, worker)
+                self._set(key, slot, worker)
             try:
                 result = worker.evaluate(rows)
                 return result.codes, {first + i: text for i, text in result.errors.items()}
             except WorkerDied as died:
-                self._set(key, lock, None)
+                self._set(key, slot, None)
                 self._killed(key, died, counters)
                 if len(rows) == 1:
                     return bytes([wire.ERROR]), {first: died.reason}
         finally:
-            lock.release()
+            slot.lock.release()
         half = len(rows) // 2  # bisect to the message that kills it; the others keep their results
         left = self._run(key, source, rows[:half], first, counters)
         right = self._run(key, source, rows[half:], first + half, counters)
@@ -261,61 +272,78 @@ class FilterServer:
             _log.error("filter program of %s on %s (v%d) %s", key.group, key.topic, key.version, why)
             raise ProgramSuspended(why)
 
-    def _checkout(self, key: ProgramKey) -> tuple[threading.Lock, Worker | None]:
-        """The program's worker slot, locked; makes room (the least recently used idle worker goes)."""
+    def _checkout(self, key: ProgramKey) -> _Slot:
+        """A slot of the program, locked: an idle one; else a new one while there is room (idle
+        workers of the least recently used other programs make room); else its first, once free."""
         with self._lock:
-            slot = self._workers.get(key)
-            if slot is None:
-                slot = (threading.Lock(), None)
-                self._workers[key] = slot
+            slots = self._workers.setdefault(key, [])
             self._workers.move_to_end(key)
-            running = [k for k, (_, w) in self._workers.items() if w is not None and k != key]
-            for other in running[: max(0, len(running) + 1 - self.max_workers)]:
-                other_lock, other_worker = self._workers[other]
-                if other_worker is not None and other_lock.acquire(blocking=False):
-                    try:
-                        other_worker.kill()
-                        self._workers[other] = (other_lock, None)
-                    finally:
-                        other_lock.release()
-        lock = slot[0]
-        lock.acquire()
-        with self._lock:  # the worker of this slot, unless the program was forgotten meanwhile
-            current = self._workers.get(key)
-            return lock, current[1] if current is not None and current[0] is lock else None
+            for slot in slots:
+                if slot.lock.acquire(blocking=False):
+                    return slot
+            if self._make_room(key) or not slots:
+                slot = _Slot()
+                slot.lock.acquire()
+                slots.append(slot)
+                return slot
+            waited = slots[0]
+        waited.lock.acquire()
+        return waited
 
-    def _set(self, key: ProgramKey, lock: threading.Lock, worker: Worker | None) -> None:
-        """Put ``worker`` in the slot ``lock`` guards; a program forgotten meanwhile does not get
-        its slot back (its new worker is stopped)."""
+    def _make_room(self, key: ProgramKey) -> bool:
+        """With the pool lock held: whether one more worker fits, after stopping, if needed, an
+        idle worker of another program (least recently used first)."""
+        if sum(len(slots) for slots in self._workers.values()) < self.max_workers:
+            return True
+        for other, slots in list(self._workers.items()):
+            if other == key:
+                continue
+            for slot in slots:
+                if slot.lock.acquire(blocking=False):
+                    try:
+                        if slot.worker is not None:
+                            slot.worker.kill()
+                        slots.remove(slot)
+                    finally:
+                        slot.lock.release()
+                    if not slots:
+                        del self._workers[other]
+                    return True
+        return False
+
+    def _set(self, key: ProgramKey, slot: _Slot, worker: Worker | None) -> None:
+        """Put ``worker`` in ``slot``; a program forgotten meanwhile does not get its slot back
+        (its new worker is stopped)."""
         with self._lock:
-            current = self._workers.get(key)
-            if current is not None and current[0] is lock:
-                self._workers[key] = (lock, worker)
+            if slot in self._workers.get(key, ()):
+                slot.worker = worker
                 return
         if worker is not None:
             worker.kill()
 
     def forget(self, key: ProgramKey) -> None:
-        """A program replaced or removed: its worker goes, its suspension and counters with it."""
+        """A program replaced or removed: its workers go, its suspension and counters with it."""
         with self._lock:
-            slot = self._workers.pop(key, None)
+            slots = self._workers.pop(key, [])
             self._suspended.pop(key, None)
             self._counters.pop(key, None)
-        if slot is not None and slot[1] is not None:
-            with slot[0]:
-                slot[1].kill()
+        self._stop(slots)
 
     def close(self) -> None:
         self._closed = True
         with self._lock:
-            slots = list(self._workers.values())
+            slots = [slot for program in self._workers.values() for slot in program]
             self._workers.clear()
-        for lock, worker in slots:
-            if worker is not None:
-                with lock:
-                    worker.kill()
+        self._stop(slots)
         try:
             os.chmod(self._workdir, 0o700)
             os.rmdir(self._workdir)
         except OSError:
             pass
+
+    @staticmethod
+    def _stop(slots: list[_Slot]) -> None:
+        for slot in slots:
+            with slot.lock:  # after the batch in it, if one is running
+                if slot.worker is not None:
+                    slot.worker.kill()
