@@ -27,6 +27,7 @@ from siftmq.filterserver.pool import (
     ProgramKey,
     ProgramLoadError,
     ProgramSuspended,
+    WorkerDied,
 )
 from siftmq.filterserver.program import ProgramError, check_program
 from siftmq.filterserver.sandbox import SandboxUnavailable, check_supported
@@ -124,6 +125,8 @@ class ProgramRegistry:
             raise ProgramError(f"the program failed to load: {exc}") from exc
         except ProgramSuspended as exc:
             raise ProgramError(f"the program kept killing its worker: {exc}") from exc
+        except WorkerDied as exc:
+            raise ProgramError(f"the program's worker did not start: {exc.reason}") from exc
         finally:
             server.forget(trial)
         if verdict is not None and verdict.errors:
@@ -186,6 +189,9 @@ class ProgramRegistry:
             return Filtered([], [], held=True)
         except ProgramLoadError as exc:
             self._set_status(program, "failed", f"the program no longer loads: {exc}")
+            return Filtered([], [], held=True)
+        except WorkerDied as exc:  # no worker could start this time: held for now, tried again later
+            _log.warning("filter program of %s on %s: %s; its group waits", group, topic, exc.reason)
             return Filtered([], [], held=True)
         kept = [m for m, code in zip(messages, verdict.codes, strict=True) if code == MATCH]
         failed = [(messages[i], text) for i, text in verdict.errors.items() if verdict.codes[i] == ERROR]

@@ -96,7 +96,14 @@ def test_program(
     """Run a program on one message locally, in the broker's sandbox: MATCH, REJECT or the error."""
     from siftmq.errors import BadRequestError
     from siftmq.filterserver.message import row
-    from siftmq.filterserver.pool import FilterServer, Limits, ProgramKey, ProgramLoadError, ProgramSuspended
+    from siftmq.filterserver.pool import (
+        FilterServer,
+        Limits,
+        ProgramKey,
+        ProgramLoadError,
+        ProgramSuspended,
+        WorkerDied,
+    )
     from siftmq.filterserver.program import check_program
     from siftmq.filterserver.sandbox import SandboxUnavailable, check_supported
     from siftmq.filterserver.wire import MATCH
@@ -111,7 +118,7 @@ def test_program(
     server = FilterServer(Limits(max_failures=1), 1)
     try:
         verdict = server.evaluate(ProgramKey("local", topic, 1), source, [message])
-    except (ProgramLoadError, ProgramSuspended) as exc:
+    except (ProgramLoadError, ProgramSuspended, WorkerDied) as exc:
         fail(f"the program failed: {exc}")
     finally:
         server.close()

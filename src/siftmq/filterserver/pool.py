@@ -203,7 +203,9 @@ class FilterServer:
         return self._suspended.get(key)
 
     def evaluate(self, key: ProgramKey, source: str, rows: Sequence[Row]) -> Verdict:
-        """Each message's outcome; raises :class:`ProgramSuspended` or :class:`ProgramLoadError`."""
+        """Each message's outcome. Raises :class:`ProgramSuspended`, :class:`ProgramLoadError` (the
+        program's module code failed), or :class:`WorkerDied` when no worker could be started (the
+        batch may be tried again later)."""
         if not rows:
             return Verdict(b"", {})
         why = self._suspended.get(key)
@@ -252,9 +254,9 @@ class FilterServer:
         counters.restarts += 1
         try:
             return Worker(source, self.limits, self._workdir)
-        except WorkerDied as died:
+        except WorkerDied as died:  # did not start (overloaded host, a crash): counted, not fatal
             self._killed(key, died, counters)
-            raise ProgramLoadError(died.reason) from died
+            raise
 
     def _killed(self, key: ProgramKey, died: WorkerDied, counters: Counters) -> None:
         now = time.monotonic()
