@@ -104,6 +104,9 @@ def test_users_and_acls_change_live_and_survive_a_restart(start_broker: Any, aut
         assert http.post("/users", json={"username": "bob"}).status_code == 409
         assert http.post("/users", json={"username": "x", "password": "short"}).status_code == 400
         assert http.post("/users", json={"username": "bad name!"}).status_code == 400
+        assert http.post("/users", json={"username": "empty", "password": ""}).status_code == 400
+        too_long = http.post("/users", json={"username": "long", "password": "P" * 300})
+        assert too_long.status_code == 422 and "P" * 300 not in too_long.text  # not echoed
         assert auth_file.read_text() == before
 
         renewed = http.patch("/users/bob", json={"generatePassword": True})
@@ -148,6 +151,20 @@ def test_users_and_acls_change_live_and_survive_a_restart(start_broker: Any, aut
     assert broker.stop() == 0
 
 
+def test_an_edit_by_hand_is_not_overwritten_by_the_api(start_broker: Any, auth_file: Path) -> None:
+    broker = start(start_broker, auth_file)
+    edited = json.loads(auth_file.read_text())
+    edited["users"].append({"username": "handmade", "password": "H4ndmade-pw"})
+    auth_file.write_text(json.dumps(edited))  # and the API changes something before the watcher looks
+    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT) as http:
+        stale = http.post("/users", json={"username": "viaapi"})
+        assert stale.status_code == 409 and "changed on disk" in stale.json()["message"]
+        assert http.post("/users", json={"username": "viaapi"}).status_code == 201  # against the edit
+        names = {u["username"] for u in http.get("/users").json()}
+    assert {"handmade", "viaapi"} <= names
+    assert broker.stop() == 0
+
+
 def test_a_topic_the_call_would_create_needs_create(start_broker: Any, auth_file: Path) -> None:
     broker = start(start_broker, auth_file)
     with pytest.raises(RemoteForbidden, match="may not Create Topic:Audit"):
@@ -170,6 +187,8 @@ def test_bearer_tokens(start_broker: Any, auth_file: Path) -> None:
         assert http.get("/topics", headers=bearer).status_code == 200
         assert http.get("/users", headers=bearer).status_code == 200  # the token acts as its user
         assert http.get("/topics", headers={"Authorization": f"Bearer {token}x"}).status_code == 401
+        minted = http.post("/tokens", headers=bearer)  # a token cannot renew itself for ever
+        assert minted.status_code == 400 and "HTTP Basic" in minted.json()["message"]
         assert http.delete("/tokens", headers=bearer).status_code == 204
         assert http.get("/topics", headers=bearer).status_code == 401  # revoked
 

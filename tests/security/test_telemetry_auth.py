@@ -133,6 +133,26 @@ def test_a_stream_outlives_the_skew_window_and_each_command_is_authorized(broker
     assert "client telemetry-test)" in broker.log()  # the audit line names the client
 
 
+def test_an_open_stream_ends_when_its_users_password_changes(broker: Any, tmp_path: Path) -> None:
+    import signal
+
+    with grpc.insecure_channel(broker.endpoint) as channel:
+        stream = Stream(channel, signed())
+        try:
+            assert stream.ask(consumer_settings("alice-app")).code == pb.Code.OK
+            changed = json.loads(json.dumps(AUTH))
+            changed["users"][0]["password"] = "N3w-alice-s3cret"
+            (tmp_path / "auth.json").write_text(json.dumps(changed))
+            broker.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while "reloaded" not in broker.log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            ended = stream.ask(consumer_settings("alice-app"))
+            assert ended.code == pb.Code.UNAUTHORIZED and "no longer valid" in ended.message
+        finally:
+            stream.close()
+
+
 def test_a_thousand_bad_signatures_leave_a_good_client_served(broker: Any) -> None:
     """Functional half (the timing half is benchmarks/bench_auth_e2e.py): every bad call refused,
     every good one served meanwhile, the failures counted, the audit log rate limited."""

@@ -28,6 +28,7 @@ from siftmq.server.auth import UNKNOWN_USER_SECRET, Gate
 OPEN_PATHS: Final = frozenset({"/healthz"})
 SUPER_PATHS: Final = ("users", "acls")  # first path parts only Super users may touch
 MAX_TOKENS: Final = 10_000
+MAX_TOKENS_PER_USER: Final = 20
 _BY_METHOD: Final = {"GET": Action.GET, "POST": Action.CREATE, "PATCH": Action.UPDATE, "PUT": Action.UPDATE}
 
 
@@ -41,8 +42,12 @@ class Tokens:
     _issued: dict[bytes, tuple[str, bytes, float]] = field(default_factory=dict)
 
     def issue(self, user: User) -> str | None:
-        """A new token for ``user``; None while :data:`MAX_TOKENS` unexpired ones are out."""
+        """A new token for ``user``; a user's oldest goes past :data:`MAX_TOKENS_PER_USER` (one user
+        cannot use up the others' room); None while :data:`MAX_TOKENS` unexpired ones are out."""
         now = time.monotonic()
+        mine = [k for k, v in self._issued.items() if v[0] == user.name]
+        for old in mine[: max(0, len(mine) + 1 - MAX_TOKENS_PER_USER)]:  # dicts keep issue order
+            del self._issued[old]
         if len(self._issued) >= MAX_TOKENS:
             self._issued = {k: v for k, v in self._issued.items() if v[2] > now}
             if len(self._issued) >= MAX_TOKENS:
@@ -89,7 +94,8 @@ def login(gate: Gate, tokens: Tokens, authorization: str | None) -> User | None:
 
 
 def needs_super(path: str) -> bool:
-    return path.split("/", 2)[1] in SUPER_PATHS if path.startswith("/") else False
+    parts = [p for p in path.split("/") if p]  # as admin_action splits it: "//users" is users too
+    return bool(parts) and parts[0] in SUPER_PATHS
 
 
 def basic_user(gate: Gate, authorization: str | None) -> User | None:

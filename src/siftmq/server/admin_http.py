@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -117,6 +118,15 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
             return await call_next(request)
 
     app.include_router(users_router(gate, tokens))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default answer repeats each bad field's input: a password among them
+        problems = [
+            f"{'.'.join(str(p) for p in error.get('loc', ()))}: {error.get('msg', 'invalid')}"
+            for error in exc.errors()
+        ]
+        return JSONResponse({"error": "BAD_REQUEST", "message": "; ".join(problems)[:2000]}, status_code=422)
 
     @app.exception_handler(SiftError)
     async def sift_error(request: Request, exc: SiftError) -> JSONResponse:

@@ -11,7 +11,7 @@ middleware sees to it); tokens are for any user.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -47,15 +47,18 @@ class Policy(BaseModel):
     entries: list[dict[str, Any]] = Field(min_length=1, max_length=1000)
 
 
+MAX_POLICIES: Final = 10  # per request: at most 10,000 entries are looked at
+
+
 class AclBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     subject: str = Field(min_length=6, max_length=80)
-    policies: list[Policy] = Field(min_length=1, max_length=100)
+    policies: list[Policy] = Field(min_length=1, max_length=MAX_POLICIES)
 
 
 class AclReplace(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    policies: list[Policy] = Field(min_length=1, max_length=100)
+    policies: list[Policy] = Field(min_length=1, max_length=MAX_POLICIES)
 
 
 def _user_json(table: AuthTable, name: str) -> dict[str, Any]:
@@ -116,7 +119,7 @@ def users_router(gate: Gate | None, tokens: Tokens | None) -> APIRouter:
     @router.post("/users", status_code=201)
     async def create_user(body: UserCreate, request: Request) -> dict[str, Any]:
         g = in_force()
-        password = body.password or manage.generate_secret()
+        password = body.password if body.password is not None else manage.generate_secret()
         g.change(manage.add_user(g.table, body.username, password, super_user=body.userType == "Super"))
         _log.info("user %s (%s) created by %s", body.username, body.userType, who(request))
         answer = _user_json(g.table, body.username)
@@ -183,6 +186,9 @@ def users_router(gate: Gate | None, tokens: Tokens | None) -> APIRouter:
     async def issue_token(request: Request) -> dict[str, Any]:
         in_force()
         assert tokens is not None  # issued with the gate
+        if bearer_token(request.headers.get("authorization")) is not None:
+            # a token minting tokens would outlive its expiry for ever
+            raise BadRequestError("tokens are issued to a user and password (HTTP Basic), not to a token")
         token = tokens.issue(request.state.user)
         if token is None:
             raise BadRequestError(

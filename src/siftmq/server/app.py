@@ -108,7 +108,15 @@ def _check_protected_mode(config: BrokerConfig, host: str) -> list[str]:
     Returns the warnings an ``--allow-anonymous`` start earns (logged here, and shown by the admin
     API's ``/healthz``)."""
     if config.authentication_enabled:
-        return []
+        admin_host = parse_listen(config.admin_listen)[0] if config.admin_listen else "127.0.0.1"
+        if config.tls_cert_file or _loopback(admin_host):
+            return []
+        warning = (
+            f"the admin API listens on {config.admin_listen} without TLS: its logins (passwords, "
+            "tokens) cross the network in clear; set tls_cert_file and tls_key_file"
+        )
+        _log.warning("%s", warning)
+        return [warning]
     listening = [("gRPC", config.listen, host)]
     if config.admin_listen:
         listening.append(("the admin API", config.admin_listen, parse_listen(config.admin_listen)[0]))

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from siftmq.auth.acl import Action, AuthTable, User, dump_auth_file, parse_auth_file
 from siftmq.auth.signature import DATE_HEADER, INVALID, SignatureError, parse, sign, verify
-from siftmq.errors import ConfigError, StatusCode, UnsupportedError
+from siftmq.errors import BadRequestError, ConfigError, StatusCode, UnsupportedError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import Rpc
 from siftmq.server.status import status
@@ -96,6 +96,13 @@ ACTIONS: Final[dict[str, Callable[[Any], Need] | None]] = {
     "Telemetry": _telemetry,  # per command of the stream
 }
 _ROUTE_ACTIONS: Final = (Action.PUB, Action.SUB, Action.GET)
+#: The calls that create a topic they name when it does not exist (``auto_create_topics``): they
+#: also need Create on it. Dead-letter topics are never created by a call.
+CREATES: Final = frozenset({
+    "QueryRoute", "SendMessage", "SendMessages", "ReceiveMessage", "ReceiveMessages", "PullMessage",
+    "PullMessages", "QueryAssignment", "UpdateOffset", "UpdateOffsets", "GetOffset", "QueryOffset",
+})  # fmt: skip
+_DLQ: Final = "Topic:%DLQ%"
 
 
 @dataclass
@@ -116,7 +123,7 @@ class Gate:
     _decided: dict[tuple[str, str, Action, str | None], bool] = field(default_factory=dict)
 
     path: Path | None = None
-    _loaded_mtime: float = 0.0
+    _loaded_mtime: tuple[int, int, int] = (0, 0, 0)
     #: with topic auto-creation on: whether a topic does not exist yet (calling on it creates it)
     missing_topic: Callable[[str], bool] | None = None
 
@@ -152,6 +159,12 @@ class Gate:
         the admin API made survives a restart, and a failed write changes nothing."""
         if self.path is None:
             raise UnsupportedError("this broker has no auth file to keep users in")
+        if _mtime(self.path) != self._loaded_mtime:  # edited by hand since it was read
+            self.reload()
+            raise BadRequestError(
+                "the auth file changed on disk and was read again; repeat the change against it",
+                status=StatusCode.PRECONDITION_FAILED,
+            )
         write_auth_file(self.path, table)
         self._loaded_mtime = _mtime(self.path)
         self._install(table)
@@ -234,10 +247,11 @@ class Gate:
             for resource, action in pairs:
                 if not self.allowed(user, resource, action, peer):
                     return self._deny(user, rpc, resource, action, context)
-        if self.missing_topic is not None:
+        if self.missing_topic is not None and rpc in CREATES:
             for resource, _ in pairs:
                 if (
                     resource.startswith("Topic:")
+                    and not resource.startswith(_DLQ)
                     and self.missing_topic(resource[6:])
                     and not self.allowed(user, resource, Action.CREATE, peer)
                 ):
@@ -282,11 +296,13 @@ def write_auth_file(path: Path, table: AuthTable) -> None:
         raise ConfigError(f"cannot write the auth file {path}: {exc.strerror}") from exc
 
 
-def _mtime(path: Path) -> float:
+def _mtime(path: Path) -> tuple[int, int, int]:
+    """What tells a changed auth file (nanosecond mtime, inode and size: one coarse tick is not enough)."""
     try:
-        return path.stat().st_mtime
+        st = path.stat()
     except OSError:
-        return 0.0
+        return (0, 0, 0)
+    return (st.st_mtime_ns, st.st_ino, st.st_size)
 
 
 def _peer(context: Any) -> str:
@@ -351,9 +367,16 @@ def guard(behaviour: Any, rpc: Rpc, gate: Gate) -> Any:
         denied: list[Any] = []
 
         async def checked() -> AsyncIterator[Any]:
-            # the user who opened the stream, each command's resources; a denial ends the stream
+            # each command as the user who opened the stream is now (deleted, or a changed
+            # password, ends it), on the command's resources; a denial ends the stream
             async for command in requests:
-                refused = gate.authorized(user, rpc.name, command, context)
+                current = gate.table.users.get(user.name)
+                if current is None or current.secret != user.secret:
+                    denied.append(
+                        status(StatusCode.UNAUTHORIZED, f"{rpc.name}: the credential is no longer valid")
+                    )
+                    return
+                refused = gate.authorized(current, rpc.name, command, context)
                 if refused is not None:
                     denied.append(refused)
                     return

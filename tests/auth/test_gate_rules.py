@@ -1,0 +1,86 @@
+"""The gate's rules without a broker: which calls need Create, the Super-only paths, tokens."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from siftmq.auth.acl import parse_auth_file
+from siftmq.broker.config import BrokerConfig
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.server.admin_auth import MAX_TOKENS_PER_USER, Tokens, needs_super
+from siftmq.server.app import _check_protected_mode
+from siftmq.server.auth import Gate
+
+TABLE = parse_auth_file(
+    json.dumps(
+        {
+            "users": [{"username": "alice", "password": "Al1ce-s3cret-pw"}],
+            "acls": [{"subject": "User:alice", "policies": [{"entries": [
+                {"resource": ["Topic:*", "Group:*"], "actions": ["Pub", "Sub"]}]}]}],
+        }
+    )
+)  # fmt: skip
+
+
+class Context:
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("x-mq-client-id", "c1"),)
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5000"
+
+
+def gate() -> Gate:
+    g = Gate(TABLE, authenticate=True, authorize=True, skew_s=900)
+    g.missing_topic = lambda name: True  # every topic is new
+    return g
+
+
+def refused(rpc: str, request: Any) -> str | None:
+    st = gate().authorized(TABLE.users["alice"], rpc, request, Context())
+    return None if st is None else str(st.message)
+
+
+def test_only_the_calls_that_create_a_topic_need_create() -> None:
+    topic, group = pb.Resource(name="New"), pb.Resource(name="g")
+    send = pb.SendMessageRequest(messages=[pb.Message(topic=topic)])
+    assert "may not Create Topic:New" in (refused("SendMessage", send) or "")
+    receive = pb.ReceiveMessageRequest(group=group, message_queue=pb.MessageQueue(topic=topic))
+    assert "may not Create Topic:New" in (refused("ReceiveMessage", receive) or "")
+    assert refused("AckMessage", pb.AckMessageRequest(group=group, topic=topic)) is None
+    assert (
+        refused("ChangeInvisibleDuration", pb.ChangeInvisibleDurationRequest(group=group, topic=topic))
+        is None
+    )
+    sub = pb.TelemetryCommand(settings=pb.Settings(subscription=pb.Subscription(
+        group=group, subscriptions=[pb.SubscriptionEntry(topic=topic)])))  # fmt: skip
+    assert refused("Telemetry", sub) is None
+    dlq = pb.ReceiveMessageRequest(
+        group=group, message_queue=pb.MessageQueue(topic=pb.Resource(name="%DLQ%g"))
+    )
+    assert refused("ReceiveMessage", dlq) is None  # a dead-letter topic is never created by a call
+
+
+def test_super_only_paths_as_the_router_splits_them() -> None:
+    for path in ("/users", "/users/", "//users", "/users/bob", "/acls", "//acls/User:x"):
+        assert needs_super(path), path
+    for path in ("/", "", "/topics", "/groups/users", "/tokens"):
+        assert not needs_super(path), path
+
+
+def test_a_users_oldest_tokens_go_past_the_per_user_cap() -> None:
+    g = gate()
+    tokens = Tokens(3600)
+    alice = TABLE.users["alice"]
+    issued = [tokens.issue(alice) for _ in range(MAX_TOKENS_PER_USER + 1)]
+    assert all(issued)
+    assert tokens.user(g, issued[0] or "") is None  # the oldest went
+    assert tokens.user(g, issued[-1] or "") == alice
+
+
+def test_an_admin_api_on_the_network_without_tls_is_warned_about() -> None:
+    exposed = BrokerConfig(authentication_enabled=True, admin_listen="0.0.0.0:8082")
+    warnings = _check_protected_mode(exposed, "127.0.0.1")
+    assert warnings and "without TLS" in warnings[0]
+    assert _check_protected_mode(BrokerConfig(authentication_enabled=True), "127.0.0.1") == []
