@@ -1,0 +1,237 @@
+"""The peer, side by side: siftmq against NATS JetStream on the same workload, in alternating rounds.
+
+Needs Debian's ``nats-server`` on PATH and PyPI's ``nats-py`` (``pip install 'nats-py>=2,<3'``);
+without them it says so and exits. Each server runs as its own process with its data in a
+temporary directory; every row reports msg/s and the server's CPU per message.
+
+* **publish with acks**: ``--messages`` × 1 KiB. siftmq: ``Producer.send_many`` of 256, four requests
+  in flight. NATS: JetStream ``publish`` (each acknowledged by the server), 256 in flight.
+* **10% filtered consume with acks**: the stream holds the messages of the publish row, every tenth
+  selected (TAG ``Sel`` / subject ``bench.sel``). siftmq: ``SimpleConsumer.receive(64)`` +
+  ``ack_many``; NATS: a pull consumer filtered on ``bench.sel``, ``fetch(64)`` and an ack per message.
+* **single publish**: the official ``rocketmq-python-client`` (8 threads, one message per call)
+  against nats-py awaiting each acknowledged publish (8 concurrent tasks).
+
+Run: ``.venv/bin/python benchmarks/bench_peer_nats.py [--messages N] [--rounds R] [--single N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from siftmq.client import FilterExpression, Producer, SimpleConsumer
+from siftmq.testing import running_broker
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_client import cpu_seconds
+
+BODY = os.urandom(1024)
+WINDOW = 256
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def measure(pid: int, count_of: Callable[[], Awaitable[int]]) -> tuple[float, float]:
+    """(msg/s, server CPU µs per message)."""
+    cpu, start = cpu_seconds(pid), time.perf_counter()
+    count = await count_of()
+    elapsed = time.perf_counter() - start
+    return count / elapsed, (cpu_seconds(pid) - cpu) / max(count, 1) * 1e6
+
+
+# --------------------------------------------------------------------------------------- siftmq
+
+
+async def siftmq_publish(endpoint: str, topic: str, total: int) -> int:
+    async with Producer(endpoint) as producer:
+        in_flight: set[asyncio.Future[object]] = set()
+        for first in range(0, total, WINDOW):
+            msgs = [producer.message(topic, BODY, tag="Sel" if i % 10 == 0 else "Other")
+                    for i in range(first, min(first + WINDOW, total))]  # fmt: skip
+            in_flight.add(asyncio.ensure_future(producer.send_many(msgs)))
+            if len(in_flight) >= 4:
+                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for d in done:
+                    d.result()
+        for d in asyncio.as_completed(in_flight):
+            await d
+    return total
+
+
+async def siftmq_consume(endpoint: str, topic: str, group: str, expected: int) -> int:
+    got = 0
+    async with SimpleConsumer(endpoint, group, {topic: FilterExpression.tag("Sel")}, await_duration=1) as c:
+        while got < expected:
+            msgs = await c.receive(64, 60)
+            if not msgs:
+                break
+            await c.ack_many(msgs)
+            got += len(msgs)
+    return got
+
+
+# ----------------------------------------------------------------------------------------- NATS
+
+
+async def nats_publish(url: str, stream: str, total: int) -> int:
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    try:
+        for first in range(0, total, WINDOW):
+            await asyncio.gather(*(
+                js.publish(f"{stream}.{'sel' if i % 10 == 0 else 'other'}", BODY)
+                for i in range(first, min(first + WINDOW, total))
+            ))  # fmt: skip
+    finally:
+        await nc.close()
+    return total
+
+
+async def nats_consume(url: str, stream: str, durable: str, expected: int) -> int:
+    import nats
+    from nats.errors import TimeoutError as NatsTimeout
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    got = 0
+    try:
+        sub = await js.pull_subscribe(f"{stream}.sel", durable=durable, stream=stream)
+        while got < expected:
+            try:
+                msgs = await sub.fetch(64, timeout=2)
+            except NatsTimeout:
+                break
+            for m in msgs:
+                await m.ack()
+            got += len(msgs)
+    finally:
+        await nc.close()
+    return got
+
+
+async def nats_single(url: str, stream: str, total: int, tasks: int = 8) -> int:
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    counter = iter(range(total))
+
+    async def worker() -> None:
+        for _ in counter:
+            await js.publish(f"{stream}.other", BODY)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(tasks)))
+    finally:
+        await nc.close()
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--single", type=int, default=3000, help="single publishes per side (0: skip)")
+    args = parser.parse_args()
+    server = shutil.which("nats-server")
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        server = None
+    if server is None:
+        print("needs nats-server on PATH (apt install nats-server) and nats-py (pip install 'nats-py>=2,<3')")
+        return
+    with tempfile.TemporaryDirectory(prefix="siftmq-peer-") as tmp:
+        port = free_port()
+        nats_proc = subprocess.Popen([server, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", tmp],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        url = f"nats://127.0.0.1:{port}"
+        time.sleep(0.5)
+        try:
+            with running_broker() as broker:
+                assert broker.proc is not None
+                rows: dict[str, list[tuple[float, float]]] = {}
+                for r in range(args.rounds):
+                    stream, topic = f"bench{r}", f"PeerBench{r}"
+
+                    async def setup(stream: str = stream) -> None:
+                        import nats
+
+                        nc = await nats.connect(url)
+                        await nc.jetstream().add_stream(name=stream, subjects=[f"{stream}.>"])
+                        await nc.close()
+
+                    asyncio.run(setup())
+                    expected = (args.messages + 9) // 10
+                    sides = [("siftmq", broker.proc.pid), ("nats", nats_proc.pid)]
+                    for side, pid in sides if r % 2 == 0 else sides[::-1]:
+                        publish = (siftmq_publish(broker.endpoint, topic, args.messages) if side == "siftmq"
+                                   else nats_publish(url, stream, args.messages))  # fmt: skip
+                        rows.setdefault(f"publish with acks, {side}", []).append(
+                            asyncio.run(measure(pid, lambda p=publish: p))  # type: ignore[misc]
+                        )
+                        consume = (
+                            siftmq_consume(broker.endpoint, topic, f"peer-{r}", expected)
+                            if side == "siftmq"
+                            else nats_consume(url, stream, f"peer{r}", expected)
+                        )
+                        rows.setdefault(f"10% filtered consume with acks, {side}", []).append(
+                            asyncio.run(measure(pid, lambda c=consume: c))  # type: ignore[misc]
+                        )
+                    for label, results in rows.items():
+                        rate, cpu = results[-1]
+                        print(
+                            f"round {r + 1}, {label}: {rate:,.0f} msg/s  [server CPU {cpu:.1f} us/msg]",
+                            flush=True,
+                        )
+                    rows.clear()
+                if args.single:
+                    single_rows(broker.endpoint, broker.proc.pid, url, nats_proc.pid, args.single)
+        finally:
+            nats_proc.terminate()
+            nats_proc.wait(10)
+
+
+def single_rows(endpoint: str, broker_pid: int, url: str, nats_pid: int, total: int) -> None:
+    import bench_broker  # type: ignore[import-not-found]  # beside this file
+
+    cpu = cpu_seconds(broker_pid)
+    elapsed, _ = bench_broker.send_phase(endpoint, "PeerSingle", total, 8)
+    official = (total / elapsed, (cpu_seconds(broker_pid) - cpu) / total * 1e6)
+
+    async def setup() -> None:
+        import nats
+
+        nc = await nats.connect(url)
+        await nc.jetstream().add_stream(name="single", subjects=["single.>"])
+        await nc.close()
+
+    asyncio.run(setup())
+    peer = asyncio.run(measure(nats_pid, lambda: nats_single(url, "single", total)))
+    print(f"single publish, official rocketmq client (8 threads): {official[0]:,.0f} msg/s  "
+          f"[server CPU {official[1]:.0f} us/msg]", flush=True)  # fmt: skip
+    print(
+        f"single publish, nats-py (8 tasks): {peer[0]:,.0f} msg/s  [server CPU {peer[1]:.0f} us/msg]",
+        flush=True,
+    )
+    print(f"official / nats-py: {official[0] / peer[0]:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
