@@ -39,6 +39,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_store.py
 	$(BIN)/python benchmarks/bench_broker.py
 	$(BIN)/python benchmarks/bench_client.py
+	$(BIN)/python benchmarks/bench_floor.py
+	$(BIN)/python benchmarks/bench_auth.py
+	$(BIN)/python benchmarks/bench_auth_e2e.py
+	$(BIN)/python benchmarks/bench_filter_server.py
+	$(BIN)/python benchmarks/bench_peer_nats.py  # says what it needs when nats-server or nats-py is missing
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
