@@ -33,7 +33,7 @@ from siftmq.protocol.service import RPCS
 from siftmq.testing import BrokerProcess
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_client import BODY, cpu_seconds
+from bench_client import BODY, cpu_seconds, send_windowed
 
 USER, SECRET = "bench", "B3nch-s3cret-pw"
 AUTH = {
@@ -53,16 +53,11 @@ async def batched(endpoint: str, on: bool, total: int, batch: int) -> float:
     async with Producer(endpoint, **credentials(on)) as producer:
         await producer.send_many([producer.message("BenchBatch", BODY, tag="t")])  # route, topic
         start = time.perf_counter()
-        in_flight: set[asyncio.Future[object]] = set()
-        for first in range(0, total, batch):
-            msgs = [producer.message("BenchBatch", BODY, tag="t") for _ in range(min(batch, total - first))]
-            in_flight.add(asyncio.ensure_future(producer.send_many(msgs)))
-            if len(in_flight) >= 4:
-                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                for d in done:
-                    d.result()
-        for d in asyncio.as_completed(in_flight):
-            await d
+        batches = (
+            [producer.message("BenchBatch", BODY, tag="t") for _ in range(min(batch, total - first))]
+            for first in range(0, total, batch)
+        )
+        await send_windowed(producer, batches, 4)
         return time.perf_counter() - start
 
 

@@ -19,7 +19,7 @@ import argparse
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from siftmq.client import FilterExpression, OutgoingMessage, Producer, PullConsumer, SimpleConsumer
@@ -69,6 +69,19 @@ def batch_of(producer: Producer, first: int, count: int) -> list[OutgoingMessage
     ]
 
 
+async def send_windowed(producer: Producer, batches: Iterable[list[OutgoingMessage]], window: int) -> None:
+    """``send_many`` of each batch with up to ``window`` requests in flight; the first failure raises."""
+    in_flight: set[asyncio.Future[object]] = set()
+    for msgs in batches:
+        in_flight.add(asyncio.ensure_future(producer.send_many(msgs)))
+        if len(in_flight) >= window:
+            done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            for d in done:
+                d.result()
+    for d in asyncio.as_completed(in_flight):
+        await d
+
+
 async def send_cases(meter: Meter, endpoint: str, total: int, batch: int) -> int:
     """Runs the send cases; returns how many messages were stored (each 10% selected)."""
     sent = 0
@@ -76,16 +89,10 @@ async def send_cases(meter: Meter, endpoint: str, total: int, batch: int) -> int
         for window in (1, 4):
 
             async def send_window(window: int = window) -> tuple[int, str]:
-                in_flight: set[asyncio.Future[object]] = set()
-                for first in range(0, total, batch):
-                    msgs = batch_of(producer, first, min(batch, total - first))
-                    in_flight.add(asyncio.ensure_future(producer.send_many(msgs)))
-                    if len(in_flight) >= window:
-                        done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                        for d in done:
-                            d.result()
-                for d in asyncio.as_completed(in_flight):
-                    await d
+                batches = (
+                    batch_of(producer, first, min(batch, total - first)) for first in range(0, total, batch)
+                )
+                await send_windowed(producer, batches, window)
                 return total, ""
 
             await meter.run(f"send_many x{batch}, {window} request(s) in flight", send_window)

@@ -33,7 +33,7 @@ from siftmq.client import FilterExpression, Producer, SimpleConsumer
 from siftmq.testing import running_broker
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_client import cpu_seconds
+from bench_client import cpu_seconds, send_windowed
 
 BODY = os.urandom(1024)
 WINDOW = 256
@@ -58,17 +58,12 @@ async def measure(pid: int, count_of: Callable[[], Awaitable[int]]) -> tuple[flo
 
 async def siftmq_publish(endpoint: str, topic: str, total: int) -> int:
     async with Producer(endpoint) as producer:
-        in_flight: set[asyncio.Future[object]] = set()
-        for first in range(0, total, WINDOW):
-            msgs = [producer.message(topic, BODY, tag="Sel" if i % 10 == 0 else "Other")
-                    for i in range(first, min(first + WINDOW, total))]  # fmt: skip
-            in_flight.add(asyncio.ensure_future(producer.send_many(msgs)))
-            if len(in_flight) >= 4:
-                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                for d in done:
-                    d.result()
-        for d in asyncio.as_completed(in_flight):
-            await d
+        batches = (
+            [producer.message(topic, BODY, tag="Sel" if i % 10 == 0 else "Other")
+             for i in range(first, min(first + WINDOW, total))]
+            for first in range(0, total, WINDOW)
+        )  # fmt: skip
+        await send_windowed(producer, batches, 4)
     return total
 
 
