@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from siftmq.cli.console import err, error, out
+from siftmq.cli.console import err, error, key_values, out
 
 DEFAULT_ENDPOINT = "127.0.0.1:8081"  # where `siftmq broker` listens by default
 EndpointOption = Annotated[
@@ -17,13 +17,10 @@ EndpointOption = Annotated[
 
 
 def _props(pairs: list[str] | None) -> dict[str, str]:
-    out = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"properties are key=value, not {pair!r}")
-        out[key] = value
-    return out
+    try:
+        return key_values(pairs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def produce(  # noqa: PLR0917 - typer maps options to parameters

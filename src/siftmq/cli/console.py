@@ -7,6 +7,7 @@ never taken as markup.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NoReturn
 
 import typer
@@ -30,3 +31,15 @@ def fail(message: object, code: int = 1) -> NoReturn:
     """Report ``message`` as an error and exit with ``code``."""
     error(message)
     raise typer.Exit(code)
+
+
+def key_values(pairs: Iterable[str] | None) -> dict[str, str]:
+    """``key=value`` arguments (message properties) as a dict; a ValueError names the first that is
+    not one."""
+    values: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"properties are key=value, not {pair!r}")
+        values[key] = value
+    return values

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from siftmq.cli.console import fail, out
+from siftmq.cli.console import fail, key_values, out
 from siftmq.errors import FilterError, FilterEvaluationError
 
 if TYPE_CHECKING:
@@ -60,12 +60,10 @@ def filter_eval(
 
     The exit code is 0 when the message would be delivered (TRUE), 2 when not, 1 on a bad expression.
     """
-    values: dict[str, str] = {}
-    for item in props or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            fail(f"property {item!r} is not key=value")
-        values[key] = value
+    try:
+        values = key_values(props)
+    except ValueError as exc:
+        fail(exc)
     compiled = _compile(kind, expression)
     try:
         result = compiled.evaluate(values)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from siftmq.cli.admin import DEFAULT_URL, JsonOption, UrlOption, YesOption, call_api, print_json, quote_part
-from siftmq.cli.console import fail, out
+from siftmq.cli.console import fail, key_values, out
 
 program_app = typer.Typer(no_args_is_help=True, help="Filter programs: consumers' match(message) code.")
 
@@ -27,13 +27,10 @@ def _read(path: Path) -> str:
 
 
 def _props(pairs: list[str] | None) -> dict[str, str]:
-    out_props: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            fail(f"--prop takes key=value, not {pair!r}")
-        out_props[key] = value
-    return out_props
+    try:
+        return key_values(pairs)
+    except ValueError as exc:
+        fail(exc)
 
 
 def _sample(body: str | None, props: list[str] | None, tag: str | None) -> dict[str, Any] | None:
