@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from siftmq.broker.model import user_properties
-from siftmq.errors import BadRequestError, ConfigError, NotFoundError, StatusCode, UnsupportedError
-from siftmq.filterserver.message import Row
+from siftmq.errors import BadRequestError, ConfigError, NotFoundError, UnsupportedError
+from siftmq.filterserver.message import Row, row
 from siftmq.filterserver.pool import (
     FilterServer,
     Limits,
@@ -120,7 +120,8 @@ class ProgramRegistry:
         try:
             verdict = server.evaluate(trial, source, sample) if sample else None
             if verdict is None:
-                server.evaluate(trial, source, [to_row_placeholder(topic)])  # loads it, result unused
+                # loads it; the result on an empty message is not looked at (it need not make sense of one)
+                server.evaluate(trial, source, [row(topic=topic)])
         except ProgramLoadError as exc:
             raise ProgramError(f"the program failed to load: {exc}") from exc
         except ProgramSuspended as exc:
@@ -214,12 +215,6 @@ class ProgramRegistry:
             self._server.close()
 
 
-def to_row_placeholder(topic: str) -> Row:
-    """A message with nothing in it, to load a program when no sample was given (its result is
-    not looked at: a program need not make sense of an empty message)."""
-    return (topic, None, (), {}, b"", "", 0, 0, 0, 0)
-
-
 def check_sample(raw: Any) -> Row:
     """A sample message sent to the admin API: ``{"body", "tag", "keys", "properties"}``."""
     if not isinstance(raw, dict):
@@ -235,5 +230,7 @@ def check_sample(raw: Any) -> Row:
     ):
         raise BadRequestError("sample.properties must map strings to strings")
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise BadRequestError("sample.keys must be a list of strings", status=StatusCode.BAD_REQUEST)
-    return ("", tag, tuple(keys), dict(properties), body.encode(), "sample", 0, 0, 0, 0)
+        raise BadRequestError("sample.keys must be a list of strings")
+    return row(
+        topic="", body=body.encode(), tag=tag, keys=tuple(keys), properties=properties, message_id="sample"
+    )

@@ -22,7 +22,7 @@ LOADED, LOAD_FAILED, RESULT = b"K", b"E", b"R"
 REJECT, MATCH, ERROR = 0, 1, 2
 MAX_ERROR_TEXT: Final = 500  # characters of one error a worker may report
 MAX_WORKER_FRAME: Final = 8 * 1024 * 1024
-_HEADER = struct.Struct(">IB")
+HEADER: Final = struct.Struct(">IB")  # length (kind and payload), kind
 
 
 class WireError(Exception):
@@ -34,7 +34,7 @@ class WireError(Exception):
 
 
 def frame(kind: bytes, payload: bytes) -> bytes:
-    return _HEADER.pack(len(payload) + 1, kind[0]) + payload
+    return HEADER.pack(len(payload) + 1, kind[0]) + payload
 
 
 def send(fd: int, data: bytes, deadline: float) -> None:
@@ -52,8 +52,8 @@ def send(fd: int, data: bytes, deadline: float) -> None:
 
 def receive(fd: int, deadline: float, max_bytes: int = MAX_WORKER_FRAME) -> tuple[bytes, bytes]:
     """One frame from a non-blocking ``fd``: (kind, payload)."""
-    header = _read_exactly(fd, _HEADER.size, deadline)
-    length, kind = _HEADER.unpack(header)
+    header = _read_exactly(fd, HEADER.size, deadline)
+    length, kind = HEADER.unpack(header)
     if not 1 <= length <= max_bytes:
         raise WireError(f"a frame of {length:,} bytes (at most {max_bytes:,})")
     return bytes([kind]), _read_exactly(fd, length - 1, deadline)

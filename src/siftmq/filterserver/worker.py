@@ -27,9 +27,8 @@ _REMOVED_BUILTINS = ("open", "input", "breakpoint", "help", "exit", "quit", "cop
 
 
 def _read_frame(fd: int) -> tuple[bytes, bytes]:
-    header = _read(fd, 5)
-    length = int.from_bytes(header[:4], "big")
-    return header[4:5], _read(fd, length - 1)
+    length, kind = wire.HEADER.unpack(_read(fd, wire.HEADER.size))
+    return bytes([kind]), _read(fd, length - 1)
 
 
 def _read(fd: int, n: int) -> bytes:
