@@ -14,6 +14,18 @@ from siftmq.demos import consistency
 pytestmark = pytest.mark.integration
 
 
+def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+    """``siftmq demo ARGS`` in a subprocess, its tables printed 200 columns wide."""
+    return subprocess.run(
+        [sys.executable, "-m", "siftmq", "demo", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
 def test_consistency_demo_outcomes() -> None:
     strict, compat = asyncio.run(consistency.run())
     assert strict.policy == "strict" and strict.lost == []
@@ -27,13 +39,7 @@ def test_consistency_demo_outcomes() -> None:
 
 
 def test_consistency_demo_command() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "siftmq", "demo", "consistency"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_demo("consistency")
     assert proc.returncode == 0, proc.stderr
     assert "strict mode" in proc.stdout and "compat mode" in proc.stdout and "lost: none" in proc.stdout
 
@@ -52,14 +58,7 @@ def test_trade_demo_every_system_gets_exactly_its_messages() -> None:
 
 
 def test_trade_demo_command() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "siftmq", "demo", "trade", "--count", "300"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    proc = run_demo("trade", "--count", "300")
     assert proc.returncode == 0, proc.stderr
     assert "order tracking" in proc.stdout and "bytes on the wire" in proc.stdout
 
@@ -67,14 +66,7 @@ def test_trade_demo_command() -> None:
 def test_security_demo_command() -> None:
     """The official client's calls, as the demo prints them: refused, refused, allowed."""
     pytest.importorskip("rocketmq")
-    proc = subprocess.run(
-        [sys.executable, "-m", "siftmq", "demo", "security"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    proc = run_demo("security")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     row = {(w, c): line for line in lines for w in ("anonymous", "alice", "mallory")
@@ -88,14 +80,7 @@ def test_security_demo_command() -> None:
 
 def test_filter_server_demo_command() -> None:
     """The program keeps exactly the big A orders; the hostile one is suspended while big-a receives."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "siftmq", "demo", "filter-server", "--count", "400"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    proc = run_demo("filter-server", "--count", "400")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "hostile (spins on every real order): suspended" in proc.stdout
     assert "│ 0     │ 0       │" in proc.stdout  # nothing wrong, nothing missing
