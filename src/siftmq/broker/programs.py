@@ -11,6 +11,7 @@ its group's progress stays where it is, until a new version is registered.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -89,13 +90,18 @@ class ProgramRegistry:
             self._programs[(program.group, program.topic)] = program
         self._limits, self._workers = limits, workers
         self._server: FilterServer | None = None
-        self.unavailable = ""
+        if self._programs and self.unavailable:
+            _log.error("filter programs are registered but cannot run here: %s", self.unavailable)
+
+    @functools.cached_property
+    def unavailable(self) -> str:
+        """Why programs cannot be sandboxed here ("" when they can). Asked only once a program
+        exists: loading libseccomp costs a broker without programs ~50 ms of start-up."""
         try:
             check_supported()
         except SandboxUnavailable as exc:
-            self.unavailable = str(exc)
-            if self._programs:
-                _log.error("filter programs are registered but cannot run here: %s", exc)
+            return str(exc)
+        return ""
 
     def _filter_server(self) -> FilterServer:
         if self.unavailable:
