@@ -156,9 +156,6 @@ class ProgramRegistry:
         if self._server is not None:
             self._server.forget(old.key)
 
-    def get(self, group: str, topic: str) -> Program | None:
-        return self._programs.get((group, topic))
-
     def counters(self, program: Program) -> dict[str, int]:
         """What the program's workers did since the broker started (or the version was registered)."""
         return self._server.counters(program.key).as_dict() if self._server else {}

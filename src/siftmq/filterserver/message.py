@@ -1,7 +1,8 @@
 """The message a program's ``match`` sees: read-only, built fast (a tuple with named fields).
 
-On the wire (see :mod:`~siftmq.filterserver.wire`) a message is the plain tuple :data:`FIELDS`
-describes; the worker wraps each in :class:`Message` without copying.
+On the wire (see :mod:`~siftmq.filterserver.wire`) a message is the plain tuple :data:`Row`
+describes (the fields of :class:`Message`, in its order); the worker wraps each in
+:class:`Message` without copying.
 """
 
 from __future__ import annotations
@@ -9,12 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from operator import itemgetter
 from types import MappingProxyType
-from typing import Any, Final
-
-FIELDS: Final = (
-    "topic", "tag", "keys", "properties", "body", "message_id",
-    "born_timestamp", "store_timestamp", "queue_id", "queue_offset",
-)  # fmt: skip
+from typing import Any
 
 Row = tuple[str, str | None, tuple[str, ...], dict[str, str], bytes, str, int, int, int, int]
 

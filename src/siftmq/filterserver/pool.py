@@ -199,9 +199,6 @@ class FilterServer:
         with self._lock:
             return self._counters.setdefault(key, Counters())
 
-    def suspended(self, key: ProgramKey) -> str | None:
-        return self._suspended.get(key)
-
     def evaluate(self, key: ProgramKey, source: str, rows: Sequence[Row]) -> Verdict:
         """Each message's outcome. Raises :class:`ProgramSuspended`, :class:`ProgramLoadError` (the
         program's module code failed), or :class:`WorkerDied` when no worker could be started (the
