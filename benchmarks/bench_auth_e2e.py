@@ -33,7 +33,7 @@ from siftmq.protocol.service import RPCS
 from siftmq.testing import BrokerProcess
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_client import BODY, cpu_seconds, send_windowed
+from bench_client import BODY, cpu_seconds, run_threads, send_windowed
 
 USER, SECRET = "bench", "B3nch-s3cret-pw"
 AUTH = {
@@ -96,14 +96,9 @@ def flood(endpoint: str, total: int, threads: int, bad: bool = True) -> float:
                     with lock:
                         refused += 1
 
-    workers = [threading.Thread(target=worker) for _ in range(threads)]
-    start = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    elapsed = run_threads(lambda _: worker(), threads)
     assert refused == total, f"only {refused} of {total} calls were answered as expected"
-    return time.perf_counter() - start
+    return elapsed
 
 
 def summary(values: list[float]) -> str:

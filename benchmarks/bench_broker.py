@@ -25,6 +25,7 @@ from pathlib import Path
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import FilterType
 
+from bench_client import run_threads  # beside this file
 from siftmq.testing import running_broker
 
 BODY = os.urandom(1024)
@@ -69,13 +70,7 @@ def send_phase(
             with lock:
                 latencies.extend(mine)
 
-    workers = [threading.Thread(target=worker) for _ in range(threads)]
-    start = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return time.perf_counter() - start, latencies
+    return run_threads(lambda _: worker(), threads), latencies
 
 
 def receive_phase(

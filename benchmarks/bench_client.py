@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -29,6 +30,18 @@ from siftmq.testing import running_broker
 BODY = os.urandom(1024)
 TOPIC = "ClientBench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def run_threads(target: Callable[[int], None], count: int) -> float:
+    """``target(i)`` for i in ``range(count)``, each in its own thread, all at once; the seconds
+    until the last finished."""
+    workers = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - start
 
 
 def cpu_seconds(pid: int) -> float:

@@ -34,7 +34,7 @@ from siftmq.protocol.service import RPCS, SERVICE_NAME
 from siftmq.testing import running_broker
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_client import cpu_seconds
+from bench_client import cpu_seconds, run_threads
 
 RPC = {r.name: r for r in RPCS}
 HANDLES: dict[str, list[tuple[str, str]]] = {}
@@ -180,13 +180,7 @@ def calls(endpoint: str, kind: str, total: int, threads: int = 8) -> float:
                         metadata=metadata(client_id),
                     )
 
-    workers = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
-    start = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return time.perf_counter() - start
+    return run_threads(worker, threads)
 
 
 def measure(pid: int, endpoint: str, kind: str, total: int) -> tuple[float, float]:
