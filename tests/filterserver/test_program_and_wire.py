@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from siftmq.filterserver import wire
-from siftmq.filterserver.message import Message, row
+from siftmq.filterserver.message import message_of, row
 from siftmq.filterserver.program import MAX_SOURCE_BYTES, ProgramError, check_program
 
 
@@ -44,18 +44,43 @@ def test_bad_programs_are_refused_saying_what_is_wrong(source: str, message: str
 
 
 def test_the_message_view() -> None:
-    m = Message(
+    m = message_of(
         row(
-            topic="T", tag="a", keys=("k",), properties={"p": "1"}, body=b"x", message_id="id", queue_offset=7
+            topic="T", tag="a", keys=("k", "l"), properties={"p": "1"}, body=b"x", message_id="id",
+            queue_id=3, queue_offset=7, born_timestamp=5, store_timestamp=6,
         )
-    )
-    assert (m.topic, m.tag, m.keys, dict(m.properties), m.body, m.message_id, m.queue_offset) == (
-        "T", "a", ("k",), {"p": "1"}, b"x", "id", 7,
     )  # fmt: skip
+    assert (m.topic, m.tag, m.keys, dict(m.properties), m.body, m.message_id) == (
+        "T", "a", ("k", "l"), {"p": "1"}, b"x", "id",
+    )  # fmt: skip
+    assert (m.queue_id, m.queue_offset, m.born_timestamp, m.store_timestamp) == (3, 7, 5, 6)
     with pytest.raises(TypeError):
         m.properties["p"] = "2"  # type: ignore[index]
     with pytest.raises(AttributeError):
         m.topic = "U"  # type: ignore[misc]
+
+
+def test_the_view_of_a_stored_record() -> None:
+    """The worker decodes the record's properties as the broker does for a consumer: the tag, keys
+    and id are fields, broker-internal (``__``) properties are not shown, and a record without a
+    UNIQ_KEY gets the offset message id the broker sent."""
+    stored = "\x02".join(
+        ["TAGS\x01t", "__BORN_HOST\x01127.0.0.1", "MY_UNIQ_KEY\x01no", "KEYS\x01 a  b ", "c\x01"]
+    )
+    m = message_of(("T", 0, 1, stored.encode(), b"", "0A00", 0, 0))
+    assert (m.tag, m.keys, m.message_id, dict(m.properties)) == (
+        "t",
+        ("a", "b"),
+        "0A00",
+        {"MY_UNIQ_KEY": "no", "c": ""},
+    )
+    assert message_of(("T", 0, 1, b"", b"", "0A00", 0, 0))[1:6] == (None, (), {}, b"", "0A00")
+
+
+@pytest.mark.parametrize("bad", [{"a\x01": "v"}, {"a": "v\x02w"}])
+def test_a_sample_cannot_smuggle_separators(bad: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="control character"):
+        row(topic="T", properties=bad)
 
 
 def test_a_result_round_trips() -> None:

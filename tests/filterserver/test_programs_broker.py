@@ -135,6 +135,43 @@ def test_receive_and_pull_deliver_what_the_program_keeps(broker: Any) -> None:
     assert httpx.get(f"{broker.admin_url}/groups/g-tagged/programs/{TOPIC}", timeout=10).status_code == 404
 
 
+def test_small_reads_through_a_selective_program_deliver_each_message_once(broker: Any) -> None:
+    """A read through a program asks the store for more than it delivers and stops at the batch:
+    what it read past the last delivered message is read again next time, so with batches of 1
+    and 3 every kept message arrives once and in queue order, and every failed one is
+    dead-lettered once."""
+    send_orders(broker.endpoint, 200)
+    one_in_five = (
+        "import json\ndef match(message):\n"
+        "    i = json.loads(message.body)['id']\n"
+        "    if i % 20 == 7:\n        raise ValueError('bad ' + str(i))\n"
+        "    return i % 5 == 0\n"
+    )
+    for group, batch in (("g-small-1", 1), ("g-small-3", 3)):
+        assert put(broker, group, one_in_five, {"body": json.dumps(order(0))}).status_code == 200
+
+        async def pull_all_in(group: str, batch: int) -> list[tuple[int, int]]:
+            got: list[tuple[int, int]] = []
+            async with PullConsumer(broker.endpoint, group, TOPIC, FilterExpression.tag()) as consumer:
+                for _ in range(300):
+                    msgs = await consumer.poll(batch, timeout=0.2)
+                    assert len(msgs) <= batch
+                    got += [(m.queue_id, int(m.properties["i"])) for m in msgs]
+                    if len(got) >= 40:
+                        break
+            return got
+
+        got = asyncio.run(pull_all_in(group, batch))
+        assert sorted(i for _, i in got) == list(range(0, 200, 5))
+        for queue in range(4):  # queue order
+            mine = [i for q, i in got if q == queue]
+            assert mine == sorted(mine)
+        dlq = f"{broker.admin_url}/topics/%25DLQ%25{group}"
+        assert httpx.get(dlq, timeout=10).json()["messages"] == 10
+        failed = [httpx.get(f"{dlq}/queues/0/messages/{n}", timeout=10).json() for n in range(10)]
+        assert sorted(int(d["properties"]["i"]) for d in failed) == list(range(7, 200, 20))
+
+
 def test_a_bad_program_is_refused_saying_what_is_wrong(broker: Any) -> None:
     send_orders(broker.endpoint, 3)
     cases = [

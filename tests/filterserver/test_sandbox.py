@@ -243,3 +243,20 @@ def test_a_program_busy_in_two_threads_gets_two_workers() -> None:
         assert fs.counters(key).evaluated == 4
     finally:
         fs.close()
+
+
+def test_a_long_batch_of_a_slow_program_is_cut_to_fit_the_batch_deadline() -> None:
+    """A program that takes a few ms a message, well within its per-message deadline, given a
+    batch whose total would overrun the batch deadline: the batch goes in chunks sized by the
+    program's pace, so no worker is killed and every message gets its real outcome."""
+    server = FilterServer(Limits(timeout_ms=100, batch_timeout_ms=1000, max_failures=2), 1)
+    slow = "def match(m):\n    for _ in range(100000):\n        pass\n    return m.queue_offset % 2 == 0\n"
+    rows = [row(topic="T", queue_offset=i) for i in range(600)]
+    try:
+        key = ProgramKey("g", "slow", 1)
+        verdict = server.evaluate(key, slow, rows)
+        counters = server.counters(key)
+        assert list(verdict.codes) == [wire.MATCH if i % 2 == 0 else wire.REJECT for i in range(600)]
+        assert (counters.timeouts, counters.restarts, len(counters.kills)) == (0, 1, 0)
+    finally:
+        server.close()

@@ -1,15 +1,15 @@
 """Filter programs on the read path, and their registration (the admin API's calls).
 
-Receive and pull call :meth:`ProgramReads._programmed` on the messages that passed the group's
-TAG/SQL92 filter: the program's accepted ones are delivered, the rejected ones passed over like any
-filtered message, and the ones it failed on moved to the dead-letter topic before the group's
-progress moves past them. ``None`` means the program is held (suspended or failed): the caller
-delivers nothing and keeps the progress where it was.
+Receive and pull read through :meth:`ProgramReads._read`: the messages that passed the group's
+TAG/SQL92 filter go to its program; the ones it accepts are delivered, the rejected ones passed
+over like any filtered message, and the ones it failed on moved to the dead-letter topic before
+the group's progress moves past them.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from siftmq.broker.model import (
@@ -18,11 +18,11 @@ from siftmq.broker.model import (
     PROPERTY_FILTER_ERROR,
 )
 from siftmq.broker.parts import BrokerParts, dlq_topic
-from siftmq.broker.programs import Program, check_sample, to_row
+from siftmq.broker.programs import Program, check_sample, row_of
 from siftmq.broker.validation import check_group, check_topic
 from siftmq.errors import NotFoundError, StatusCode
 from siftmq.filterserver.message import Row
-from siftmq.store import Message, StoredMessage
+from siftmq.store import GetMessageResult, Message, MessageFilter, StoredMessage
 
 _log = logging.getLogger(__name__)
 
@@ -30,17 +30,50 @@ _log = logging.getLogger(__name__)
 class ProgramReads(BrokerParts):
     """Program filtering and dead letters for :class:`~siftmq.broker.broker.Broker`."""
 
-    def _programmed(
-        self, group: str, topic: str, messages: list[StoredMessage]
-    ) -> list[StoredMessage] | None:
-        filtered = self.programs.apply(group, topic, messages)
-        if filtered is None:
-            return messages
+    def _read(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        want: int,
+        *,
+        message_filter: MessageFilter | None,
+    ) -> tuple[GetMessageResult, list[StoredMessage] | None]:
+        """``store.get_messages`` for up to ``want`` deliverable messages, through the group's
+        program when it has one: (the read, the messages to deliver).
+
+        A program passes over most of what it is given when it is selective, so its reads ask the
+        store for more (by the share it has been keeping) and stop at ``want``: the read's
+        ``next_begin_offset`` is then the first accepted message left over, so nothing past it is
+        passed over or dead-lettered. ``None``: the program is held (suspended or failed), and the
+        caller delivers nothing and keeps the group's progress where it was.
+        """
+        ask = self.programs.read_size(group, topic, want)
+        if ask is None:  # no program
+            result = self.store.get_messages(group, topic, queue_id, offset, want, message_filter)
+            return result, result.messages
+        result, records = self.store.get_records(topic, queue_id, offset, ask, message_filter)
+        filtered = self.programs.apply(group, topic, queue_id, records)
+        if filtered is None:  # removed meanwhile: read again without it
+            result = self.store.get_messages(group, topic, queue_id, offset, want, message_filter)
+            return result, result.messages
         if filtered.held:
-            return None
-        for msg, why in filtered.failed:
-            self._to_dlq(group, msg, 0, {PROPERTY_FILTER_ERROR: why})
-        return filtered.kept
+            return result, None
+        kept, failed = filtered.kept, filtered.failed
+        if len(kept) > want:
+            stop = kept[want].queue_offset
+            kept = kept[:want]
+            failed = [(r, why) for r, why in failed if r.queue_offset < stop]
+            result = replace(result, next_begin_offset=stop, scanned=stop - offset)
+        # the filter's exact stage and the CRC, for the few the program kept (or failed on)
+        for record, why in failed:
+            msg = self.store.decode_raw(topic, queue_id, record, message_filter)
+            if msg is not None:
+                self._to_dlq(group, msg, 0, {PROPERTY_FILTER_ERROR: why})
+        delivered = [self.store.decode_raw(topic, queue_id, r, message_filter) for r in kept]
+        messages = [m for m in delivered if m is not None]
+        return replace(result, messages=messages), messages
 
     def _to_dlq(
         self, group: str, msg: StoredMessage, attempts: int, extra: dict[str, str] | None = None
@@ -82,12 +115,12 @@ class ProgramReads(BrokerParts):
 
     def _newest(self, topic: str) -> list[Row]:
         cfg = self.topics.get(topic)
-        newest: StoredMessage | None = None
+        newest: Row | None = None
         for qid in range(cfg.queue_nums if cfg else 0):
             last = self.store.get_max_offset_in_queue(topic, qid) - 1
             if last < self.store.get_min_offset_in_queue(topic, qid):
                 continue
-            found = self.store.get_messages("", topic, qid, last, 1, None).messages
-            if found and (newest is None or found[0].store_timestamp > newest.store_timestamp):
-                newest = found[0]
-        return [to_row(newest)] if newest is not None else []
+            found = self.store.get_records(topic, qid, last, 1)[1]
+            if found and (newest is None or found[0].store_timestamp > newest[7]):
+                newest = row_of(found[0], topic, qid)
+        return [newest] if newest is not None else []

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from siftmq.broker.model import user_properties
 from siftmq.errors import BadRequestError, ConfigError, NotFoundError, UnsupportedError
-from siftmq.filterserver.message import Row, row
+from siftmq.filterserver.message import NAME_VALUE, SEPARATOR, UNIQ_KEY, Row, row
 from siftmq.filterserver.pool import (
     FilterServer,
     Limits,
@@ -33,13 +33,18 @@ from siftmq.filterserver.pool import (
 from siftmq.filterserver.program import ProgramError, check_program
 from siftmq.filterserver.sandbox import SandboxUnavailable, check_supported
 from siftmq.filterserver.wire import ERROR, MATCH
-from siftmq.store import StoredMessage
+from siftmq.store import RawRecord
 from siftmq.store.statefile import read_json, write_json
 
 _log = logging.getLogger(__name__)
 
 Status = Literal["active", "suspended", "failed"]
 MAX_PROGRAMS: Final = 1000
+# A read through a program asks the store for want / (the share it keeps) messages, with a margin,
+# within these bounds: one evaluation batch instead of many shrinking ones for a selective program.
+MAX_READ_AHEAD: Final = 1024
+READ_AHEAD_MARGIN: Final = 1.25
+MIN_KEPT_SHARE: Final = 1 / 64
 
 
 @dataclass
@@ -60,19 +65,26 @@ class Program:
 
 @dataclass(frozen=True, slots=True)
 class Filtered:
-    """What a program made of a read's messages: those to deliver, and those it failed on (with
+    """What a program made of a read's records: those to deliver, and those it failed on (with
     why) for the dead-letter topic. ``held`` when the program runs no more: deliver nothing and
     keep the progress."""
 
-    kept: list[StoredMessage]
-    failed: list[tuple[StoredMessage, str]]
+    kept: list[RawRecord]
+    failed: list[tuple[RawRecord, str]]
     held: bool = False
 
 
-def to_row(m: StoredMessage) -> Row:
-    return (m.topic, m.tags, tuple(m.keys), user_properties(m.properties), m.body,
-            m.uniq_key or m.offset_msg_id, m.born_timestamp, m.store_timestamp, m.queue_id,
-            m.queue_offset)  # fmt: skip
+_UNIQ_KEY_FIRST: Final = f"{UNIQ_KEY}{NAME_VALUE}".encode()
+_UNIQ_KEY_LATER: Final = f"{SEPARATOR}{UNIQ_KEY}{NAME_VALUE}".encode()
+
+
+def row_of(record: RawRecord, topic: str, queue_id: int) -> Row:
+    """The wire row of a stored record (the worker decodes it)."""
+    stored = record.properties
+    has_id = stored.startswith(_UNIQ_KEY_FIRST) or _UNIQ_KEY_LATER in stored
+    fallback_id = "" if has_id else record.offset_msg_id
+    return (topic, queue_id, record.queue_offset, stored, record.body, fallback_id,
+            record.born_timestamp, record.store_timestamp)  # fmt: skip
 
 
 class ProgramRegistry:
@@ -90,6 +102,7 @@ class ProgramRegistry:
             self._programs[(program.group, program.topic)] = program
         self._limits, self._workers = limits, workers
         self._server: FilterServer | None = None
+        self._kept_share: dict[tuple[str, str], float] = {}  # of the messages evaluated, lately
         if self._programs and self.unavailable:
             _log.error("filter programs are registered but cannot run here: %s", self.unavailable)
 
@@ -150,6 +163,7 @@ class ProgramRegistry:
     def remove(self, group: str, topic: str) -> None:
         with self._lock:
             old = self._programs.pop((group, topic), None)
+            self._kept_share.pop((group, topic), None)
             if old is None:
                 raise NotFoundError(f"group {group!r} has no filter program on {topic!r}")
             self._save_locked()
@@ -175,8 +189,17 @@ class ProgramRegistry:
 
     # ---------------------------------------------------------------------------------- reads
 
-    def apply(self, group: str, topic: str, messages: list[StoredMessage]) -> Filtered | None:
-        """The program's verdict on ``messages`` (None: the group has no program on the topic)."""
+    def read_size(self, group: str, topic: str, want: int) -> int | None:
+        """How many messages to read for ``want`` deliverable ones through the group's program:
+        more, by the share it has been keeping (None: the group has no program on ``topic``)."""
+        if (group, topic) not in self._programs:
+            return None
+        share = self._kept_share.get((group, topic), 1.0)
+        return min(max(want, math.ceil(want / share * READ_AHEAD_MARGIN)), MAX_READ_AHEAD)
+
+    def apply(self, group: str, topic: str, queue_id: int, messages: list[RawRecord]) -> Filtered | None:
+        """The program's verdict on records of ``topic``/``queue_id`` (None: the group has no
+        program on the topic)."""
         program = self._programs.get((group, topic))
         if program is None:
             return None
@@ -186,7 +209,7 @@ class ProgramRegistry:
             return Filtered([], [])
         try:
             verdict = self._filter_server().evaluate(
-                program.key, program.source, [to_row(m) for m in messages]
+                program.key, program.source, [row_of(m, topic, queue_id) for m in messages]
             )
         except ProgramSuspended as exc:
             self._set_status(program, "suspended", str(exc))
@@ -198,6 +221,9 @@ class ProgramRegistry:
             _log.warning("filter program of %s on %s: %s; its group waits", group, topic, exc.reason)
             return Filtered([], [], held=True)
         kept = [m for m, code in zip(messages, verdict.codes, strict=True) if code == MATCH]
+        share = max(len(kept) / len(messages), MIN_KEPT_SHARE)
+        old = self._kept_share.get((group, topic), share)
+        self._kept_share[(group, topic)] = old + (share - old) * len(messages) / (len(messages) + 256)
         failed = [(messages[i], text) for i, text in verdict.errors.items() if verdict.codes[i] == ERROR]
         return Filtered(kept, failed)
 
@@ -234,6 +260,14 @@ def check_sample(raw: Any) -> Row:
         raise BadRequestError("sample.properties must map strings to strings")
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise BadRequestError("sample.keys must be a list of strings")
-    return row(
-        topic="", body=body.encode(), tag=tag, keys=tuple(keys), properties=properties, message_id="sample"
-    )
+    try:
+        return row(
+            topic="",
+            body=body.encode(),
+            tag=tag,
+            keys=tuple(keys),
+            properties=properties,
+            message_id="sample",
+        )
+    except ValueError as exc:
+        raise BadRequestError(f"sample: {exc}") from exc

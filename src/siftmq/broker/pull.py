@@ -72,15 +72,19 @@ class Pulling(Subscribing):
         scanned = size = 0
         next_offset = offset
         while True:
-            r = self.store.get_messages(
-                group, topic.name, queue_id, next_offset, batch_size - len(messages), message_filter
+            r, delivered = self._read(
+                group,
+                topic.name,
+                queue_id,
+                next_offset,
+                batch_size - len(messages),
+                message_filter=message_filter,
             )
             lo, hi = r.min_offset, r.max_offset
             if r.status in (S.OFFSET_TOO_SMALL, S.OFFSET_OVERFLOW_BADLY):
                 return PullResult("ILLEGAL_OFFSET", messages, r.next_begin_offset, lo, hi)
             if r.status in (S.NO_MATCHED_LOGIC_QUEUE, S.NO_MESSAGE_IN_QUEUE, S.OFFSET_OVERFLOW_ONE):
                 break
-            delivered = self._programmed(group, topic.name, r.messages)
             if delivered is None:  # the group's program is held: nothing delivered, nothing passed
                 break
             messages.extend(delivered)

@@ -175,10 +175,9 @@ class Receiving(Subscribing):
         S = GetMessageStatus
         limit = rp.batch_size - len(rp.out)
         while limit > 0 and scanned < MAX_SCAN_PER_RECEIVE:
-            result = self.store.get_messages(
-                rp.group, rp.topic, qid, prog.pop_offset, limit, rp.message_filter
+            result, delivered = self._read(
+                rp.group, rp.topic, qid, prog.pop_offset, limit, message_filter=rp.message_filter
             )
-            delivered = self._programmed(rp.group, rp.topic, result.messages)
             if delivered is None:  # the group's program is held: nothing delivered, nothing passed
                 break
             moved = result.next_begin_offset != prog.pop_offset

@@ -2,8 +2,9 @@
 
 A worker runs one program version; programs never share one, and a program busy in several read
 threads gets several. At most ``max_workers`` run at once: a program whose worker was taken for
-another gets a new one when it next needs it. A batch has a
-deadline (per message, capped); a worker that misses it, dies or breaks the protocol is killed and
+another gets a new one when it next needs it. A batch goes in chunks a
+quarter of the batch deadline long at the program's recent pace, and each has a deadline (per
+message, capped); a worker that misses it, dies or breaks the protocol is killed and
 the batch is run again in a fresh one, halved until the message that kills it is alone — that one
 gets an error outcome with the reason, the others their real results. Kills of a program are
 counted: past ``max_failures`` within a minute :meth:`FilterServer.evaluate` raises
@@ -34,6 +35,10 @@ _log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S: Final = 10.0  # a worker's start: interpreter, allowed modules, the program's module code
 FAILURE_WINDOW_S: Final = 60.0
 RECURSION_LIMIT: Final = 400
+# A large batch goes to the worker in chunks sized so that one takes, at the program's recent pace,
+# a quarter of the batch deadline: a program slow on every message is not killed for a long batch.
+FIRST_CHUNK: Final = 64
+CHUNK_SHARE_OF_DEADLINE: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,7 @@ class Counters:
     restarts: int = 0
     kills: collections.deque[float] = field(default_factory=collections.deque)
     last_error: str = ""
+    seconds_per_message: float = 0.0  # lately, batches' wall time included; 0 until one ran
 
     def as_dict(self) -> dict[str, int]:
         return {"evaluated": self.evaluated, "matched": self.matched, "errors": self.errors,
@@ -209,7 +215,23 @@ class FilterServer:
         if why is not None:
             raise ProgramSuspended(why)
         counters = self.counters(key)
-        codes, errors = self._run(key, source, list(rows), 0, counters)
+        codes, errors = b"", {}
+        start = 0
+        while start < len(rows):
+            pace = counters.seconds_per_message
+            size = (
+                FIRST_CHUNK
+                if pace <= 0
+                else int(self.limits.batch_timeout_ms / 1000 * CHUNK_SHARE_OF_DEADLINE / pace)
+            )
+            chunk = list(rows[start : start + max(size, 1)])
+            began = time.monotonic()
+            more_codes, more_errors = self._run(key, source, chunk, start, counters)
+            took = (time.monotonic() - began) / len(chunk)
+            counters.seconds_per_message = took if pace <= 0 else (pace + took) / 2
+            codes += more_codes
+            errors.update(more_errors)
+            start += len(chunk)
         with self._lock:
             counters.evaluated += len(rows)
             counters.matched += codes.count(wire.MATCH)

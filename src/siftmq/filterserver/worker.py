@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from siftmq.filterserver import sandbox, wire
-from siftmq.filterserver.message import Message
+from siftmq.filterserver.message import Message, Row, message_of
 from siftmq.filterserver.program import ALLOWED_MODULES
 
 _REMOVED_BUILTINS = ("open", "input", "breakpoint", "help", "exit", "quit", "copyright", "credits", "license")
@@ -80,12 +80,12 @@ def load(source: str) -> Callable[[Message], Any]:
     return match  # type: ignore[no-any-return]
 
 
-def evaluate(match: Callable[[Message], Any], rows: list[tuple[Any, ...]]) -> bytes:
+def evaluate(match: Callable[[Message], Any], rows: list[Row]) -> bytes:
     codes = bytearray(len(rows))
     errors: dict[int, str] = {}
     for i, r in enumerate(rows):
         try:
-            result = match(Message(r))
+            result = match(message_of(r))
         except BaseException as exc:
             codes[i] = wire.ERROR
             errors[i] = _describe(exc)

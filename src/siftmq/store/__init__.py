@@ -19,6 +19,7 @@ from siftmq.store.codec import (
 from siftmq.store.commitlog import AppendedRecord
 from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue_ext import CqExtBlock, CqExtUnit
+from siftmq.store.decoding import RawRecord
 from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, DispatchRequest
 from siftmq.store.filtering import BlockMessageFilter, GetMessageResult, GetMessageStatus, MessageFilter
 from siftmq.store.reput import MessageArrivingListener
@@ -43,6 +44,7 @@ __all__ = [
     "MessageArrivingListener",
     "MessageFilter",
     "MessageStore",
+    "RawRecord",
     "RetentionResult",
     "StoreConfig",
     "StoredMessage",

@@ -13,7 +13,7 @@ import functools
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final, NamedTuple
 
 from siftmq.errors import CorruptRecordError
 from siftmq.store.codec import (
@@ -137,6 +137,89 @@ def _decode_checked(data: bytes | memoryview, pos: int, total_size: int, offset:
 _new_stored_message: Final = functools.partial(tuple.__new__, StoredMessage)
 
 
+class RawRecord(NamedTuple):
+    """A record of a queue checked as :func:`split_entry` checks it, but not decoded: its
+    properties as stored (``name \\x01 value`` pairs joined by ``\\x02``) and its body, for a
+    consumer's filter program to see before the broker decodes the few it keeps
+    (:func:`decode_raw`)."""
+
+    record: bytes  # the whole record
+    commit_log_offset: int
+    queue_offset: int
+    properties: bytes
+    body: bytes
+    born_timestamp: int
+    store_timestamp: int
+    store_host: bytes
+
+    @property
+    def offset_msg_id(self) -> str:
+        """As :attr:`StoredMessage.offset_msg_id`."""
+        return (self.store_host + self.commit_log_offset.to_bytes(8, "big")).hex().upper()
+
+
+def _checked_entry(  # noqa: PLR0917 - positional on purpose: it runs once per candidate of a pull
+    data: bytes,
+    pos: int,
+    offset: int,
+    size: int,
+    max_record_size: int,
+    topic: str,
+    topic_bytes: bytes,
+    queue_id: int,
+    queue_offset: int,
+    verify_crc: bool,
+) -> tuple[tuple[Any, ...], int, int, int]:
+    """The checks of :func:`decode_entry` (the CRC's only with ``verify_crc``): (the header's
+    fields, body start, body end, topic end)."""
+    if len(data) - pos < MIN_RECORD_SIZE:
+        check_record(data, pos, offset, max_record_size=max_record_size)  # raises
+    header: tuple[Any, ...] = HEADER_STRUCT.unpack_from(data, pos)
+    total_size, magic, record_crc = header[0], header[1], header[2]
+    record_queue_id, record_queue_offset, physical_offset = header[4], header[6], header[7]
+    body_length = header[15]
+    end = pos + total_size
+    if (
+        magic != MESSAGE_MAGIC_CODE
+        or total_size != size
+        or physical_offset != offset
+        or not MIN_RECORD_SIZE <= total_size <= max_record_size
+        or end > len(data)
+    ):
+        # the precise error; when only the size differs, check_record passes
+        check_record(data, pos, offset, max_record_size=max_record_size)
+        raise CorruptRecordError(f"record size {total_size} differs from index size {size}", offset=offset)
+    if verify_crc:
+        # a small record's bytes are copied faster than a memoryview is made
+        covered = (
+            data[pos + CRC_FROM : end]
+            if total_size <= _COPY_TO_CRC
+            else memoryview(data)[pos + CRC_FROM : end]
+        )
+        if zlib.crc32(covered) != record_crc:
+            raise CorruptRecordError("record CRC mismatch", offset=offset)
+    body_start = pos + HEADER_SIZE
+    body_end = body_start + body_length
+    if body_length < 0 or body_end + 3 > end:
+        raise CorruptRecordError("inconsistent record fields (body length)", offset=offset)
+    topic_end = body_end + 1 + data[body_end]
+    if topic_end + 2 > end or (data[topic_end] << 8 | data[topic_end + 1]) != end - topic_end - 2:
+        raise CorruptRecordError("inconsistent record fields (topic or properties length)", offset=offset)
+    if (
+        record_queue_id != queue_id
+        or record_queue_offset != queue_offset
+        or topic_end - body_end - 1 != len(topic_bytes)
+        or not data.startswith(topic_bytes, body_end + 1)
+    ):
+        record_topic = data[body_end + 1 : topic_end]
+        raise CorruptRecordError(
+            f"consume queue {topic}:{queue_id} entry {queue_offset} points at a record of "
+            f"{record_topic.decode('utf-8', 'replace')}:{record_queue_id}@{record_queue_offset}",
+            offset=offset,
+        )
+    return header, body_start, body_end, topic_end
+
+
 def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per candidate of a pull
     data: bytes,
     pos: int,
@@ -157,17 +240,18 @@ def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per can
     :class:`CorruptRecordError`. When ``accept`` is given it is called with the decoded properties
     first, and a record it rejects returns None without building a :class:`StoredMessage`.
     """
-    if len(data) - pos < MIN_RECORD_SIZE:
-        check_record(data, pos, offset, max_record_size=max_record_size)  # raises
+    header, body_start, body_end, topic_end = _checked_entry(
+        data, pos, offset, size, max_record_size, topic, topic_bytes, queue_id, queue_offset, True
+    )
     (
         total_size,
-        magic,
-        record_crc,
+        _magic,
+        _record_crc,
         body_crc,
-        record_queue_id,
+        _record_queue_id,
         flag,
-        record_queue_offset,
-        physical_offset,
+        _record_queue_offset,
+        _physical_offset,
         sys_flag,
         born_timestamp,
         born_host,
@@ -175,44 +259,9 @@ def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per can
         store_host,
         reconsume_times,
         prepared_transaction_offset,
-        body_length,
-    ) = HEADER_STRUCT.unpack_from(data, pos)
+        _body_length,
+    ) = header
     end = pos + total_size
-    if (
-        magic != MESSAGE_MAGIC_CODE
-        or total_size != size
-        or physical_offset != offset
-        or not MIN_RECORD_SIZE <= total_size <= max_record_size
-        or end > len(data)
-    ):
-        # the precise error; when only the size differs, check_record passes
-        check_record(data, pos, offset, max_record_size=max_record_size)
-        raise CorruptRecordError(f"record size {total_size} differs from index size {size}", offset=offset)
-    # a small record's bytes are copied faster than a memoryview is made
-    covered = (
-        data[pos + CRC_FROM : end] if total_size <= _COPY_TO_CRC else memoryview(data)[pos + CRC_FROM : end]
-    )
-    if zlib.crc32(covered) != record_crc:
-        raise CorruptRecordError("record CRC mismatch", offset=offset)
-    body_start = pos + HEADER_SIZE
-    body_end = body_start + body_length
-    if body_length < 0 or body_end + 3 > end:
-        raise CorruptRecordError("inconsistent record fields (body length)", offset=offset)
-    topic_end = body_end + 1 + data[body_end]
-    if topic_end + 2 > end or (data[topic_end] << 8 | data[topic_end + 1]) != end - topic_end - 2:
-        raise CorruptRecordError("inconsistent record fields (topic or properties length)", offset=offset)
-    if (
-        record_queue_id != queue_id
-        or record_queue_offset != queue_offset
-        or topic_end - body_end - 1 != len(topic_bytes)
-        or not data.startswith(topic_bytes, body_end + 1)
-    ):
-        record_topic = data[body_end + 1 : topic_end]
-        raise CorruptRecordError(
-            f"consume queue {topic}:{queue_id} entry {queue_offset} points at a record of "
-            f"{record_topic.decode('utf-8', 'replace')}:{record_queue_id}@{record_queue_offset}",
-            offset=offset,
-        )
     properties: dict[str, str] = {}
     if topic_end + 2 < end:
         try:
@@ -244,6 +293,53 @@ def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per can
             body_crc,
         )
     )
+
+
+def split_entry(  # noqa: PLR0917 - decode_entry's arguments, so the read path takes either
+    data: bytes,
+    pos: int,
+    offset: int,
+    size: int,
+    max_record_size: int,
+    topic: str,
+    topic_bytes: bytes,
+    queue_id: int,
+    queue_offset: int,
+    accept: Callable[[dict[str, str]], bool] | None,
+) -> RawRecord:
+    """The record a ConsumeQueue entry points at as a :class:`RawRecord`, checked as
+    :func:`decode_entry` checks it but for the CRC and ``accept`` (the filter's exact stage): both
+    are :func:`decode_raw`'s, for the few records a program keeps. A damaged record a program
+    passes over is passed over as a damaged one would be, only not counted."""
+    del accept
+    header, body_start, body_end, topic_end = _checked_entry(
+        data, pos, offset, size, max_record_size, topic, topic_bytes, queue_id, queue_offset, False
+    )
+    end = pos + header[0]
+    return RawRecord(
+        data[pos:end],
+        offset,
+        queue_offset,
+        data[topic_end + 2 : end],
+        data[body_start:body_end],
+        header[9],
+        header[11],
+        header[12],
+    )
+
+
+def decode_raw(
+    raw: RawRecord,
+    max_record_size: int,
+    topic: str,
+    queue_id: int,
+    accept: Callable[[dict[str, str]], bool] | None,
+) -> StoredMessage | None:
+    """The message of a :class:`RawRecord` of ``topic``/``queue_id`` (None: ``accept`` rejects it)."""
+    return decode_entry(
+        raw.record, 0, raw.commit_log_offset, len(raw.record), max_record_size, topic,
+        topic.encode(), queue_id, raw.queue_offset, accept,
+    )  # fmt: skip
 
 
 _COPY_TO_CRC: Final = 4096

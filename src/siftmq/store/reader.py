@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -61,9 +61,17 @@ class MessageReader:
         self._damage_logged_at = -1.0
 
     def get_messages(
-        self, cq: ConsumeQueue | None, offset: int, max_count: int, message_filter: MessageFilter | None
+        self,
+        cq: ConsumeQueue | None,
+        offset: int,
+        max_count: int,
+        message_filter: MessageFilter | None,
+        *,
+        raw: bool = False,
     ) -> GetMessageResult:
-        """Up to ``max_count`` messages of ``cq`` from ``offset`` (see ``MessageStore.get_messages``)."""
+        """Up to ``max_count`` messages of ``cq`` from ``offset`` (see ``MessageStore.get_messages``);
+        with ``raw``, the result's ``messages`` are :class:`~siftmq.store.decoding.RawRecord`
+        (see ``MessageStore.get_records``)."""
         if cq is None:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
         min_offset = cq.min_offset
@@ -82,7 +90,9 @@ class MessageReader:
         entries = cq.read_block(offset, min(max_entries, max_offset - offset))
         if entries is None or len(entries) == 0:
             return GetMessageResult(S.OFFSET_FOUND_NULL, cq.roll_next_file(offset), min_offset, max_offset)
-        return self._scan(cq, entries, offset, max_count, message_filter, bounds=(min_offset, max_offset))
+        return self._scan(
+            cq, entries, offset, max_count, message_filter, bounds=(min_offset, max_offset), raw=raw
+        )
 
     def _scan(
         self,
@@ -93,6 +103,7 @@ class MessageReader:
         message_filter: MessageFilter | None,
         *,
         bounds: tuple[int, int],
+        raw: bool,
     ) -> GetMessageResult:
         """Read the records of the index candidates: each sliced from its segment's read map, or
         (not mapped yet) runs of nearby ones with one pread each."""
@@ -105,7 +116,7 @@ class MessageReader:
         accept = message_filter.is_matched_by_commit_log if message_filter is not None else None
         status = GetMessageStatus.NO_MATCHED_MESSAGE
         found = GetMessageStatus.FOUND
-        messages: list[StoredMessage] = []
+        messages: list[Any] = []  # StoredMessage; RawRecord when raw
         total = 0
         next_phy_file_start = -1
         scanned = n
@@ -115,7 +126,7 @@ class MessageReader:
         commit_log = self.commit_log
         segment_size = commit_log.segment_size
         max_record_size = commit_log.max_record_size
-        decode = decoding.decode_entry
+        decode = decoding.split_entry if raw else decoding.decode_entry
         topic, queue_id = cq.topic, cq.queue_id
         topic_bytes = topic.encode()
         seg: Segment | None = None  # the segment of the previous candidate
@@ -212,6 +223,18 @@ class MessageReader:
             if rejected[removing_at + 1 : scanned].any():
                 status = GetMessageStatus.NO_MATCHED_MESSAGE
         return _new_result(status, offset + scanned, min_offset, max_offset, messages, scanned)
+
+    def decode_raw(
+        self, cq: ConsumeQueue, record: decoding.RawRecord, message_filter: MessageFilter | None
+    ) -> StoredMessage | None:
+        """The message of a record :meth:`get_messages` gave raw; None when the filter's exact
+        stage rejects it, or when it is damaged (passed over and counted, as a read does)."""
+        accept = message_filter.is_matched_by_commit_log if message_filter is not None else None
+        try:
+            return decoding.decode_raw(record, self.commit_log.max_record_size, cq.topic, cq.queue_id, accept)
+        except CorruptRecordError as exc:
+            self._skip_damaged(cq, record.queue_offset, record.commit_log_offset, str(exc))
+            return None
 
     def _skip_damaged(self, cq: ConsumeQueue, queue_offset: int, phy: int, reason: str) -> None:
         """Pass over a record that cannot be read intact: it is counted and logged (at most once a

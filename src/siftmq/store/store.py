@@ -47,8 +47,9 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from types import TracebackType
-from typing import Final
+from typing import Final, cast
 
 from siftmq.errors import StoreClosedError, StoreError, StoreLockedError
 from siftmq.store import codec, retention
@@ -57,6 +58,7 @@ from siftmq.store.commitlog import AppendedRecord, CommitLog
 from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue import ConsumeQueue
 from siftmq.store.consumequeue_ext import ConsumeQueueExt
+from siftmq.store.decoding import RawRecord
 from siftmq.store.disk import DiskGuard, DiskUsage
 from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, Reput
 from siftmq.store.filtering import GetMessageResult, MessageFilter
@@ -532,6 +534,35 @@ class MessageStore:
             raise ValueError("max_count must be at least 1")
         cq = self.find_consume_queue(topic, queue_id)
         return self.reader.get_messages(cq, offset, max_count, message_filter)
+
+    def get_records(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        message_filter: MessageFilter | None = None,
+    ) -> tuple[GetMessageResult, list[RawRecord]]:
+        """:meth:`get_messages` for a consumer's filter program: the candidates after the filter's
+        index stage, checked (CRC included) but not decoded. The filter's exact stage is applied
+        by :meth:`decode_raw`, to the few the program keeps. The result's ``messages`` is empty."""
+        self._check_open()
+        if max_count < 1:
+            raise ValueError("max_count must be at least 1")
+        cq = self.find_consume_queue(topic, queue_id)
+        result = self.reader.get_messages(cq, offset, max_count, message_filter, raw=True)
+        records = cast(list[RawRecord], result.messages)  # raw=True: records in place of messages
+        return replace(result, messages=[]), records
+
+    def decode_raw(
+        self, topic: str, queue_id: int, record: RawRecord, message_filter: MessageFilter | None = None
+    ) -> StoredMessage | None:
+        """The message of a record :meth:`get_records` gave; None when ``message_filter``'s exact
+        stage rejects it, or when it is damaged (passed over and counted in :attr:`damaged_reads`)."""
+        cq = self.find_consume_queue(topic, queue_id)
+        if cq is None:  # the topic was deleted meanwhile
+            return None
+        return self.reader.decode_raw(cq, record, message_filter)
 
     @property
     def damaged_reads(self) -> int:
