@@ -74,7 +74,36 @@ def test_the_view_of_a_stored_record() -> None:
         "0A00",
         {"MY_UNIQ_KEY": "no", "c": ""},
     )
-    assert message_of(("T", 0, 1, b"", b"", "0A00", 0, 0))[1:6] == (None, (), {}, b"", "0A00")
+    empty = message_of(("T", 0, 1, b"", b"", "0A00", 0, 0))
+    assert (empty.tag, empty.keys, dict(empty.properties), empty.body, empty.message_id) == (
+        None, (), {}, b"", "0A00",
+    )  # fmt: skip
+
+
+_names = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=6)
+
+
+@given(
+    props=st.dictionaries(_names, _names, max_size=6),
+    tag=st.none() | _names,
+    keys=st.lists(_names.filter(lambda k: " " not in k and k != ""), max_size=3),
+    asked=st.lists(_names | st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "__BORN_HOST"]), max_size=6),
+)
+def test_a_property_lookup_agrees_with_decoding_them_all(
+    props: dict[str, str], tag: str | None, keys: list[str], asked: list[str]
+) -> None:
+    """Looking one property up in the stored form gives what the whole decode gives (the one a
+    consumer would be delivered), in any order of lookups and listings."""
+    m = message_of(row(topic="T", tag=tag, keys=tuple(keys), properties=props, message_id="id"))
+    user = {k: v for k, v in props.items() if k not in {"TAGS", "KEYS", "UNIQ_KEY"} and k[:2] != "__"}
+    for name in [*asked, *props]:
+        assert m.properties.get(name) == user.get(name)
+        assert (name in m.properties) == (name in user)
+    assert dict(m.properties) == user and len(m.properties) == len(user)
+    for name in [*asked, *props]:  # after the listing, from the decoded ones
+        assert m.properties.get(name, "-") == user.get(name, "-")
+    if "TAGS" not in props:
+        assert m.tag == tag
 
 
 @pytest.mark.parametrize("bad", [{"a\x01": "v"}, {"a": "v\x02w"}])
