@@ -328,3 +328,64 @@ def test_hostile_programs_are_refused_while_a_good_group_receives(broker: Any) -
     assert httpx.get(f"{broker.admin_url}/groups/g-hostile/programs/{TOPIC}", timeout=10).status_code == 404
     assert receive_all(broker.endpoint, "g-good") == {i for i in range(20) if big_a(order(i))}
     assert httpx.get(f"{broker.admin_url}/healthz", timeout=10).status_code == 200
+
+
+# Programs that pass their registration (the sample has no "i") and turn hostile on real messages:
+# (source, what becomes of the group's messages, the reason seen)
+_ESCAPE = (
+    "def _os():\n"
+    "    for c in ().__class__.__base__.__subclasses__():\n"
+    "        if c.__name__ == '_wrap_close':\n"
+    "            return c.__init__.__globals__\n"
+)
+HOSTILE_AT_RUN_TIME = {
+    "a memory bomb": ("def match(m):\n    x = bytearray(10**11)\n    return True\n", "dead", "MemoryError"),
+    "killing the broker": (
+        _ESCAPE + "def match(m):\n    _os()['kill'](_os()['getppid'](), 9)\n    return True\n",
+        "dead", "PermissionError",
+    ),
+    "unbounded recursion": (
+        "def f(n):\n    return f(n + 1)\ndef match(m):\n    return f(0)\n", "dead", "RecursionError",
+    ),
+    "sys.exit in match": ("def match(m):\n    raise SystemExit(3)\n", "dead", "SystemExit"),
+    "10 MB to stdout": ("def match(m):\n    print('x' * 10_000_000)\n    return True\n", "delivered", ""),
+    "exiting its worker": (_ESCAPE + "def match(m):\n    _os()['_exit'](0)\n", "suspended", "worker kills"),
+    "works once then crashes forever": (
+        _ESCAPE + "SEEN = []\ndef match(m):\n    SEEN.append(1)\n"
+        "    if len(SEEN) > 1:\n        _os()['_exit'](0)\n    return True\n",
+        "suspended", "worker kills",
+    ),
+}  # fmt: skip
+
+
+def test_programs_turning_hostile_on_real_messages_lose_nothing(broker: Any) -> None:
+    """Each program passes its registration, then turns hostile on the real messages: a failure
+    sends every message to the dead-letter topic with why; a program that kills its workers is
+    suspended with the group's progress kept (a good version then gets every message). The
+    broker keeps serving, and well-behaved groups get what they want."""
+    send_orders(broker.endpoint, 20)
+    wanted = {i for i in range(20) if big_a(order(i))}
+    sample = {"body": json.dumps(order(0))}
+    for n, (name, (source, outcome, reason)) in enumerate(HOSTILE_AT_RUN_TIME.items()):
+        group = f"g-turns-{n}"
+        guarded = source.replace("def match(m):\n", "def match(m):\n    if 'i' not in m.properties:\n"
+                                 "        return True\n", 1)  # fmt: skip
+        assert put(broker, group, guarded, sample).status_code == 200, name
+        got = receive_all(broker.endpoint, group, rounds=3)
+        report = httpx.get(f"{broker.admin_url}/groups/{group}/programs/{TOPIC}", timeout=10).json()
+        dlq = httpx.get(f"{broker.admin_url}/topics/%25DLQ%25{group}", timeout=10)
+        dead = dlq.json()["messages"] if dlq.status_code == 200 else 0
+        if outcome == "delivered":
+            assert got == set(range(20)) and dead == 0, name
+        elif outcome == "dead":
+            assert got == set() and dead == 20, (name, got, dead)
+            first = httpx.get(f"{broker.admin_url}/topics/%25DLQ%25{group}/queues/0/messages/0", timeout=10)
+            assert first.json()["properties"]["FILTER_ERROR"].startswith(reason), name
+        else:
+            assert got == set() and report["status"] == "suspended" and reason in report["last_error"], name
+            assert put(broker, group, "def match(m):\n    return True\n").status_code == 200
+            assert receive_all(broker.endpoint, group) == set(range(20)), name  # the progress was kept
+        assert httpx.get(f"{broker.admin_url}/healthz", timeout=10).status_code == 200, name
+    assert receive_all(broker.endpoint, "g-good") == set(range(20))  # no program
+    assert put(broker, "g-good-prog", BIG_A).status_code == 200
+    assert receive_all(broker.endpoint, "g-good-prog") == wanted
