@@ -263,3 +263,23 @@ def test_planning_errors_name_the_option(spark: Any, start_broker: Any) -> None:
         spark.read.format("siftmq").schema("body binary").option("endpoints", broker.endpoint).option(
             "topic", TOPIC
         ).load().count()
+
+
+def test_a_group_with_a_filter_program_is_honoured(spark: Any, start_broker: Any) -> None:
+    """The filter server sits on the pull path, so a batch read with a group that has a program
+    gets only what the program keeps (here on the body, which no pushed filter can reach), with
+    the TAG filter pushed down as well."""
+    broker = start_broker(config={"filter_server_nums": 1})
+    produce(broker.endpoint)
+    program = "def match(message):\n    return int(message.body.split(b'-')[1]) % 3 == 0\n"
+    put = httpx.put(
+        f"{broker.admin_url}/groups/spark-prog/programs/{TOPIC}", json={"source": program}, timeout=30
+    )
+    assert put.status_code == 200, put.text
+    df = reader(spark, broker.endpoint, group="spark-prog", pushdown="true").filter("tag = 'A'")
+    assert numbers(df) == [i for i in range(240) if i % 3 == 0 and TAGS[i % len(TAGS)] == "A"]
+    counters = httpx.get(f"{broker.admin_url}/groups/spark-prog/programs/{TOPIC}", timeout=30).json()[
+        "counters"
+    ]
+    # only tag A reached the program (a read may evaluate what it reads past its batch again)
+    assert 60 <= counters["evaluated"] < 240 and counters["matched"] >= 20
