@@ -24,12 +24,12 @@ from siftmq.broker.config import BrokerConfig
 from siftmq.broker.consumer_state import ConsumerStateTable
 from siftmq.broker.filter_registry import FilterRegistry
 from siftmq.broker.groups import GroupManager
+from siftmq.broker.inspect import Inspecting
 from siftmq.broker.offsets import OffsetTable
 from siftmq.broker.programs import ProgramRegistry
 from siftmq.broker.pull import Pulling
 from siftmq.broker.receive import Receiving
 from siftmq.broker.reports import Reporting
-from siftmq.broker.send import Sending
 from siftmq.broker.stats import BrokerStats
 from siftmq.broker.topics import TopicManager
 from siftmq.filter import BloomFilter
@@ -42,7 +42,7 @@ from siftmq.store import (
 _log = logging.getLogger(__name__)
 
 
-class Broker(Sending, Receiving, Pulling, Reporting):
+class Broker(Inspecting, Receiving, Pulling, Reporting):
     """One broker over one data directory. Call :meth:`start`, then :meth:`close`."""
 
     def __init__(self, config: BrokerConfig) -> None:

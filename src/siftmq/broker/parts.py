@@ -52,6 +52,15 @@ def dlq_topic(group: str) -> str:
     return f"{DLQ_PREFIX}{group}"
 
 
+def check_queue(topic: TopicConfig, queue_id: int) -> TopicConfig:
+    """``topic``, after checking that it has queue ``queue_id``."""
+    if not 0 <= queue_id < topic.queue_nums:
+        raise BadRequestError(
+            f"queue {queue_id} does not exist: topic {topic.name!r} has queues 0..{topic.queue_nums - 1}"
+        )
+    return topic
+
+
 class BrokerParts:
     """The state every request family works on; :class:`~siftmq.broker.broker.Broker` sets it up."""
 

@@ -11,7 +11,7 @@ from siftmq.broker.model import (
     PullResult,
     Subscription,
 )
-from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, _positive_batch
+from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, _positive_batch, check_queue
 from siftmq.broker.subscriptions import Subscribing
 from siftmq.broker.topics import TopicConfig
 from siftmq.broker.validation import (
@@ -34,12 +34,7 @@ class Pulling(Subscribing):
     """Pull, offset and assignment requests of :class:`~siftmq.broker.broker.Broker`."""
 
     def _queue(self, topic_name: str, queue_id: int) -> TopicConfig:
-        topic = self._readable_topic(topic_name)
-        if not 0 <= queue_id < topic.queue_nums:
-            raise BadRequestError(
-                f"queue {queue_id} does not exist: topic {topic.name!r} has queues 0..{topic.queue_nums - 1}"
-            )
-        return topic
+        return check_queue(self._readable_topic(topic_name), queue_id)
 
     def pull(
         self,

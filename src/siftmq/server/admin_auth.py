@@ -7,7 +7,8 @@ or ``Authorization: Bearer`` with a token from ``POST /tokens``: 401 otherwise, 
 message for an unknown user, a wrong password and a bad token. With authorization on,
 :func:`admin_action` maps the request to the resource and action RocketMQ's ACL 2.0 uses (list →
 ``List`` on ``Cluster``, read → ``Get``, create → ``Create``, change → ``Update``, delete →
-``Delete`` on the topic or group named in the path): 403 without it. Users and ACLs
+``Delete`` on the topic or group named in the path; checking or trying an expression is ``Get``, resending
+a dead letter ``Update`` on its dead-letter topic): 403 without it. Users and ACLs
 (``/users``, ``/acls``) are Super users' business only, whatever the policies say.
 """
 
@@ -117,6 +118,11 @@ def admin_action(method: str, path: str, query_topic: str | None) -> tuple[str, 
     """The resource and action of an admin request."""
     parts = [p for p in path.split("/") if p]
     action = Action.DELETE if method == "DELETE" else _BY_METHOD.get(method, Action.GET)
+    if parts[:1] == ["filter"] or (len(parts) == 3 and parts[0] == "topics" and parts[2] == "try"):
+        # checking an expression, or trying it on a topic's newest messages, changes nothing
+        return ("Cluster" if parts[0] == "filter" else f"Topic:{parts[1]}"), Action.GET
+    if len(parts) >= 2 and parts[0] == "topics" and parts[-1] == "resend":
+        return f"Topic:{parts[1]}", Action.UPDATE  # a dead letter sent back to its origin topic
     if len(parts) >= 2 and parts[0] == "topics":
         return f"Topic:{parts[1]}", action
     if len(parts) >= 2 and parts[0] == "groups":
@@ -125,6 +131,6 @@ def admin_action(method: str, path: str, query_topic: str | None) -> tuple[str, 
         return f"Group:{parts[1]}", Action.UPDATE if changed else action
     if parts[:1] == ["messages"] and query_topic:
         return f"Topic:{query_topic}", Action.GET
-    if parts and parts[0] in ("topics", "groups") and method == "GET":
+    if parts and parts[0] in ("topics", "groups", "dead-letters") and method == "GET":
         return "Cluster", Action.LIST
     return "Cluster", action

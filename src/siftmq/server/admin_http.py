@@ -23,13 +23,15 @@ from pydantic import BaseModel, Field
 from siftmq.auth.acl import Action
 from siftmq.broker import deletion
 from siftmq.broker.broker import Broker
+from siftmq.broker.inspect import message_view
 from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
+from siftmq.console import CONSOLE_PATHS, console_router
 from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError, StatusCode
 from siftmq.server.admin_auth import OPEN_PATHS, Tokens, admin_action, login, needs_super
+from siftmq.server.admin_inspect import History, inspect_router
 from siftmq.server.admin_users import users_router
 from siftmq.server.auth import Gate
-from siftmq.store import StoredMessage
 
 _HTTP_STATUS = {"PRECONDITION_FAILED": 409, "UNSUPPORTED": 501, "TOO_MANY_REQUESTS": 429}
 
@@ -61,19 +63,11 @@ class SubscriptionSet(BaseModel):
     expression: str = Field(default="*", max_length=65_536)
 
 
-def message_json(m: StoredMessage) -> dict[str, Any]:
-    return {
-        "topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
-        "commit_log_offset": m.commit_log_offset, "message_id": m.uniq_key or m.offset_msg_id,
-        "tag": m.tags, "keys": m.keys, "properties": m.properties, "store_timestamp": m.store_timestamp,
-        "born_timestamp": m.born_timestamp, "body_size": len(m.body), "reconsume_times": m.reconsume_times,
-    }  # fmt: skip
-
-
 def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | None = None) -> FastAPI:
     """The admin application for ``broker``; ``warnings`` (an exposed broker without authentication)
     are shown by ``/healthz``."""
     app = FastAPI(title="siftmq admin", version="1", docs_url="/docs", redoc_url=None)
+    history = app.state.history = History(broker)  # sampled by the admin server's task
     registry = CollectorRegistry()
     registry.register(BrokerCollector(broker, gate))
 
@@ -83,6 +77,7 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
     tokens = Tokens(broker.config.admin_token_ttl_s) if gate is not None else None
     if gate is not None and tokens is not None:
         open_paths = OPEN_PATHS | ({"/metrics"} if broker.config.admin_metrics_open else set())
+        open_paths |= CONSOLE_PATHS  # the console's page and files: no data, which its calls fetch
 
         @app.middleware("http")
         async def check_login(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
@@ -94,10 +89,12 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
             if user is None:
                 gate.failures["admin"] += 1
                 gate.audit("failure", "admin API login failed: %s %s from %s", request.method, path, peer)
+                # the console logs in itself: a browser's own Basic prompt would pop up over it
+                console = request.headers.get("x-siftmq-console") == "1"
                 return JSONResponse(
                     {"error": "UNAUTHORIZED", "message": "a user and password of the broker are needed"},
                     status_code=401,
-                    headers={"WWW-Authenticate": 'Basic realm="siftmq"'},
+                    headers={} if console else {"WWW-Authenticate": 'Basic realm="siftmq"'},
                 )
             request.state.user = user
             if needs_super(path):
@@ -118,6 +115,8 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
             return await call_next(request)
 
     app.include_router(users_router(gate, tokens))
+    app.include_router(inspect_router(broker, history))
+    app.include_router(console_router())
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -152,7 +151,8 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
             for q in range(cfg.queue_nums)
         ]  # fmt: skip
         return {"name": cfg.name, "queue_nums": cfg.queue_nums, "perm": cfg.perm, "queues": queues,
-                "messages": sum(int(q["max_offset"]) - int(q["min_offset"]) for q in queues)}  # fmt: skip
+                "messages": sum(int(q["max_offset"]) - int(q["min_offset"]) for q in queues),
+                "sent": broker.stats.snapshot(broker.stats.sends).get(cfg.name, 0)}  # fmt: skip
 
     @app.get("/topics")
     async def list_topics() -> list[dict[str, Any]]:
@@ -244,21 +244,23 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
     # --------------------------------------------------------------------------------- messages
 
     @app.get("/messages/{message_id}")
-    async def message_by_id(message_id: str) -> dict[str, Any]:
+    async def message_by_id(message_id: str, body: bool = False) -> dict[str, Any]:
         msg = await call(broker.store.query_message_by_uniq_key, message_id)
         if msg is None:
             raise NotFoundError(f"no message with id {message_id!r}", status=StatusCode.MESSAGE_NOT_FOUND)
-        return message_json(msg)
+        return message_view(msg, body=body)
 
     @app.get("/messages")
-    async def messages_by_key(topic: str, key: str, limit: int = 32) -> list[dict[str, Any]]:
+    async def messages_by_key(
+        topic: str, key: str, limit: int = 32, body: bool = False
+    ) -> list[dict[str, Any]]:
         if not 1 <= limit <= 1000:
             raise BadRequestError("limit must be in 1..1000")
         found = await call(broker.store.query_messages_by_key, topic, key, limit)
-        return [message_json(m) for m in found]
+        return [message_view(m, body=body) for m in found]
 
     @app.get("/topics/{name}/queues/{queue_id}/messages/{offset}")
-    async def message_at(name: str, queue_id: int, offset: int) -> dict[str, Any]:
+    async def message_at(name: str, queue_id: int, offset: int, body: bool = False) -> dict[str, Any]:
         if broker.topics.get(name) is None:
             raise NotFoundError(f"topic {name!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
         result = await call(broker.store.get_messages, "", name, queue_id, offset, 1, None)
@@ -266,7 +268,7 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
             raise NotFoundError(
                 f"no message at {name}:{queue_id}@{offset}", status=StatusCode.MESSAGE_NOT_FOUND
             )
-        return message_json(result.messages[0])
+        return message_view(result.messages[0], body=body)
 
     # ---------------------------------------------------------------------------------- metrics
 

@@ -245,9 +245,11 @@ class _AdminServer:
             self._sock.close()
             raise BindError(f"cannot listen on {listen} for the admin API: {exc}") from exc
         self.address = f"{host}:{self._sock.getsockname()[1]}"
+        app = create_app(broker, gate, warnings or [])
+        self._history = app.state.history
         self._server = _Quiet(
             uvicorn.Config(
-                create_app(broker, gate, warnings or []),
+                app,
                 log_level="warning",
                 lifespan="off",
                 http=deadline_protocol(broker.config.admin_request_timeout_s),
@@ -258,15 +260,19 @@ class _AdminServer:
             )
         )
         self._task: asyncio.Task[None] | None = None
+        self._sampler: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        self._sampler = asyncio.create_task(self._history.run())  # the console's sparklines
         while not self._server.started and not self._task.done():
             await asyncio.sleep(0.01)
         if self._task.done():
             self._task.result()
 
     async def stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
         self._server.should_exit = True
         if self._task is not None:
             await self._task

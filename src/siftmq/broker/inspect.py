@@ -1,0 +1,209 @@
+"""Inspection for the console and the admin API: a queue browsed through a TAG or SQL92 expression,
+an expression tried on a topic's newest messages, expressions checked as they are typed, and dead
+letters listed and resent to where they came from.
+
+Every answer comes from the broker's own filter engine (the exact stage a subscription runs, on
+each message's properties): what the console shows is what a consumer would be delivered.
+"""
+
+from __future__ import annotations
+
+import base64
+import heapq
+from typing import Any, Final
+
+from siftmq.broker.model import (
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_FILTER_ERROR,
+    ProducedMessage,
+    Subscription,
+    user_properties,
+)
+from siftmq.broker.parts import DLQ_PREFIX, check_queue
+from siftmq.broker.send import Sending
+from siftmq.broker.subscriptions import Subscribing
+from siftmq.broker.topics import TopicConfig
+from siftmq.errors import (
+    BadRequestError,
+    FilterError,
+    FilterSyntaxError,
+    FilterTypeError,
+    NotFoundError,
+    StatusCode,
+)
+from siftmq.store import StoredMessage
+
+MAX_BROWSE: Final = 200  # messages one browse answers
+MAX_BROWSE_SCAN: Final = 20_000  # entries one browse reads looking for matches
+MAX_TRY: Final = 1000  # newest messages an expression is tried on
+MAX_BODY_SHOWN: Final = 64 * 1024  # body bytes a message view carries
+_DLQ_PROPERTIES: Final = frozenset(
+    {PROPERTY_DLQ_ORIGIN_TOPIC, PROPERTY_DLQ_ORIGIN_MESSAGE_ID, PROPERTY_FILTER_ERROR}
+)
+
+
+def message_view(m: StoredMessage, *, body: bool = False) -> dict[str, Any]:
+    """A stored message as the admin API and the console show it; with ``body``, its first
+    :data:`MAX_BODY_SHOWN` bytes as base64 (``body_truncated`` says when there were more)."""
+    view: dict[str, Any] = {
+        "topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
+        "commit_log_offset": m.commit_log_offset, "message_id": m.uniq_key or m.offset_msg_id,
+        "tag": m.tags, "keys": m.keys, "properties": m.properties, "store_timestamp": m.store_timestamp,
+        "born_timestamp": m.born_timestamp, "body_size": len(m.body), "reconsume_times": m.reconsume_times,
+    }  # fmt: skip
+    if body:
+        view["body_base64"] = base64.b64encode(m.body[:MAX_BODY_SHOWN]).decode()
+        view["body_truncated"] = len(m.body) > MAX_BODY_SHOWN
+    return view
+
+
+class Inspecting(Sending, Subscribing):
+    """Browsing, trying and checking expressions, and dead letters (:class:`~siftmq.broker.broker.Broker`)."""
+
+    def check_expression(self, kind: str, expression: str) -> dict[str, Any]:
+        """Whether ``expression`` compiles; if not, why and where (0-based ``start``/``end``,
+        1-based ``line``/``column`` when the engine knows the place)."""
+        try:
+            compiled = self._compile(Subscription("", kind, expression))
+        except FilterError as exc:
+            error: dict[str, Any] = {"message": exc.message}
+            if isinstance(exc, FilterSyntaxError | FilterTypeError) and exc.start is not None:
+                error |= {"description": exc.description, "start": exc.start, "end": exc.end}
+                if isinstance(exc, FilterSyntaxError):
+                    error |= {"line": exc.line, "column": exc.column}
+            return {"valid": False, "error": error}
+        return {"valid": True, "type": compiled.kind, "normalized": compiled.normalized}
+
+    def browse(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        count: int,
+        *,
+        kind: str | None = None,
+        expression: str | None = None,
+    ) -> dict[str, Any]:
+        """Up to ``count`` messages of a queue from ``offset`` that ``expression`` matches (every
+        message without one), bodies included. At most :data:`MAX_BROWSE_SCAN` entries are read:
+        ``next_offset`` is where to go on."""
+        cfg = self._inspected_queue(topic, queue_id)
+        if not 1 <= count <= MAX_BROWSE:
+            raise BadRequestError(f"count must be in 1..{MAX_BROWSE}")
+        if offset < 0:
+            raise BadRequestError(f"offset must not be negative, got {offset}")
+        compiled = self._compile(Subscription(topic, kind, expression)) if kind and expression else None
+        found: list[dict[str, Any]] = []
+        hi = self.store.get_max_offset_in_queue(cfg.name, queue_id)
+        at = start = max(offset, self.store.get_min_offset_in_queue(cfg.name, queue_id))
+        while len(found) < count and at - start < MAX_BROWSE_SCAN and at < hi:
+            r = self.store.get_messages("", cfg.name, queue_id, at, min(256, MAX_BROWSE_SCAN), None)
+            if r.next_begin_offset <= at:
+                break
+            at = r.next_begin_offset
+            for m in r.messages:
+                if len(found) == count:
+                    at = m.queue_offset  # the next browse starts here
+                    break
+                if compiled is None or compiled.matches(m.properties):
+                    found.append(message_view(m, body=True))
+        scanned = at - start
+        return {"topic": cfg.name, "queue_id": queue_id, "messages": found, "next_offset": at,
+                "scanned": scanned, "max_offset": hi}  # fmt: skip
+
+    def try_expression(self, topic: str, kind: str, expression: str, last: int = 100) -> dict[str, Any]:
+        """``expression`` on ``topic``'s newest ``last`` messages: which it matches, its selectivity,
+        and the body bytes a broker-side filter keeps off the network."""
+        cfg = self._inspected_topic(topic)
+        if not 1 <= last <= MAX_TRY:
+            raise BadRequestError(f"last must be in 1..{MAX_TRY}")
+        compiled = self._compile(Subscription(topic, kind, expression))
+        newest = self._newest_messages(cfg, last)
+        rows = [(m, compiled.matches(m.properties)) for m in newest]
+        total = sum(len(m.body) for m, _ in rows)
+        kept = sum(len(m.body) for m, hit in rows if hit)
+        matched = sum(1 for _, hit in rows if hit)
+        return {
+            "topic": cfg.name, "type": compiled.kind, "normalized": compiled.normalized,
+            "messages": [message_view(m) | {"matched": hit} for m, hit in rows],
+            "tried": len(rows), "matched": matched,
+            "selectivity": matched / len(rows) if rows else None,
+            "body_bytes": total, "body_bytes_saved": total - kept,
+        }  # fmt: skip
+
+    def _newest_messages(self, cfg: TopicConfig, last: int) -> list[StoredMessage]:
+        """The newest ``last`` messages of a topic, across its queues, newest first."""
+        per_queue: list[list[StoredMessage]] = []
+        for qid in range(cfg.queue_nums):
+            hi = self.store.get_max_offset_in_queue(cfg.name, qid)
+            lo = max(self.store.get_min_offset_in_queue(cfg.name, qid), hi - last)
+            msgs: list[StoredMessage] = []
+            while lo < hi:
+                r = self.store.get_messages("", cfg.name, qid, lo, min(hi - lo, 256), None)
+                msgs += r.messages
+                if r.next_begin_offset <= lo:
+                    break
+                lo = r.next_begin_offset
+            per_queue.append(msgs)
+        merged = heapq.merge(*(reversed(q) for q in per_queue), key=lambda m: -m.store_timestamp)
+        return [m for _, m in zip(range(last), merged, strict=False)]
+
+    # ------------------------------------------------------------------------------ dead letters
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """The dead-letter topics: their group and how many messages each holds."""
+        out = []
+        for cfg in self.topics.all():
+            if cfg.name.startswith(DLQ_PREFIX):
+                held = sum(
+                    self.store.get_max_offset_in_queue(cfg.name, q)
+                    - self.store.get_min_offset_in_queue(cfg.name, q)
+                    for q in range(cfg.queue_nums)
+                )
+                out.append({"topic": cfg.name, "group": cfg.name[len(DLQ_PREFIX) :],
+                            "queue_nums": cfg.queue_nums, "messages": held})  # fmt: skip
+        return sorted(out, key=lambda d: d["topic"])
+
+    def resend_dead_letter(self, dlq: str, queue_id: int, offset: int) -> dict[str, Any]:
+        """Send the dead letter at ``dlq``/``queue_id``/``offset`` to its origin topic again (its
+        body, tag, keys and user properties; the dead-letter ones dropped). The resent copy has an id
+        of its own, the same for every resend of this dead letter: resending twice stores it once."""
+        if not dlq.startswith(DLQ_PREFIX):
+            raise BadRequestError(f"{dlq!r} is not a dead-letter topic (they start with {DLQ_PREFIX})")
+        self._inspected_queue(dlq, queue_id)
+        r = self.store.get_messages("", dlq, queue_id, offset, 1, None)
+        if not r.messages or r.messages[0].queue_offset != offset:
+            raise NotFoundError(
+                f"no message at {dlq}:{queue_id}@{offset}", status=StatusCode.MESSAGE_NOT_FOUND
+            )
+        m = r.messages[0]
+        origin = m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC)
+        if not origin:
+            raise BadRequestError(f"the message at {dlq}:{queue_id}@{offset} does not say where it came from")
+        first_id = m.properties.get(PROPERTY_DLQ_ORIGIN_MESSAGE_ID) or m.uniq_key or m.offset_msg_id
+        props = {k: v for k, v in user_properties(m.properties).items() if k not in _DLQ_PROPERTIES}
+        sent = self.send(
+            ProducedMessage(
+                topic=origin,
+                body=m.body,
+                message_id=f"{first_id[:96]}-R{queue_id}-{offset}",
+                tag=m.tags,
+                keys=m.keys,
+                user_properties=props,
+                born_timestamp_ms=m.born_timestamp,
+            )
+        )
+        return {"topic": origin, "message_id": sent.message_id, "queue_id": sent.queue_id,
+                "queue_offset": sent.queue_offset, "duplicate": sent.duplicate}  # fmt: skip
+
+    # ------------------------------------------------------------------------------------ checks
+
+    def _inspected_topic(self, topic: str) -> TopicConfig:
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise NotFoundError(f"topic {topic!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
+        return cfg
+
+    def _inspected_queue(self, topic: str, queue_id: int) -> TopicConfig:
+        return check_queue(self._inspected_topic(topic), queue_id)

@@ -1,0 +1,536 @@
+// siftmq console: pages drawn from the admin API. Everything fetched goes into the page as text
+// (textContent, attributes), never as markup; the Content-Security-Policy allows no inline code.
+"use strict";
+
+const TOKEN_KEY = "siftmq-admin-token";
+const USER_KEY = "siftmq-admin-user";
+const REFRESH_MS = 5000;
+let refresh = null; // the current page's periodic refresh
+let generation = 0; // bumped on every navigation: late answers of a left page are dropped
+
+// ------------------------------------------------------------------------------ building the page
+
+function h(tag, attrs, ...kids) {
+  const el = document.createElement(tag);
+  setAttrs(el, attrs);
+  for (const kid of kids.flat(Infinity)) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    el.append(kid instanceof Node ? kid : String(kid));
+  }
+  return el;
+}
+
+function svg(tag, attrs, ...kids) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  setAttrs(el, attrs);
+  for (const kid of kids.flat(Infinity)) {
+    if (kid !== null && kid !== undefined) el.append(kid instanceof Node ? kid : String(kid));
+  }
+  return el;
+}
+
+function setAttrs(el, attrs) {
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "class") el.setAttribute("class", v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+}
+
+function table(headers, rows, numeric = []) {
+  return h("div", { class: "scroll" },
+    h("table", {},
+      h("thead", {}, h("tr", {}, headers.map((t, i) => h("th", { scope: "col", class: numeric.includes(i) ? "num" : null }, t)))),
+      h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c, i) => h("td", { class: numeric.includes(i) ? "num" : null }, c)))))));
+}
+
+// replace ``el``'s children with ``kids`` (arrays flattened; null, undefined and false left out)
+function fill(el, ...kids) {
+  el.replaceChildren(...kids.flat(Infinity).filter((k) => k !== null && k !== undefined && k !== false)
+    .map((k) => (k instanceof Node ? k : String(k))));
+  return el;
+}
+
+function card(label, value, extra) {
+  return h("div", { class: "card" }, h("div", { class: "label" }, label), h("div", { class: "value" }, value), extra || null);
+}
+
+function status(text) {
+  document.getElementById("status").textContent = text || "";
+}
+
+function fmtBytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+function fmtNum(n) {
+  return n === null || n === undefined ? "–" : Number(n).toLocaleString("en-US");
+}
+
+function fmtTime(ms) {
+  return ms ? new Date(ms).toISOString().replace("T", " ").replace("Z", "") : "–";
+}
+
+function fmtDuration(s) {
+  const d = Math.floor(s / 86400), hr = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
+  return d ? `${d}d ${hr}h` : hr ? `${hr}h ${m}m` : `${m}m ${Math.floor(s % 60)}s`;
+}
+
+// a line over ``values`` (the newest last); its label says the range for screen readers
+function sparkline(values, label, width = 200, height = 40) {
+  const box = svg("svg", { class: "spark", width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": label });
+  if (values.length < 2) {
+    box.append(svg("text", { x: 4, y: height / 2, "font-size": 10, fill: "#5b6570" }, "collecting…"));
+    return box;
+  }
+  const lo = Math.min(...values), hi = Math.max(...values), span = hi - lo || 1;
+  const pts = values.map((v, i) => `${((i / (values.length - 1)) * (width - 2) + 1).toFixed(1)},${(height - 2 - ((v - lo) / span) * (height - 4)).toFixed(1)}`);
+  box.append(svg("polyline", { points: pts.join(" "), fill: "none", stroke: "#2f6f9f", "stroke-width": 1.5 }));
+  return box;
+}
+
+// a chart of ``points`` ([time ms, value]) with its range written on the axes
+function chart(points, label, width = 600, height = 160) {
+  const box = svg("svg", { class: "chart", width: "100%", height, viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img", "aria-label": label });
+  if (points.length < 2) {
+    box.append(svg("text", { x: 8, y: 20 }, "collecting… (one point every 5 s while this page is open)"));
+    return box;
+  }
+  const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), y1 = Math.max(...ys, 1);
+  const px = (x) => 40 + ((x - x0) / (x1 - x0 || 1)) * (width - 50);
+  const py = (y) => height - 20 - (y / y1) * (height - 30);
+  box.append(
+    svg("line", { x1: 40, y1: height - 20, x2: width - 10, y2: height - 20, stroke: "#d6dbe0" }),
+    svg("text", { x: 2, y: 14 }, String(y1)),
+    svg("text", { x: 2, y: height - 22 }, "0"),
+    svg("text", { x: 40, y: height - 4 }, fmtTime(x0).slice(11, 19)),
+    svg("text", { x: width - 60, y: height - 4 }, fmtTime(x1).slice(11, 19)),
+    svg("polyline", { points: points.map((p) => `${px(p[0]).toFixed(1)},${py(p[1]).toFixed(1)}`).join(" "), fill: "none", stroke: "#2f6f9f", "stroke-width": 2 }),
+  );
+  return box;
+}
+
+// ------------------------------------------------------------------------------------ the API
+
+class ApiError extends Error {
+  constructor(code, message) { super(message); this.code = code; }
+}
+
+async function api(path, { method = "GET", body } = {}) {
+  const headers = { Accept: "application/json", "X-Siftmq-Console": "1" };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, { method, headers, credentials: "omit", body: body === undefined ? undefined : JSON.stringify(body) });
+  if (r.status === 401) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    throw new ApiError(401, "a login is needed");
+  }
+  if (r.status === 204) return null;
+  const data = await r.json().catch(() => null);
+  if (!r.ok) throw new ApiError(r.status, (data && data.message) || `${r.status} ${r.statusText}`);
+  return data;
+}
+
+const enc = encodeURIComponent;
+
+function base64Utf8(text) {
+  return btoa(String.fromCharCode(...new TextEncoder().encode(text)));
+}
+
+function showLogin(why) {
+  stopRefresh();
+  document.getElementById("who").textContent = "";
+  const error = h("p", { class: "error", role: "alert" }, why || "");
+  const user = h("input", { id: "login-user", name: "user", autocomplete: "username", required: true });
+  const pass = h("input", { id: "login-password", name: "password", type: "password", autocomplete: "current-password", required: true });
+  const form = h("form", {
+    onsubmit: async (ev) => {
+      ev.preventDefault();
+      error.textContent = "";
+      try {
+        const r = await fetch("/tokens", { method: "POST", credentials: "omit", headers: { Accept: "application/json", "X-Siftmq-Console": "1", Authorization: `Basic ${base64Utf8(`${user.value}:${pass.value}`)}` } });
+        const data = await r.json().catch(() => null);
+        if (!r.ok) throw new Error((data && data.message) || `login failed (${r.status})`);
+        sessionStorage.setItem(TOKEN_KEY, data.token);
+        sessionStorage.setItem(USER_KEY, user.value);
+        route();
+      } catch (e) {
+        error.textContent = e.message;
+        pass.value = "";
+      }
+    },
+  },
+  h("label", { for: "login-user" }, "User", user),
+  h("label", { for: "login-password" }, "Password", pass),
+  h("button", { type: "submit" }, "Log in"));
+  page("Log in", h("div", { class: "login" }, h("p", {}, "This broker asks for a user of its auth file."), form, error));
+  user.focus();
+}
+
+// ---------------------------------------------------------------------------------- navigation
+
+function page(title, ...content) {
+  document.title = `${title} · siftmq console`;
+  const main = document.getElementById("main");
+  fill(main, h("h1", {}, title), content);
+  return main;
+}
+
+function stopRefresh() {
+  if (refresh) clearInterval(refresh);
+  refresh = null;
+}
+
+function every(fn) {
+  stopRefresh();
+  refresh = setInterval(fn, REFRESH_MS);
+}
+
+async function guarded(gen, fn) {
+  try {
+    await fn();
+  } catch (e) {
+    if (gen !== generation) return;
+    if (e instanceof ApiError && e.code === 401) showLogin("Log in to continue.");
+    else status(`Error: ${e.message}`);
+  }
+}
+
+const ROUTES = [
+  [/^#\/overview$/, overviewPage],
+  [/^#\/topics$/, topicsPage],
+  [/^#\/groups$/, groupsPage],
+  [/^#\/groups\/(.+)$/, groupPage],
+  [/^#\/messages$/, messagesPage],
+  [/^#\/playground$/, playgroundPage],
+  [/^#\/dead-letters$/, deadLettersPage],
+];
+
+function route() {
+  stopRefresh();
+  status("");
+  generation += 1;
+  const gen = generation;
+  const hash = location.hash || "#/overview";
+  for (const a of document.querySelectorAll("nav a")) {
+    const here = hash === a.getAttribute("href") || hash.startsWith(`${a.getAttribute("href")}/`);
+    if (here) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  document.getElementById("who").textContent = sessionStorage.getItem(USER_KEY) ? `logged in as ${sessionStorage.getItem(USER_KEY)}` : "";
+  for (const [pattern, render] of ROUTES) {
+    const m = hash.match(pattern);
+    if (m) {
+      guarded(gen, () => render(gen, ...m.slice(1).map(decodeURIComponent)));
+      document.getElementById("main").focus({ preventScroll: true });
+      return;
+    }
+  }
+  location.hash = "#/overview";
+}
+
+// ------------------------------------------------------------------------------------- overview
+
+function rates(history, field) {
+  const out = [];
+  for (let i = 1; i < history.length; i += 1) {
+    const dt = (history[i].t - history[i - 1].t) / 1000;
+    out.push(dt > 0 ? Math.max(0, (history[i][field] - history[i - 1][field]) / dt) : 0);
+  }
+  return out;
+}
+
+async function overviewPage(gen) {
+  const draw = async () => {
+    const o = await api("/overview");
+    if (gen !== generation) return;
+    const hist = o.history || [];
+    const sendRates = rates(hist, "sent"), deliveryRates = rates(hist, "delivered");
+    const last = (xs) => (xs.length ? xs[xs.length - 1].toFixed(1) : "–");
+    page("Overview",
+      h("div", { class: "cards" },
+        card("Broker", o.broker, h("div", { class: "muted" }, `siftmq ${o.version}`)),
+        card("Uptime", fmtDuration(o.uptime_s), h("div", { class: "muted" }, `since ${fmtTime(o.started_ms)}`)),
+        card("CommitLog", fmtBytes(o.commit_log_bytes), sparkline(hist.map((s) => s.commit_log_bytes), "CommitLog size over the last samples")),
+        card("Sends /s", last(sendRates), sparkline(sendRates, "messages sent per second")),
+        card("Deliveries /s", last(deliveryRates), sparkline(deliveryRates, "messages delivered per second")),
+        card("Clients", fmtNum(o.clients), sparkline(hist.map((s) => s.clients), "live clients")),
+        card("Topics / groups", `${fmtNum(o.topics)} / ${fmtNum(o.groups)}`),
+        card("Disk used", `${(o.disk.used_ratio * 100).toFixed(1)} %`, h("div", { class: o.disk.full ? "error" : "muted" }, o.disk.full ? "refusing sends: disk full" : `${fmtBytes(o.disk.free_bytes)} free`)),
+      ),
+      h("p", { class: "muted" }, `Totals: ${fmtNum(o.sent)} sent, ${fmtNum(o.delivered)} delivered. One sample every ${o.sample_every_s} s.`));
+  };
+  await draw();
+  every(() => guarded(gen, draw));
+}
+
+// --------------------------------------------------------------------------------------- topics
+
+async function topicsPage(gen) {
+  let previous = null;
+  const draw = async () => {
+    const list = await api("/topics");
+    const detail = await Promise.all(list.map((t) => api(`/topics/${enc(t.name)}`)));
+    if (gen !== generation) return;
+    const now = Date.now();
+    const rows = detail.map((t) => {
+      const before = previous && previous.sent[t.name];
+      const rate = before !== undefined && previous ? ((t.sent - before) / ((now - previous.t) / 1000)).toFixed(1) : "–";
+      return [
+        h("a", { href: `#/topics`, "data-topic": t.name, onclick: (ev) => { ev.preventDefault(); toggleQueues(t); } }, t.name),
+        fmtNum(t.queue_nums), fmtNum(t.messages), rate, String(t.perm),
+        h("button", { class: "danger", type: "button", "aria-label": `Delete topic ${t.name}`, onclick: () => deleteTopic(t.name) }, "Delete"),
+      ];
+    });
+    previous = { t: now, sent: Object.fromEntries(detail.map((t) => [t.name, t.sent])) };
+    const name = h("input", { id: "new-topic", name: "name", required: true, maxlength: 127 });
+    const queues = h("input", { id: "new-queues", name: "queues", type: "number", min: 1, max: 1024, value: 8 });
+    page("Topics",
+      table(["Topic", "Queues", "Messages", "Sends /s", "Perm", ""], rows, [1, 2, 3]),
+      h("div", { id: "queues" }),
+      h("h2", {}, "Create a topic"),
+      h("form", { class: "row", onsubmit: async (ev) => { ev.preventDefault(); await guarded(gen, async () => { await api("/topics", { method: "POST", body: { name: name.value, queue_nums: Number(queues.value) } }); status(`created ${name.value}`); await draw(); }); } },
+        h("label", { for: "new-topic" }, "Name", name), h("label", { for: "new-queues" }, "Queues", queues), h("button", { type: "submit" }, "Create")));
+  };
+  const toggleQueues = (t) => {
+    const box = document.getElementById("queues");
+    fill(box, h("h2", {}, `Queues of ${t.name}`),
+      table(["Queue", "Min offset", "Max offset", "Messages"], t.queues.map((q) => [String(q.queue_id), fmtNum(q.min_offset), fmtNum(q.max_offset), fmtNum(q.max_offset - q.min_offset)]), [0, 1, 2, 3]));
+  };
+  const deleteTopic = async (name) => {
+    if (!confirm(`Delete topic ${name} and every message in it? This cannot be undone.`)) return;
+    await guarded(gen, async () => { await api(`/topics/${enc(name)}`, { method: "DELETE" }); status(`deleted ${name}`); await draw(); });
+  };
+  await draw();
+  every(() => guarded(gen, draw));
+}
+
+// --------------------------------------------------------------------------------------- groups
+
+async function groupsPage(gen) {
+  const draw = async () => {
+    const groups = await api("/groups");
+    if (gen !== generation) return;
+    page("Consumer groups",
+      groups.length ? table(["Group", "Mode", "Consistency", "Clients", "Topics", "Inconsistencies"],
+        groups.map((g) => [h("a", { href: `#/groups/${enc(g.group)}` }, g.group), g.mode, g.consistency, fmtNum(g.clients), g.topics.join(", "), fmtNum(g.inconsistencies)]), [3, 5])
+        : h("p", { class: "muted" }, "No consumer group yet."));
+  };
+  await draw();
+  every(() => guarded(gen, draw));
+}
+
+async function groupPage(gen, name) {
+  const lagHistory = {}; // topic -> [[t, matching lag]]
+  const draw = async () => {
+    const g = await api(`/groups/${enc(name)}`);
+    const byTopic = Object.fromEntries((await api(`/groups/${enc(name)}/programs`)).map((p) => [p.topic, p]));
+    const programs = g.subscriptions.map((s) => byTopic[s.topic] ?? null);
+    if (gen !== generation) return;
+    const now = Date.now();
+    const sections = g.subscriptions.map((s, i) => {
+      const lag = s.lag.reduce((n, q) => n + Number(q.matching_lag), 0);
+      (lagHistory[s.topic] = lagHistory[s.topic] || []).push([now, lag]);
+      const f = s.filter_stats || {};
+      const p = programs[i];
+      return h("section", { "aria-label": `subscription to ${s.topic}` },
+        h("h2", {}, `Topic ${s.topic}`),
+        table(["Type", "Expression", "Version", "Held by", "Pinned"], [[s.type, h("code", {}, s.expression), String(s.version), s.holders.join(", ") || "–", s.pinned ? "yes" : "no"]]),
+        h("h3", {}, "Matching lag ", h("span", { class: "lag-total", "data-topic": s.topic }, fmtNum(lag))),
+        table(["Queue", "Committed", "Max offset", "Behind", "Matching lag"],
+          s.lag.map((q) => [String(q.queue_id), fmtNum(q.committed_offset), fmtNum(q.max_offset), fmtNum(q.lag), h("span", { class: "matching-lag" }, fmtNum(q.matching_lag))]), [0, 1, 2, 3, 4]),
+        chart(lagHistory[s.topic], `matching lag of ${name} on ${s.topic} over time`),
+        h("h3", {}, "Filter work"),
+        table(["Evaluated", "Matched", "Skipped by tag code", "Skipped by bitmap"], [[fmtNum(f.evaluated), fmtNum(f.matched), fmtNum(f.skipped_by_tags_code), fmtNum(f.skipped_by_bitmap)]], [0, 1, 2, 3]),
+        h("h3", {}, "Filter program"),
+        p === null ? h("p", { class: "muted" }, "none")
+          : h("div", {},
+              h("p", {}, `version ${p.version}, `, h("strong", { class: p.status === "active" ? "ok" : "error" }, p.status), p.last_error ? ` — ${p.last_error}` : ""),
+              table(["Evaluated", "Matched", "Errors", "Timeouts", "Worker restarts"], [[fmtNum(p.counters.evaluated), fmtNum(p.counters.matched), fmtNum(p.counters.errors), fmtNum(p.counters.timeouts), fmtNum(p.counters.worker_restarts)]], [0, 1, 2, 3, 4]),
+              h("details", {}, h("summary", {}, "Source"), h("pre", {}, p.source))));
+    });
+    page(`Group ${g.group}`,
+      h("div", { class: "cards" },
+        card("Mode", g.mode), card("Consistency", g.consistency),
+        card("Conflicts", fmtNum(g.inconsistencies), h("div", { class: "muted" }, g.last_inconsistency ? String(g.last_inconsistency) : "none")),
+        card("Dropped by conflicts", fmtNum(g.dropped_by_inconsistency))),
+      h("h2", {}, "Members"),
+      g.clients.length ? table(["Client", "Type", "Address", "Last seen (s)", "Subscriptions"],
+        g.clients.map((c) => [c.client_id, c.client_type, c.address, String(c.last_seen_s), Object.entries(c.subscriptions).map(([t, e]) => `${t}: ${e}`).join("; ")]), [3])
+        : h("p", { class: "muted" }, "No live member."),
+      sections.length ? sections : h("p", { class: "muted" }, "No subscription."));
+  };
+  await draw();
+  every(() => guarded(gen, draw));
+}
+
+// ------------------------------------------------------------------------------------- messages
+
+function bodyBytes(m) {
+  return Uint8Array.from(atob(m.body_base64 || ""), (c) => c.charCodeAt(0));
+}
+
+function bodyViewer(m) {
+  const bytes = bodyBytes(m);
+  const text = new TextDecoder("utf-8", { fatal: false }).decode(bytes);
+  let json = null;
+  try { json = JSON.stringify(JSON.parse(text), null, 2); } catch (e) { json = null; }
+  const hex = Array.from(bytes.slice(0, 4096), (b) => b.toString(16).padStart(2, "0")).join(" ").replace(/((?:\S\S ){16})/g, "$1\n");
+  const views = { text, json: json ?? "(not JSON)", hex };
+  const out = h("pre", { class: "body", "aria-live": "polite" }, json ?? text);
+  const tabs = h("div", { class: "tabs", role: "tablist", "aria-label": "body as" });
+  for (const kind of ["text", "json", "hex"]) {
+    tabs.append(h("button", { type: "button", role: "tab", "aria-selected": String(kind === (json ? "json" : "text")), onclick: (ev) => {
+      for (const b of tabs.children) b.setAttribute("aria-selected", String(b === ev.target));
+      out.textContent = views[kind];
+    } }, kind));
+  }
+  return h("div", {}, tabs, out, m.body_truncated ? h("p", { class: "muted" }, "(first 64 KiB)") : null);
+}
+
+function messageBox(m) {
+  const props = Object.entries(m.properties || {}).map(([k, v]) => `${k}=${v}`).join("  ");
+  return h("article", { class: "msg", "data-offset": String(m.queue_offset), "aria-label": `message ${m.message_id}` },
+    h("div", { class: "meta" },
+      h("span", {}, h("strong", {}, "id "), m.message_id),
+      h("span", {}, `${m.topic} · queue ${m.queue_id} · offset ${m.queue_offset}`),
+      h("span", {}, `tag ${m.tag ?? "–"}`), h("span", {}, `keys ${(m.keys || []).join(" ") || "–"}`),
+      h("span", {}, `stored ${fmtTime(m.store_timestamp)}`), h("span", {}, `${fmtNum(m.body_size)} B`)),
+    h("div", { class: "muted props" }, props),
+    m.body_base64 !== undefined ? bodyViewer(m) : null);
+}
+
+function field(id, label, attrs) {
+  const input = h(attrs && attrs.options ? "select" : "input", { id, name: id, ...(attrs || {}), options: null },
+    ...((attrs && attrs.options) || []).map((o) => h("option", { value: o }, o)));
+  return [h("label", { for: id }, label, input), input];
+}
+
+async function messagesPage(gen) {
+  const topics = (await api("/topics")).map((t) => t.name);
+  if (gen !== generation) return;
+  const results = h("div", { id: "results", "aria-live": "polite" });
+  const show = (title, msgs, note) => fill(results, h("h2", {}, title), note ? h("p", { class: "muted" }, note) : null,
+    msgs.length ? msgs.map(messageBox) : h("p", { class: "muted" }, "No message."));
+  const run = (fn) => async (ev) => { ev.preventDefault(); await guarded(gen, fn); };
+
+  const [idLabel, id] = field("by-id", "Message id", { required: true });
+  const [keyTopicLabel, keyTopic] = field("key-topic", "Topic", { options: topics });
+  const [keyLabel, key] = field("by-key", "Key", { required: true });
+  const [bTopicLabel, bTopic] = field("browse-topic", "Topic", { options: topics });
+  const [bQueueLabel, bQueue] = field("browse-queue", "Queue", { type: "number", min: 0, value: 0 });
+  const [bOffsetLabel, bOffset] = field("browse-offset", "From offset", { type: "number", min: 0, value: 0 });
+  const [bCountLabel, bCount] = field("browse-count", "Count", { type: "number", min: 1, max: 200, value: 20 });
+  const [bTypeLabel, bType] = field("browse-type", "Filter", { options: ["none", "TAG", "SQL92"] });
+  const [bExprLabel, bExpr] = field("browse-expression", "Expression", { size: 40 });
+  let next = null;
+  const browse = async (from) => {
+    const q = new URLSearchParams({ offset: String(from), count: bCount.value });
+    if (bType.value !== "none" && bExpr.value) { q.set("type", bType.value); q.set("expression", bExpr.value); }
+    const r = await api(`/topics/${enc(bTopic.value)}/queues/${enc(bQueue.value)}/browse?${q}`);
+    next = r.next_offset;
+    show(`${r.topic} queue ${r.queue_id}`, r.messages, `${r.messages.length} shown of ${fmtNum(r.scanned)} read; next offset ${fmtNum(r.next_offset)} of ${fmtNum(r.max_offset)}`);
+    if (next < r.max_offset) results.append(h("button", { type: "button", class: "secondary", onclick: run(() => browse(next)) }, "Next page"));
+  };
+  page("Messages",
+    h("h2", {}, "Look up"),
+    h("form", { class: "row", onsubmit: run(async () => show("By id", [await api(`/messages/${enc(id.value)}?body=true`)])) }, idLabel, h("button", { type: "submit" }, "Find")),
+    h("form", { class: "row", onsubmit: run(async () => show("By key", await api(`/messages?${new URLSearchParams({ topic: keyTopic.value, key: key.value, body: "true" })}`))) }, keyTopicLabel, keyLabel, h("button", { type: "submit" }, "Find")),
+    h("h2", {}, "Browse a queue"),
+    h("form", { class: "row", id: "browse", onsubmit: run(() => browse(Number(bOffset.value))) }, bTopicLabel, bQueueLabel, bOffsetLabel, bCountLabel, bTypeLabel, bExprLabel, h("button", { type: "submit" }, "Browse")),
+    results);
+}
+
+// ----------------------------------------------------------------------------------- playground
+
+function caretView(expression, error) {
+  const lines = expression.split(/\r\n|\r|\n/);
+  const line = lines[(error.line || 1) - 1] ?? "";
+  const col = error.column || 1;
+  const width = Math.max(1, Math.min((error.end ?? error.start + 1) - error.start, line.length - col + 1));
+  return h("div", { class: "caret-box" },
+    h("p", { class: "error", id: "check-error" }, `${error.description || error.message} (line ${error.line}, column ${col})`),
+    h("pre", { class: "caret", "aria-hidden": "true" }, `${line}\n${" ".repeat(col - 1)}${"^".repeat(width)}`));
+}
+
+async function playgroundPage(gen) {
+  const topics = (await api("/topics")).map((t) => t.name).filter((t) => !t.startsWith("%"));
+  if (gen !== generation) return;
+  const [topicLabel, topic] = field("pg-topic", "Topic", { options: topics });
+  const [typeLabel, type] = field("pg-type", "Type", { options: ["SQL92", "TAG"] });
+  const [lastLabel, last] = field("pg-last", "Newest messages", { type: "number", min: 1, max: 1000, value: 100 });
+  const expr = h("textarea", { id: "pg-expression", rows: 3, spellcheck: "false", "aria-describedby": "pg-check" });
+  const check = h("div", { id: "pg-check", "aria-live": "polite" });
+  const result = h("div", { id: "pg-result", "aria-live": "polite" });
+  let pending = null, asked = 0;
+  const checkNow = async () => {
+    const mine = (asked += 1);
+    const r = await api("/filter/check", { method: "POST", body: { type: type.value, expression: expr.value } });
+    if (mine !== asked || gen !== generation) return; // typed on meanwhile
+    fill(check, r.valid ? h("p", { class: "ok", id: "check-ok" }, `valid: ${r.normalized}`)
+      : r.error.line ? caretView(expr.value, r.error) : h("p", { class: "error", id: "check-error" }, r.error.message));
+  };
+  expr.addEventListener("input", () => { clearTimeout(pending); pending = setTimeout(() => guarded(gen, checkNow), 150); });
+  type.addEventListener("change", () => guarded(gen, checkNow));
+  const tryIt = async () => {
+    const r = await api(`/topics/${enc(topic.value)}/try`, { method: "POST", body: { type: type.value, expression: expr.value, last: Number(last.value) } });
+    if (gen !== generation) return;
+    const pct = r.selectivity === null ? "–" : `${(r.selectivity * 100).toFixed(1)} %`;
+    fill(result,
+      h("div", { class: "cards" },
+        card("Matched", `${fmtNum(r.matched)} of ${fmtNum(r.tried)}`), card("Selectivity", pct),
+        card("Body bytes saved", fmtBytes(r.body_bytes_saved), h("div", { class: "muted" }, `of ${fmtBytes(r.body_bytes)} — what a broker-side filter keeps off the network`))),
+      table(["Match", "Queue", "Offset", "Tag", "Properties", "Stored"], r.messages.map((m) => [
+        h("span", { class: m.matched ? "ok" : "muted", "aria-label": m.matched ? "matches" : "does not match" }, m.matched ? "✓" : "✗"),
+        String(m.queue_id), fmtNum(m.queue_offset), m.tag ?? "–",
+        Object.entries(m.properties).filter(([k]) => !k.startsWith("__")).map(([k, v]) => `${k}=${v}`).join("  "), fmtTime(m.store_timestamp)]), [1, 2]));
+  };
+  page("Filter playground",
+    h("p", { class: "muted" }, "The broker checks the expression as you type and tries it on a topic's newest messages with its own engine."),
+    h("form", { class: "row", onsubmit: (ev) => { ev.preventDefault(); guarded(gen, tryIt); } },
+      topicLabel, typeLabel, lastLabel, h("button", { type: "submit", id: "pg-try" }, "Try on the topic")),
+    h("label", { for: "pg-expression" }, "Expression", expr), check, result);
+  expr.focus();
+}
+
+// --------------------------------------------------------------------------------- dead letters
+
+async function deadLettersPage(gen) {
+  const list = await api("/dead-letters");
+  if (gen !== generation) return;
+  const box = h("div", { id: "dlq-messages", "aria-live": "polite" });
+  const open = async (topic, from = 0) => {
+    const r = await api(`/topics/${enc(topic)}/queues/0/browse?offset=${from}&count=50`);
+    if (gen !== generation) return;
+    fill(box, h("h2", {}, topic),
+      r.messages.length ? table(["Offset", "Origin", "Reason", "Attempts", "Stored", ""], r.messages.map((m) => [
+        fmtNum(m.queue_offset), m.properties.DLQ_ORIGIN_TOPIC || "–",
+        m.properties.FILTER_ERROR ? `filter program: ${m.properties.FILTER_ERROR}` : `${m.reconsume_times} delivery attempts`,
+        fmtNum(m.reconsume_times), fmtTime(m.store_timestamp),
+        h("button", { type: "button", "aria-label": `Resend message at offset ${m.queue_offset} to ${m.properties.DLQ_ORIGIN_TOPIC}`, onclick: () => resend(topic, m) }, "Resend")]), [0, 3])
+        : h("p", { class: "muted" }, "Empty."),
+      r.next_offset < r.max_offset ? h("button", { type: "button", class: "secondary", onclick: () => guarded(gen, () => open(topic, r.next_offset)) }, "Next page") : null);
+  };
+  const resend = async (topic, m) => {
+    if (!confirm(`Send the message at offset ${m.queue_offset} back to ${m.properties.DLQ_ORIGIN_TOPIC}?`)) return;
+    await guarded(gen, async () => {
+      const r = await api(`/topics/${enc(topic)}/queues/${m.queue_id}/messages/${m.queue_offset}/resend`, { method: "POST" });
+      status(`${r.duplicate ? "already resent" : "resent"} to ${r.topic} as ${r.message_id}`);
+    });
+  };
+  page("Dead letters",
+    list.length ? table(["Dead-letter topic", "Group", "Messages"], list.map((d) => [
+      h("a", { href: "#/dead-letters", onclick: (ev) => { ev.preventDefault(); guarded(gen, () => open(d.topic)); } }, d.topic),
+      h("a", { href: `#/groups/${enc(d.group)}` }, d.group), fmtNum(d.messages)]), [2])
+      : h("p", { class: "muted" }, "No dead letters."),
+    box);
+}
+
+window.addEventListener("hashchange", route);
+document.addEventListener("DOMContentLoaded", route);

@@ -1,0 +1,121 @@
+"""The admin API's inspection routes, which the console reads: the broker's overview with a short
+history of its counters, expressions checked and tried, queues browsed through a filter, and dead
+letters listed and resent. Translation only: the answers are the broker's (:mod:`siftmq.broker.inspect`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import time
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from siftmq import __version__
+from siftmq.broker.broker import Broker
+
+SAMPLE_EVERY_S: Final = 5.0
+HISTORY_SAMPLES: Final = 360  # half an hour
+
+
+class ExpressionCheck(BaseModel):
+    type: Literal["TAG", "SQL92"] = "SQL92"
+    expression: str = Field(max_length=65_536)
+
+
+class ExpressionTry(ExpressionCheck):
+    last: int = Field(default=100, ge=1, le=1000)
+
+
+class History:
+    """The broker's totals every :data:`SAMPLE_EVERY_S` seconds (the overview's sparklines)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.samples: collections.deque[dict[str, int]] = collections.deque(maxlen=HISTORY_SAMPLES)
+
+    def current(self) -> dict[str, int]:
+        stats, store = self.broker.stats, self.broker.store
+        now = {
+            "t": int(time.time() * 1000),
+            "commit_log_bytes": store.max_commit_log_offset - store.min_commit_log_offset,
+            "sent": sum(stats.snapshot(stats.sends).values()),
+            "delivered": sum(stats.snapshot(stats.deliveries).values()),
+            "clients": len(self.broker.clients.sessions()),
+        }
+        return now
+
+    async def run(self) -> None:
+        """Sample every :data:`SAMPLE_EVERY_S` seconds until cancelled (the admin server's task)."""
+        while True:
+            self.samples.append(await asyncio.to_thread(self.current))
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+
+def inspect_router(broker: Broker, history: History) -> APIRouter:
+    router = APIRouter()
+    started = time.time()
+
+    async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(functools.partial(fn, **kwargs), *args)
+
+    @router.get("/overview")
+    async def overview() -> dict[str, Any]:
+        now = await asyncio.to_thread(history.current)
+        disk = broker.store.disk.state()
+        return {
+            "broker": broker.config.broker_name, "version": __version__,
+            "started_ms": int(started * 1000), "uptime_s": round(time.time() - started, 1),
+            "topics": len(broker.topics.all()), "groups": len(broker.groups.all()),
+            "commit_log_bytes": now["commit_log_bytes"], "sent": now["sent"], "delivered": now["delivered"],
+            "clients": now["clients"],
+            "disk": {"used_ratio": round(disk.used_ratio, 4), "free_bytes": disk.free_bytes,
+                     "full": disk.full},
+            "sample_every_s": SAMPLE_EVERY_S, "history": list(history.samples),
+        }  # fmt: skip
+
+    @router.post("/filter/check")
+    async def check(body: ExpressionCheck) -> dict[str, Any]:
+        return broker.check_expression(body.type, body.expression)
+
+    @router.post("/topics/{name}/try")
+    async def try_expression(name: str, body: ExpressionTry) -> dict[str, Any]:
+        result: dict[str, Any] = await call(
+            broker.try_expression, name, body.type, body.expression, body.last
+        )
+        return result
+
+    @router.get("/topics/{name}/queues/{queue_id}/browse")
+    async def browse(
+        name: str,
+        queue_id: int,
+        *,
+        offset: int = 0,
+        count: int = 20,
+        type: Literal["TAG", "SQL92"] | None = None,
+        expression: str | None = None,
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = await call(
+            broker.browse, name, queue_id, offset, count, kind=type, expression=expression
+        )
+        return result
+
+    @router.get("/groups/{group}/programs")
+    async def programs(group: str) -> list[dict[str, Any]]:
+        return [broker.programs.report(group, p.topic) for p in broker.programs.all() if p.group == group]
+
+    @router.get("/dead-letters")
+    async def dead_letters() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = await call(broker.dead_letters)
+        return found
+
+    @router.post("/topics/{name}/queues/{queue_id}/messages/{offset}/resend")
+    async def resend(name: str, queue_id: int, offset: int) -> dict[str, Any]:
+        sent: dict[str, Any] = await call(broker.resend_dead_letter, name, queue_id, offset)
+        return sent
+
+    return router

@@ -1,0 +1,149 @@
+"""The admin API's inspection routes (what the console reads) against a real broker process: the
+overview and its history, expressions checked and tried, queues browsed through a filter, dead
+letters resent once; bad input answered with what is wrong and nothing changed; and the
+authorization each route needs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from siftmq.client import FilterExpression, Producer, PullConsumer
+from siftmq.server.admin_auth import admin_action
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "Inspect"
+
+
+def send(endpoint: str, n: int) -> None:
+    async def go() -> None:
+        async with Producer(endpoint) as p:
+            await p.send_many([
+                p.message(TOPIC, json.dumps({"i": i}).encode(), tag="A" if i % 2 else "B",
+                          properties={"region": "eu" if i % 3 == 0 else "us"})
+                for i in range(n)
+            ])  # fmt: skip
+
+    asyncio.run(go())
+
+
+@pytest.fixture
+def broker(start_broker: Any) -> Any:
+    b = start_broker()
+    httpx.post(f"{b.admin_url}/topics", json={"name": TOPIC, "queue_nums": 1}, timeout=10).raise_for_status()
+    send(b.endpoint, 30)
+    return b
+
+
+def test_check_try_and_browse_answer_with_the_broker_engine(broker: Any) -> None:
+    with httpx.Client(base_url=broker.admin_url, timeout=30) as api:
+        ok = api.post("/filter/check", json={"type": "SQL92", "expression": "region  =  'eu'"}).json()
+        assert ok == {"valid": True, "type": "SQL92", "normalized": "region = 'eu'"}
+        bad = api.post("/filter/check", json={"type": "SQL92", "expression": "a = 1 AND\n  b >> 2"}).json()
+        assert bad["valid"] is False and (bad["error"]["line"], bad["error"]["column"]) == (2, 6)
+        assert "^" in bad["error"]["message"]
+        assert api.post("/filter/check", json={"type": "TAG", "expression": "A || B"}).json()["valid"]
+        tried = api.post(
+            f"/topics/{TOPIC}/try", json={"type": "SQL92", "expression": "region = 'eu'", "last": 12}
+        ).json()
+        assert (tried["tried"], tried["matched"]) == (12, 4) and tried["selectivity"] == pytest.approx(1 / 3)
+        shown = api.get(f"/topics/{TOPIC}/queues/0/browse", params={"offset": 18, "count": 12}).json()
+        newest = [json.loads(base64.b64decode(m["body_base64"])) for m in shown["messages"]]
+        assert [m["i"] for m in newest] == list(range(18, 30))
+        assert tried["body_bytes"] - tried["body_bytes_saved"] == sum(
+            len(json.dumps(m)) for m in newest if m["i"] % 3 == 0
+        )
+        tag_a = {"type": "TAG", "expression": "A"}
+        page = api.get(f"/topics/{TOPIC}/queues/0/browse", params={"count": 4, **tag_a}).json()
+        # the next browse starts at the first message not looked at
+        assert [m["queue_offset"] for m in page["messages"]] == [1, 3, 5, 7] and page["next_offset"] == 8
+        more = {"offset": page["next_offset"], "count": 200, **tag_a}
+        rest = api.get(f"/topics/{TOPIC}/queues/0/browse", params=more).json()
+        assert [m["queue_offset"] for m in rest["messages"]] == list(range(9, 30, 2)) and rest[
+            "next_offset"
+        ] == 30
+        history = api.get("/overview").json()
+        assert history["sent"] == 30 and history["topics"] >= 1 and history["history"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "says"),
+    [
+        ("POST", "/filter/check", {"type": "XML", "expression": "a"}, 422, "type"),
+        ("POST", "/filter/check", {"type": "SQL92", "expression": "x" * 70_000}, 422, "expression"),
+        ("POST", f"/topics/{TOPIC}/try", {"type": "SQL92", "expression": "a = ", "last": 5}, 400, "column 5"),
+        ("POST", f"/topics/{TOPIC}/try", {"type": "SQL92", "expression": "a = 1", "last": 5000}, 422, "last"),
+        ("POST", "/topics/Nope/try", {"type": "SQL92", "expression": "a = 1"}, 404, "Nope"),
+        ("GET", f"/topics/{TOPIC}/queues/0/browse?count=0", None, 400, "count"),
+        ("GET", f"/topics/{TOPIC}/queues/0/browse?count=201", None, 400, "count"),
+        ("GET", f"/topics/{TOPIC}/queues/0/browse?offset=-1", None, 400, "offset"),
+        ("GET", f"/topics/{TOPIC}/queues/7/browse", None, 400, "queue 7"),
+        ("GET", f"/topics/{TOPIC}/queues/0/browse?type=SQL92&expression=a%20%3D", None, 400, "column 4"),
+        ("POST", f"/topics/{TOPIC}/queues/0/messages/0/resend", None, 400, "not a dead-letter topic"),
+        ("POST", "/topics/%25DLQ%25nobody/queues/0/messages/0/resend", None, 404, "DLQ%nobody"),
+    ],
+)
+def test_bad_input_is_answered_with_what_is_wrong(  # noqa: PLR0917 - the parameters
+    broker: Any, method: str, path: str, body: Any, status: int, says: str
+) -> None:
+    with httpx.Client(base_url=broker.admin_url, timeout=30) as api:
+        r = api.request(method, path, json=body)
+        assert r.status_code == status and says in r.json()["message"], r.text
+        assert api.get(f"/topics/{TOPIC}").json()["messages"] == 30  # nothing changed
+        assert api.get("/healthz").status_code == 200
+
+
+def test_a_dead_letter_is_resent_to_its_origin_once(start_broker: Any, tmp_path: Path) -> None:
+    broker = start_broker(config={"filter_server_nums": 1})
+    api = httpx.Client(base_url=broker.admin_url, timeout=30)
+    api.post("/topics", json={"name": TOPIC, "queue_nums": 1}).raise_for_status()
+    send(broker.endpoint, 6)
+    failing = (
+        "import json\ndef match(m):\n"
+        "    if json.loads(m.body)['i'] == 4:\n        raise KeyError('four')\n    return True\n"
+    )
+    api.put(
+        f"/groups/g/programs/{TOPIC}", json={"source": failing, "sample": {"body": '{"i": 0}'}}
+    ).raise_for_status()
+
+    async def drain() -> int:
+        async with PullConsumer(broker.endpoint, "g", TOPIC, FilterExpression.tag()) as c:
+            return sum([len(await c.poll(32, timeout=0.3)) for _ in range(3)])
+
+    assert asyncio.run(drain()) == 5
+    assert api.get("/dead-letters").json() == [
+        {"topic": "%DLQ%g", "group": "g", "queue_nums": 1, "messages": 1}
+    ]
+    first = api.post("/topics/%25DLQ%25g/queues/0/messages/0/resend").json()
+    again = api.post("/topics/%25DLQ%25g/queues/0/messages/0/resend").json()
+    assert first["topic"] == TOPIC and first["duplicate"] is False and again["duplicate"] is True
+    assert again["message_id"] == first["message_id"]
+    resent = api.get(f"/topics/{TOPIC}/queues/0/messages/6", params={"body": "true"}).json()
+    assert json.loads(base64.b64decode(resent["body_base64"])) == {"i": 4}
+    assert "FILTER_ERROR" not in resent["properties"] and "DLQ_ORIGIN_TOPIC" not in resent["properties"]
+    assert resent["properties"]["region"] == "us" and resent["tag"] == "B"
+    api.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        ("GET", "/overview", ("Cluster", "Get")),
+        ("POST", "/filter/check", ("Cluster", "Get")),  # changes nothing
+        ("POST", "/topics/Orders/try", ("Topic:Orders", "Get")),
+        ("GET", "/topics/Orders/queues/0/browse", ("Topic:Orders", "Get")),
+        ("GET", "/dead-letters", ("Cluster", "List")),
+        ("GET", "/groups/g/programs", ("Group:g", "Get")),
+        ("POST", "/topics/%DLQ%g/queues/0/messages/3/resend", ("Topic:%DLQ%g", "Update")),
+    ],
+)
+def test_each_inspection_route_needs_its_action(method: str, path: str, expected: tuple[str, str]) -> None:
+    resource, action = admin_action(method, path, None)
+    assert (resource, action.value) == expected

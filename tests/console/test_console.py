@@ -1,0 +1,329 @@
+"""The web console in a real browser (Debian's chromium driven by Playwright) against a real broker
+process with real traffic: every page loads without console errors and shows what the admin API
+reports; the playground's caret; a filtered browse showing exactly the matching messages; dead
+letters resent; topics created and deleted; the login when authentication is on; hostile message
+contents shown as text; a narrow window and the keyboard."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from siftmq.client import FilterExpression, Producer, SimpleConsumer
+from siftmq.testing import running_broker
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "Orders"
+COUNT = 40
+HOSTILE = "<img src=x onerror=alert(1)>"
+FAILS_ON_3 = (
+    "import json\ndef match(message):\n"
+    "    if json.loads(message.body)['id'] % 10 == 3:\n        raise ValueError('no threes')\n"
+    "    return True\n"
+)
+
+
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = chromium()
+    if executable is None:
+        if os.environ.get("SIFTMQ_REQUIRE_BROWSER"):
+            pytest.fail("chromium is not installed (apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=executable)
+        yield b
+        b.close()
+
+
+def run_async(fn: Any) -> Any:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, fn()).result()
+
+
+def order(i: int) -> dict[str, Any]:
+    return {"id": i, "total": i * 10, "region": "eu" if i % 4 == 0 else "us"}
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[Any]:
+    with running_broker({"filter_server_nums": 1}) as b:
+        admin = b.admin_url
+        httpx.post(f"{admin}/topics", json={"name": TOPIC, "queue_nums": 4}, timeout=10).raise_for_status()
+
+        async def traffic() -> None:
+            async with Producer(b.endpoint) as p:
+                await p.send_many([
+                    p.message(TOPIC, json.dumps(order(i)).encode(), tag="A" if i % 2 else "B",
+                              properties={"region": order(i)["region"], "n": str(i)})
+                    for i in range(COUNT)
+                ])  # fmt: skip
+                await p.send(TOPIC, f"<script>alert(2)</script>{HOSTILE}".encode(), tag="X",
+                             properties={"note": HOSTILE, "n": "hostile"})  # fmt: skip
+            async with SimpleConsumer(b.endpoint, "g-prog", {TOPIC: FilterExpression.tag("A || B")},
+                                      await_duration=1) as c:  # fmt: skip
+                empty = 0
+                while empty < 2:
+                    batch = await c.receive(32, 30)
+                    for m in batch:
+                        await c.ack(m)
+                    empty = 0 if batch else empty + 1
+
+        program = {"source": FAILS_ON_3, "sample": {"body": json.dumps(order(0))}}
+        httpx.put(f"{admin}/groups/g-prog/programs/{TOPIC}", json=program, timeout=30).raise_for_status()
+        sql = {"type": "SQL92", "expression": "region = 'eu'"}
+        httpx.put(f"{admin}/groups/g-sql/subscriptions/{TOPIC}", json=sql, timeout=10).raise_for_status()
+        run_async(traffic)  # Playwright's sync API holds this thread's event loop
+        yield b
+
+
+class Page:
+    """A browser page on the console that records console errors, page errors and dialogs."""
+
+    def __init__(self, browser: Any, base: str, **context: Any) -> None:
+        self.context = browser.new_context(**context)
+        self.page = self.context.new_page()
+        self.base = base
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def open(self, route: str) -> Any:
+        self.page.goto("about:blank")  # a fresh load: nothing of the last page is left to match
+        self.page.goto(f"{self.base}/#/{route}")
+        self.page.wait_for_selector("main h1")
+        return self.page
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def console(browser: Any, broker: Any) -> Iterator[Page]:
+    page = Page(browser, broker.admin_url, viewport={"width": 1280, "height": 900})
+    yield page
+    page.close()
+
+
+def api(broker: Any, path: str) -> Any:
+    r = httpx.get(f"{broker.admin_url}{path}", timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_every_page_loads_and_shows_what_the_api_reports(console: Page, broker: Any) -> None:
+    page = console.open("overview")
+    page.wait_for_selector("text=siftmq-broker")
+    assert "CommitLog" in page.inner_text("main")
+
+    page = console.open("topics")
+    page.wait_for_selector(f"a[data-topic='{TOPIC}']")
+    rows = {r.split("\t")[0]: r.split("\t") for r in page.locator("tbody tr").all_inner_texts()}
+    assert rows[TOPIC][2] == f"{COUNT + 1}" and "%DLQ%g-prog" in rows
+
+    page = console.open("groups")
+    page.wait_for_selector("a[href='#/groups/g-sql']")
+    assert "g-prog" in page.inner_text("main")
+
+    page.click("a[href='#/groups/g-sql']")
+    page.wait_for_selector(".lag-total")
+    report = api(broker, "/groups/g-sql")
+    (sub,) = report["subscriptions"]
+    matching = sum(int(q["matching_lag"]) for q in sub["lag"])
+    assert 0 < matching <= COUNT + 1  # from the index: an upper bound of what the filter matches
+    assert page.inner_text(f".lag-total[data-topic='{TOPIC}']") == str(matching)
+    assert page.locator(".matching-lag").all_inner_texts() == [str(q["matching_lag"]) for q in sub["lag"]]
+    assert "region = 'eu'" in page.inner_text("main")
+
+    page = console.open("groups/g-prog")
+    page.wait_for_selector("text=Filter program")
+    program = api(broker, f"/groups/g-prog/programs/{TOPIC}")
+    assert "active" in page.inner_text("main")
+    assert f"{program['counters']['errors']}" in page.locator("section table").nth(3).inner_text()
+
+    for route in ("messages", "playground", "dead-letters"):
+        console.open(route)
+    assert console.errors == []
+
+
+def test_the_playground_puts_the_caret_where_the_broker_says(console: Page, broker: Any) -> None:
+    page = console.open("playground")
+    for text in ("region = 'eu", "region = 'eu' AND\n  n >> 3"):
+        answer = httpx.post(f"{broker.admin_url}/filter/check", json={"type": "SQL92", "expression": text},
+                            timeout=10).json()["error"]  # fmt: skip
+        page.fill("#pg-expression", text)
+        page.wait_for_selector(f"#check-error:has-text('line {answer['line']}, column {answer['column']}')")
+        line, caret = page.inner_text("pre.caret").split("\n")
+        assert line == text.splitlines()[answer["line"] - 1]
+        assert caret.index("^") == answer["column"] - 1, (text, answer)
+    page.fill("#pg-expression", "region = 'eu'")
+    page.wait_for_selector("#check-ok")
+    page.click("#pg-try")
+    page.wait_for_selector("#pg-result table")
+    body = {"type": "SQL92", "expression": "region = 'eu'", "last": 100}
+    tried = httpx.post(f"{broker.admin_url}/topics/{TOPIC}/try", json=body, timeout=10).json()
+    assert (tried["matched"], tried["tried"]) == (COUNT // 4, COUNT + 1)
+    assert f"{tried['matched']} of {tried['tried']}" in page.inner_text("#pg-result")
+    assert page.locator("#pg-result tbody tr").count() == COUNT + 1
+    assert console.errors == []
+
+
+@pytest.mark.parametrize(("kind", "expression", "keep"), [
+    ("TAG", "A", lambda m: m["tag"] == "A"),
+    ("SQL92", "region = 'us' AND n <> '7'",
+     lambda m: m["properties"].get("region") == "us" and m["properties"]["n"] != "7"),
+])  # fmt: skip
+def test_a_filtered_browse_shows_exactly_the_matching_messages(
+    console: Page, broker: Any, kind: str, expression: str, keep: Any
+) -> None:
+    queues = api(broker, f"/topics/{TOPIC}")["queues"]
+    queue = max(queues, key=lambda q: q["max_offset"] - q["min_offset"])["queue_id"]
+    everything = api(broker, f"/topics/{TOPIC}/queues/{queue}/browse?count=200")["messages"]
+    expected = [m["queue_offset"] for m in everything if keep(m)]
+    assert expected and len(expected) < len(everything)
+    page = console.open("messages")
+    page.select_option("#browse-topic", TOPIC)
+    page.fill("#browse-queue", str(queue))
+    page.fill("#browse-count", "200")
+    page.select_option("#browse-type", kind)
+    page.fill("#browse-expression", expression)
+    page.click("#browse button[type=submit]")
+    page.wait_for_selector("#results h2")
+    shown = [
+        int(x) for x in page.locator("#results article").evaluate_all("els => els.map(e => e.dataset.offset)")
+    ]
+    assert shown == expected
+    first = page.locator("#results article").first
+    assert '"total": ' in first.locator("pre.body").inner_text()  # JSON, pretty-printed
+    first.locator("button[role=tab]", has_text="hex").click()
+    assert first.locator("pre.body").inner_text().startswith("7b 22")  # '{"'
+    assert console.errors == []
+
+
+def test_hostile_message_contents_are_shown_as_text(console: Page) -> None:
+    page = console.open("messages")
+    page.on("dialog", lambda d: console.dialogs.append(d.message) or d.dismiss())
+    page.select_option("#browse-topic", TOPIC)
+    for queue in range(4):
+        page.fill("#browse-queue", str(queue))
+        page.fill("#browse-count", "200")
+        page.click("#browse button[type=submit]")
+        page.wait_for_selector(f"#results h2:has-text('queue {queue}')")
+        if HOSTILE in page.inner_text("#results"):
+            break
+    else:
+        pytest.fail("the hostile message was not shown")
+    assert "<script>alert(2)</script>" in page.inner_text("#results")
+    assert page.locator("#results img").count() == 0 and page.locator("#results script").count() == 0
+    page.wait_for_timeout(300)
+    assert console.dialogs == [] and console.errors == []
+
+
+def test_dead_letters_are_listed_and_resent_once(console: Page, broker: Any) -> None:
+    page = console.open("dead-letters")
+    page.on("dialog", lambda d: d.accept())
+    page.click("text=%DLQ%g-prog")
+    page.wait_for_selector("#dlq-messages table")
+    rows = page.locator("#dlq-messages tbody tr")
+    assert rows.count() == 4  # ids 3, 13, 23, 33
+    assert "filter program: ValueError: no threes" in rows.first.inner_text()
+    before = api(broker, f"/topics/{TOPIC}")["messages"]
+    rows.first.locator("button").click()
+    page.wait_for_selector("#status:has-text('resent to Orders')")
+    assert api(broker, f"/topics/{TOPIC}")["messages"] == before + 1
+    rows.first.locator("button").click()
+    page.wait_for_selector("#status:has-text('already resent')")
+    assert api(broker, f"/topics/{TOPIC}")["messages"] == before + 1
+    assert console.errors == []
+
+
+def test_topics_are_created_and_deleted_with_confirmation(console: Page, broker: Any) -> None:
+    page = console.open("topics")
+    page.fill("#new-topic", "ConsoleMade")
+    page.fill("#new-queues", "2")
+    page.click("form.row button[type=submit]")
+    page.wait_for_selector("a[data-topic='ConsoleMade']")
+    assert api(broker, "/topics/ConsoleMade")["queue_nums"] == 2
+    answers = iter([False, True])
+    page.on("dialog", lambda d: d.accept() if next(answers) else d.dismiss())
+    page.click("button[aria-label='Delete topic ConsoleMade']")
+    page.wait_for_timeout(300)
+    assert httpx.get(f"{broker.admin_url}/topics/ConsoleMade", timeout=10).status_code == 200  # dismissed
+    page.click("button[aria-label='Delete topic ConsoleMade']")
+    page.wait_for_selector("a[data-topic='ConsoleMade']", state="detached")
+    assert httpx.get(f"{broker.admin_url}/topics/ConsoleMade", timeout=10).status_code == 404
+    assert console.errors == []
+
+
+def test_a_narrow_window_and_the_keyboard(browser: Any, broker: Any) -> None:
+    narrow = Page(browser, broker.admin_url, viewport={"width": 400, "height": 800})
+    try:
+        for route in ("overview", "topics", "groups/g-sql", "playground"):
+            page = narrow.open(route)
+            page.wait_for_timeout(200)
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 1, (route, overflow)  # wide tables scroll inside their box
+        page = narrow.open("topics")
+        assert page.get_attribute("nav a[href='#/topics']", "aria-current") == "page"
+        assert page.evaluate("document.activeElement.id") == "main"  # a new page: its content has focus
+        first = "document.querySelector('a, button, input, select, textarea').textContent"
+        assert page.evaluate(first) == "Skip to content"  # the first stop of the tab order
+        page.keyboard.press("Shift+Tab")  # back from the content: the last page of the menu
+        assert page.evaluate("document.activeElement.getAttribute('href')") == "#/dead-letters"
+        page.keyboard.press("Enter")
+        page.wait_for_selector("main h1:has-text('Dead letters')")
+        assert narrow.errors == []
+    finally:
+        narrow.close()
+
+
+def test_the_console_logs_in_when_authentication_is_on(browser: Any, tmp_path: Path) -> None:
+    auth = tmp_path / "auth.json"
+    auth.write_text(
+        json.dumps({"users": [{"username": "root", "password": "R00t-s3cret-pw", "userType": "Super"}]})
+    )
+    auth.chmod(0o600)
+    config = {"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(auth)}
+    with running_broker(config) as secured:
+        assert httpx.get(f"{secured.admin_url}/", timeout=10).status_code == 200  # the page holds no data
+        assert httpx.get(f"{secured.admin_url}/overview", timeout=10).status_code == 401
+        console = Page(browser, secured.admin_url)
+        try:
+            page = console.page
+            page.goto(f"{secured.admin_url}/#/overview")
+            page.wait_for_selector("#login-user")
+            page.fill("#login-user", "root")
+            page.fill("#login-password", "wrong-password")
+            page.click("button:has-text('Log in')")
+            page.wait_for_selector("p.error:has-text('a user and password')")
+            page.fill("#login-password", "R00t-s3cret-pw")
+            page.click("button:has-text('Log in')")
+            page.wait_for_selector("text=siftmq-broker")
+            assert page.inner_text("#who") == "logged in as root"
+            stored = page.evaluate("JSON.stringify(sessionStorage)")
+            assert "R00t-s3cret-pw" not in stored and "siftmq-admin-token" in stored
+            console.open("topics")  # the token serves the other pages
+            page.wait_for_selector("text=Create a topic")
+            assert [e for e in console.errors if "401" not in e] == []  # the first calls were refused
+        finally:
+            console.close()
