@@ -7,6 +7,7 @@ contents shown as text; a narrow window and the keyboard."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import json
 import os
@@ -114,6 +115,13 @@ class Page:
         self.page.wait_for_selector("main h1")
         return self.page
 
+    def screenshot(self, name: str) -> Path:
+        """The page as it looks, kept as a test artifact (``SIFTMQ_ARTIFACTS``, default ``artifacts/``)."""
+        path = Path(os.environ.get("SIFTMQ_ARTIFACTS", "artifacts")) / "console" / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
     def close(self) -> None:
         self.context.close()
 
@@ -135,15 +143,18 @@ def test_every_page_loads_and_shows_what_the_api_reports(console: Page, broker: 
     page = console.open("overview")
     page.wait_for_selector("text=siftmq-broker")
     assert "CommitLog" in page.inner_text("main")
+    assert console.screenshot("overview").stat().st_size > 0
 
     page = console.open("topics")
     page.wait_for_selector(f"a[data-topic='{TOPIC}']")
     rows = {r.split("\t")[0]: r.split("\t") for r in page.locator("tbody tr").all_inner_texts()}
     assert rows[TOPIC][2] == f"{COUNT + 1}" and "%DLQ%g-prog" in rows
+    console.screenshot("topics")
 
     page = console.open("groups")
     page.wait_for_selector("a[href='#/groups/g-sql']")
     assert "g-prog" in page.inner_text("main")
+    console.screenshot("groups")
 
     page.click("a[href='#/groups/g-sql']")
     page.wait_for_selector(".lag-total")
@@ -154,6 +165,7 @@ def test_every_page_loads_and_shows_what_the_api_reports(console: Page, broker: 
     assert page.inner_text(f".lag-total[data-topic='{TOPIC}']") == str(matching)
     assert page.locator(".matching-lag").all_inner_texts() == [str(q["matching_lag"]) for q in sub["lag"]]
     assert "region = 'eu'" in page.inner_text("main")
+    console.screenshot("group-g-sql")
 
     page = console.open("groups/g-prog")
     page.wait_for_selector("text=Filter program")
@@ -161,8 +173,10 @@ def test_every_page_loads_and_shows_what_the_api_reports(console: Page, broker: 
     assert "active" in page.inner_text("main")
     assert f"{program['counters']['errors']}" in page.locator("section table").nth(3).inner_text()
 
+    console.screenshot("group-g-prog")
     for route in ("messages", "playground", "dead-letters"):
         console.open(route)
+        console.screenshot(route)
     assert console.errors == []
 
 
@@ -251,6 +265,9 @@ def test_dead_letters_are_listed_and_resent_once(console: Page, broker: Any) -> 
     rows.first.locator("button").click()
     page.wait_for_selector("#status:has-text('resent to Orders')")
     assert api(broker, f"/topics/{TOPIC}")["messages"] == before + 1
+    resent_id = page.inner_text("#status").rsplit(" as ", 1)[1]
+    arrived = api(broker, f"/messages/{resent_id}?body=true")  # on its origin topic, with its body
+    assert arrived["topic"] == TOPIC and json.loads(base64.b64decode(arrived["body_base64"]))["id"] % 10 == 3
     rows.first.locator("button").click()
     page.wait_for_selector("#status:has-text('already resent')")
     assert api(broker, f"/topics/{TOPIC}")["messages"] == before + 1
@@ -299,9 +316,11 @@ def test_a_narrow_window_and_the_keyboard(browser: Any, broker: Any) -> None:
 
 def test_the_console_logs_in_when_authentication_is_on(browser: Any, tmp_path: Path) -> None:
     auth = tmp_path / "auth.json"
-    auth.write_text(
-        json.dumps({"users": [{"username": "root", "password": "R00t-s3cret-pw", "userType": "Super"}]})
-    )
+    users = [
+        {"username": "root", "password": "R00t-s3cret-pw", "userType": "Super"},
+        {"username": "bob", "password": "B0b-s3cret-pw", "userType": "Normal"},  # no ACL: may do nothing
+    ]
+    auth.write_text(json.dumps({"users": users}))
     auth.chmod(0o600)
     config = {"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(auth)}
     with running_broker(config) as secured:
@@ -327,3 +346,15 @@ def test_the_console_logs_in_when_authentication_is_on(browser: Any, tmp_path: P
             assert [e for e in console.errors if "401" not in e] == []  # the first calls were refused
         finally:
             console.close()
+        bob = Page(browser, secured.admin_url)
+        try:
+            page = bob.page
+            page.goto(f"{secured.admin_url}/#/overview")
+            page.fill("#login-user", "bob")
+            page.fill("#login-password", "B0b-s3cret-pw")
+            page.click("button:has-text('Log in')")
+            page.wait_for_selector("#forbidden")  # the API's 403, said on the page
+            assert "user bob may not" in page.inner_text("#forbidden")
+            bob.screenshot("forbidden")
+        finally:
+            bob.close()

@@ -199,7 +199,9 @@ async function guarded(gen, fn) {
   } catch (e) {
     if (gen !== generation) return;
     if (e instanceof ApiError && e.code === 401) showLogin("Log in to continue.");
-    else status(`Error: ${e.message}`);
+    else if (e instanceof ApiError && e.code === 403 && !document.querySelector("main h1")) {
+      page("Not allowed", h("p", { class: "error", role: "alert", id: "forbidden" }, e.message)); // nothing drawn yet
+    } else status(`Error: ${e.message}`);
   }
 }
 
@@ -227,6 +229,7 @@ function route() {
   for (const [pattern, render] of ROUTES) {
     const m = hash.match(pattern);
     if (m) {
+      fill(document.getElementById("main"), h("p", { class: "muted" }, "Loading…"));
       guarded(gen, () => render(gen, ...m.slice(1).map(decodeURIComponent)));
       document.getElementById("main").focus({ preventScroll: true });
       return;
