@@ -71,6 +71,12 @@ def test_check_try_and_browse_answer_with_the_broker_engine(broker: Any) -> None
         ] == 30
         history = api.get("/overview").json()
         assert history["sent"] == 30 and history["topics"] >= 1 and history["history"]
+        sql = {"type": "SQL92", "expression": "region = 'eu'"}
+        api.put(f"/groups/g-lag/subscriptions/{TOPIC}", json=sql).raise_for_status()
+        lags = api.get("/groups/g-lag/lag-history").json()
+        ((_, lag),) = lags[TOPIC]  # the first point, taken when asked for
+        assert lag == sum(int(q["matching_lag"]) for q in api.get(f"/groups/g-lag/lag/{TOPIC}").json())
+        assert api.get("/groups/nobody/lag-history").json() == {}
 
 
 @pytest.mark.parametrize(

@@ -165,6 +165,8 @@ def test_every_page_loads_and_shows_what_the_api_reports(console: Page, broker: 
     assert page.inner_text(f".lag-total[data-topic='{TOPIC}']") == str(matching)
     assert page.locator(".matching-lag").all_inner_texts() == [str(q["matching_lag"]) for q in sub["lag"]]
     assert "region = 'eu'" in page.inner_text("main")
+    # the chart: the broker's point (it keeps one every 30 s), then the page's
+    assert page.locator("svg.chart polyline").count() == 1
     console.screenshot("group-g-sql")
 
     page = console.open("groups/g-prog")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any, Final, Literal
@@ -20,6 +21,10 @@ from siftmq.broker.broker import Broker
 
 SAMPLE_EVERY_S: Final = 5.0
 HISTORY_SAMPLES: Final = 360  # half an hour
+LAG_EVERY: Final = 6  # samples: the groups' matching lag every 30 s (it reads the index)
+LAG_SAMPLES: Final = 120  # an hour of it
+MAX_LAG_SERIES: Final = 200  # (group, topic) pairs followed
+LAG_MAX_SCAN: Final = 200_000  # index entries read per queue for one lag figure (an estimate past it)
 
 
 class ExpressionCheck(BaseModel):
@@ -32,11 +37,13 @@ class ExpressionTry(ExpressionCheck):
 
 
 class History:
-    """The broker's totals every :data:`SAMPLE_EVERY_S` seconds (the overview's sparklines)."""
+    """The broker's totals every :data:`SAMPLE_EVERY_S` seconds (the overview's sparklines), and each
+    group's matching lag every :data:`LAG_EVERY` samples (the group page's chart)."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.samples: collections.deque[dict[str, int]] = collections.deque(maxlen=HISTORY_SAMPLES)
+        self.lags: dict[tuple[str, str], collections.deque[tuple[int, int]]] = {}
 
     def current(self) -> dict[str, int]:
         stats, store = self.broker.stats, self.broker.store
@@ -49,10 +56,28 @@ class History:
         }
         return now
 
+    def sample_lags(self, group: str | None = None) -> None:
+        """Every group's matching lag per topic (``group``'s only: its first point, asked for)."""
+        now = int(time.time() * 1000)
+        pairs = [(g.name, t) for g in self.broker.groups.all() for t in list(g.subscriptions)]
+        if group is not None:
+            pairs = [(g, t) for g, t in pairs if g == group]
+        else:
+            for key in [k for k in self.lags if k not in pairs]:  # groups and subscriptions gone
+                del self.lags[key]
+        for name, topic in pairs[:MAX_LAG_SERIES]:
+            if self.broker.topics.get(topic) is None:
+                continue
+            rows = self.broker.lag(name, topic, max_scan=LAG_MAX_SCAN)
+            series = self.lags.setdefault((name, topic), collections.deque(maxlen=LAG_SAMPLES))
+            series.append((now, sum(int(str(r["matching_lag"])) for r in rows)))
+
     async def run(self) -> None:
         """Sample every :data:`SAMPLE_EVERY_S` seconds until cancelled (the admin server's task)."""
-        while True:
+        for n in itertools.count():
             self.samples.append(await asyncio.to_thread(self.current))
+            if n % LAG_EVERY == 0:
+                await asyncio.to_thread(self.sample_lags)
             await asyncio.sleep(SAMPLE_EVERY_S)
 
 
@@ -107,6 +132,12 @@ def inspect_router(broker: Broker, history: History) -> APIRouter:
     @router.get("/groups/{group}/programs")
     async def programs(group: str) -> list[dict[str, Any]]:
         return [broker.programs.report(group, p.topic) for p in broker.programs.all() if p.group == group]
+
+    @router.get("/groups/{group}/lag-history")
+    async def lag_history(group: str) -> dict[str, list[tuple[int, int]]]:
+        if not any(g == group for g, _ in list(history.lags)) and len(history.lags) < MAX_LAG_SERIES:
+            await asyncio.to_thread(history.sample_lags, group)  # a group the sampler has not seen yet
+        return {topic: list(series) for (g, topic), series in list(history.lags.items()) if g == group}
 
     @router.get("/dead-letters")
     async def dead_letters() -> list[dict[str, Any]]:

@@ -96,9 +96,9 @@ function sparkline(values, label, width = 200, height = 40) {
 
 // a chart of ``points`` ([time ms, value]) with its range written on the axes
 function chart(points, label, width = 600, height = 160) {
-  const box = svg("svg", { class: "chart", width: "100%", height, viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img", "aria-label": label });
+  const box = svg("svg", { class: "chart", width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": label });
   if (points.length < 2) {
-    box.append(svg("text", { x: 8, y: 20 }, "collecting… (one point every 5 s while this page is open)"));
+    box.append(svg("text", { x: 8, y: 20 }, "collecting… (the broker keeps a point every 30 s)"));
     return box;
   }
   const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
@@ -330,7 +330,8 @@ async function groupsPage(gen) {
 }
 
 async function groupPage(gen, name) {
-  const lagHistory = {}; // topic -> [[t, matching lag]]
+  // topic -> [[t, matching lag]]: the broker's last hour (a point every 30 s), then this page's own points
+  const lagHistory = await api(`/groups/${enc(name)}/lag-history`);
   const draw = async () => {
     const g = await api(`/groups/${enc(name)}`);
     const byTopic = Object.fromEntries((await api(`/groups/${enc(name)}/programs`)).map((p) => [p.topic, p]));
