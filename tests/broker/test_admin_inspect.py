@@ -153,3 +153,81 @@ def test_a_dead_letter_is_resent_to_its_origin_once(start_broker: Any, tmp_path:
 def test_each_inspection_route_needs_its_action(method: str, path: str, expected: tuple[str, str]) -> None:
     resource, action = admin_action(method, path, None)
     assert (resource, action.value) == expected
+
+
+def test_inspection_routes_check_the_topics_they_reach(start_broker: Any, tmp_path: Path) -> None:
+    """With authorization on: a message looked up by id needs Get on its own topic (whatever the
+    route's ?topic says), and a dead letter resent needs Pub on its origin topic; an origin topic
+    deleted since is not created again by a resend."""
+    root, alice = ("root", "R00t-s3cret-pw"), ("alice", "Al1ce-s3cret-pw")
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps({
+        "users": [{"username": root[0], "password": root[1], "userType": "Super"},
+                  {"username": alice[0], "password": alice[1], "userType": "Normal"}],
+        "acls": [{"subject": "User:alice", "policies": [{"entries": [
+            {"resource": ["Topic:Public"], "actions": ["Get"]},
+            {"resource": ["Topic:%DLQ%g"], "actions": ["Get", "Update"]},
+            {"resource": ["Cluster"], "actions": ["Get"]},
+        ]}]}],
+    }))  # fmt: skip
+    auth.chmod(0o600)
+    config = {"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(auth),
+              "filter_server_nums": 1}  # fmt: skip
+    broker = start_broker(config=config)
+    with (
+        httpx.Client(base_url=broker.admin_url, auth=root, timeout=30) as as_root,
+        httpx.Client(base_url=broker.admin_url, auth=alice, timeout=30) as as_alice,
+    ):
+        for name in (TOPIC, "Public"):
+            as_root.post("/topics", json={"name": name, "queue_nums": 1}).raise_for_status()
+        failing = (
+            "import json\ndef match(m):\n"
+            "    if json.loads(m.body).get('i'):\n        raise ValueError('no')\n    return True\n"
+        )
+        program = {"source": failing, "sample": {"body": "{}"}}
+        as_root.put(f"/groups/g/programs/{TOPIC}", json=program).raise_for_status()
+
+        async def go() -> str:
+            async with Producer(broker.endpoint, access_key=root[0], secret_key=root[1]) as p:
+                await p.send(TOPIC, b'{"i": 1}', tag="A")
+                await p.send(TOPIC, b'{"i": 2}', tag="A")
+                secret = await p.send(TOPIC, b"{}", tag="A")  # kept by the program: no copy in the DLQ
+            async with PullConsumer(broker.endpoint, "g", TOPIC, FilterExpression.tag(),
+                                    access_key=root[0], secret_key=root[1]) as c:  # fmt: skip
+                for _ in range(3):
+                    await c.poll(32, timeout=0.3)
+            return secret.message_id
+
+        secret_id = asyncio.run(go())
+        assert as_root.get(f"/messages/{secret_id}", params={"body": "true"}).status_code == 200
+        for params in ({"body": "true"}, {"body": "true", "topic": "Public"}):
+            assert as_alice.get(f"/messages/{secret_id}", params=params).status_code in (403, 404)
+        assert as_alice.get("/dead-letters").status_code == 403  # List on the Cluster: not hers
+        refused = as_alice.post("/topics/%25DLQ%25g/queues/0/messages/0/resend")
+        assert refused.status_code == 403 and f"Pub Topic:{TOPIC}" in refused.json()["message"]
+        before = as_root.get(f"/topics/{TOPIC}").json()["messages"]
+        assert as_root.post("/topics/%25DLQ%25g/queues/0/messages/0/resend").status_code == 200
+        assert as_root.get(f"/topics/{TOPIC}").json()["messages"] == before + 1
+        as_root.delete(f"/topics/{TOPIC}").raise_for_status()
+        gone = as_root.post("/topics/%25DLQ%25g/queues/0/messages/1/resend")
+        assert gone.status_code == 404 and "no longer exists" in gone.json()["message"]
+        assert as_root.get(f"/topics/{TOPIC}").status_code == 404  # not created again
+
+
+def test_trying_an_expression_takes_the_newest_messages_across_queues(start_broker: Any) -> None:
+    broker = start_broker()
+    httpx.post(
+        f"{broker.admin_url}/topics", json={"name": "Many", "queue_nums": 4}, timeout=10
+    ).raise_for_status()
+
+    async def go() -> None:
+        async with Producer(broker.endpoint) as p:
+            for i in range(40):  # one send a message: they spread over the queues, in time order
+                await p.send("Many", str(i).encode(), properties={"i": str(i)})
+
+    asyncio.run(go())
+    body = {"type": "SQL92", "expression": "i IN ('39', '37', '20')", "last": 10}
+    tried = httpx.post(f"{broker.admin_url}/topics/Many/try", json=body, timeout=10).json()
+    assert [m["properties"]["i"] for m in tried["messages"]] == [str(i) for i in range(39, 29, -1)]
+    assert {q["queue_id"] for q in tried["messages"]} == {0, 1, 2, 3}
+    assert (tried["matched"], tried["body_bytes"], tried["body_bytes_saved"]) == (2, 20, 16)

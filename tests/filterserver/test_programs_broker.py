@@ -389,3 +389,51 @@ def test_programs_turning_hostile_on_real_messages_lose_nothing(broker: Any) -> 
     assert receive_all(broker.endpoint, "g-good") == set(range(20))  # no program
     assert put(broker, "g-good-prog", BIG_A).status_code == 200
     assert receive_all(broker.endpoint, "g-good-prog") == wanted
+
+
+def test_a_program_sees_only_what_the_groups_expression_accepts(broker: Any) -> None:
+    """The SQL92 expression's exact stage runs before the program, also for messages stored before
+    the group subscribed (no bloom bitmap: the index passes them all): a program that fails on what
+    the expression excludes never fails."""
+    send_orders(broker.endpoint, 20)
+    odd_fails = (
+        "def match(m):\n    if m.tag != 'even':\n        raise ValueError('odd reached the program')\n"
+        "    return True\n"
+    )
+    assert put(broker, "g-sql-first", odd_fails, {"body": "{}", "tag": "even"}).status_code == 200
+
+    async def receive() -> set[int]:
+        got: set[int] = set()
+        sql = FilterExpression.sql92("TAGS = 'even'")
+        async with SimpleConsumer(broker.endpoint, "g-sql-first", {TOPIC: sql}, await_duration=1) as c:
+            for _ in range(4):
+                for m in await c.receive(32, 30):
+                    got.add(int(m.properties["i"]))
+                    await c.ack(m)
+        return got
+
+    assert asyncio.run(receive()) == set(range(0, 20, 2))
+    counters = httpx.get(f"{broker.admin_url}/groups/g-sql-first/programs/{TOPIC}", timeout=10).json()[
+        "counters"
+    ]
+    assert counters["errors"] == 0 and counters["evaluated"] == 10
+    assert httpx.get(f"{broker.admin_url}/topics/%25DLQ%25g-sql-first", timeout=10).status_code == 404
+
+
+def test_messages_that_kill_their_worker_cost_one_failure_each(broker: Any) -> None:
+    """Reads ask for more than they deliver: what a read evaluated past its batch is not evaluated
+    again (a poisoned message would kill a worker on every read reaching it), and the bisection's
+    kills count once per poisoned message. Two poisoned messages among 120, read 32 at a time,
+    leave the program active (the broker allows 4 failures a minute here): both go to the DLQ,
+    the rest are delivered."""
+    send_orders(broker.endpoint, 120)
+    poisoned = (
+        "import json\ndef match(m):\n    while json.loads(m.body)['id'] in (35, 110):\n        pass\n"
+        "    return True\n"
+    )
+    assert put(broker, "g-poisoned", poisoned, {"body": json.dumps(order(0))}).status_code == 200
+    assert receive_all(broker.endpoint, "g-poisoned") == set(range(120)) - {35, 110}
+    report = httpx.get(f"{broker.admin_url}/groups/g-poisoned/programs/{TOPIC}", timeout=10).json()
+    assert report["status"] == "active", report
+    dead = httpx.get(f"{broker.admin_url}/topics/%25DLQ%25g-poisoned", timeout=10).json()
+    assert dead["messages"] == 2

@@ -178,7 +178,7 @@ def test_a_program_that_keeps_killing_its_workers_is_suspended() -> None:
     fs = FilterServer(Limits(timeout_ms=20, max_failures=3), 1)
     key = ProgramKey("g", "t", 1)
     try:
-        with pytest.raises(ProgramSuspended, match="3 worker kills"):
+        with pytest.raises(ProgramSuspended, match=r"\(3 on single messages\)"):
             fs.evaluate(key, "def match(m):\n    while True:\n        pass\n", ROWS[:4])
         with pytest.raises(ProgramSuspended):  # and stays so
             fs.evaluate(key, "def match(m):\n    return True\n", ROWS[:1])
@@ -260,3 +260,21 @@ def test_a_long_batch_of_a_slow_program_is_cut_to_fit_the_batch_deadline() -> No
         assert (counters.timeouts, counters.restarts, len(counters.kills)) == (0, 1, 0)
     finally:
         server.close()
+
+
+def test_one_poisoned_message_in_a_large_batch_counts_once_toward_suspension() -> None:
+    """The bisection kills a worker about log2(batch) times to isolate the message that kills it;
+    only that message counts as a failure, so a large batch costs a program no more than a small one."""
+    fs = FilterServer(Limits(timeout_ms=50, batch_timeout_ms=500, max_failures=3), 1)
+    key = ProgramKey("g", "poisoned", 1)
+    source = "def match(m):\n    while m.queue_offset in (17, 300):\n        pass\n    return True\n"
+    try:
+        for first, poisoned in ((0, 17), (256, 300)):  # two poisoned messages, each in a batch of 256
+            rows = [row(topic="T", queue_offset=i) for i in range(first, first + 256)]
+            verdict = fs.evaluate(key, source, rows)
+            assert [first + i for i, c in enumerate(verdict.codes) if c == wire.ERROR] == [poisoned]
+            assert "deadline" in verdict.errors[poisoned - first]
+        counters = fs.counters(key)
+        assert len(counters.kills) == 2 and len(counters.all_kills) > 2
+    finally:
+        fs.close()

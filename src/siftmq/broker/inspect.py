@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import heapq
+import itertools
+from collections.abc import Iterator
 from typing import Any, Final
 
 from siftmq.broker.model import (
@@ -32,11 +34,13 @@ from siftmq.errors import (
     NotFoundError,
     StatusCode,
 )
+from siftmq.filter import CompiledFilter
 from siftmq.store import StoredMessage
 
 MAX_BROWSE: Final = 200  # messages one browse answers
 MAX_BROWSE_SCAN: Final = 20_000  # entries one browse reads looking for matches
 MAX_TRY: Final = 1000  # newest messages an expression is tried on
+TRY_CHUNK: Final = 16  # messages of a queue read at once when trying
 MAX_BODY_SHOWN: Final = 64 * 1024  # body bytes a message view carries
 _DLQ_PROPERTIES: Final = frozenset(
     {PROPERTY_DLQ_ORIGIN_TOPIC, PROPERTY_DLQ_ORIGIN_MESSAGE_ID, PROPERTY_FILTER_ERROR}
@@ -119,35 +123,41 @@ class Inspecting(Sending, Subscribing):
         if not 1 <= last <= MAX_TRY:
             raise BadRequestError(f"last must be in 1..{MAX_TRY}")
         compiled = self._compile(Subscription(topic, kind, expression))
-        newest = self._newest_messages(cfg, last)
-        rows = [(m, compiled.matches(m.properties)) for m in newest]
-        total = sum(len(m.body) for m, _ in rows)
-        kept = sum(len(m.body) for m, hit in rows if hit)
-        matched = sum(1 for _, hit in rows if hit)
+        per_queue = [self._newest_first(cfg.name, q, compiled) for q in range(cfg.queue_nums)]
+        rows = list(itertools.islice(heapq.merge(*per_queue, key=lambda row: -row[0]), last))
+        total = sum(size for _, _, size in rows)
+        kept = sum(size for _, view, size in rows if view["matched"])
+        matched = sum(1 for _, view, _ in rows if view["matched"])
         return {
             "topic": cfg.name, "type": compiled.kind, "normalized": compiled.normalized,
-            "messages": [message_view(m) | {"matched": hit} for m, hit in rows],
-            "tried": len(rows), "matched": matched,
+            "messages": [view for _, view, _ in rows], "tried": len(rows), "matched": matched,
             "selectivity": matched / len(rows) if rows else None,
             "body_bytes": total, "body_bytes_saved": total - kept,
         }  # fmt: skip
 
-    def _newest_messages(self, cfg: TopicConfig, last: int) -> list[StoredMessage]:
-        """The newest ``last`` messages of a topic, across its queues, newest first."""
-        per_queue: list[list[StoredMessage]] = []
-        for qid in range(cfg.queue_nums):
-            hi = self.store.get_max_offset_in_queue(cfg.name, qid)
-            lo = max(self.store.get_min_offset_in_queue(cfg.name, qid), hi - last)
-            msgs: list[StoredMessage] = []
-            while lo < hi:
-                r = self.store.get_messages("", cfg.name, qid, lo, min(hi - lo, 256), None)
-                msgs += r.messages
-                if r.next_begin_offset <= lo:
+    def _newest_first(
+        self, topic: str, queue_id: int, compiled: CompiledFilter
+    ) -> Iterator[tuple[int, dict[str, Any], int]]:
+        """A queue's messages, newest first, each as (store time, its view with ``matched``, body
+        size): read :data:`TRY_CHUNK` at a time, and no body kept, so trying an expression holds
+        little however large the messages or many the queues."""
+        end = self.store.get_max_offset_in_queue(topic, queue_id)
+        lo = self.store.get_min_offset_in_queue(topic, queue_id)
+        while end > lo:
+            start = max(lo, end - TRY_CHUNK)
+            chunk = []
+            at = start
+            while at < end:  # a read may stop short (its byte bound)
+                r = self.store.get_messages("", topic, queue_id, at, end - at, None)
+                for m in r.messages:
+                    if m.queue_offset < end:
+                        view = message_view(m) | {"matched": compiled.matches(m.properties)}
+                        chunk.append((m.store_timestamp, view, len(m.body)))
+                if r.next_begin_offset <= at:
                     break
-                lo = r.next_begin_offset
-            per_queue.append(msgs)
-        merged = heapq.merge(*(reversed(q) for q in per_queue), key=lambda m: -m.store_timestamp)
-        return [m for _, m in zip(range(last), merged, strict=False)]
+                at = r.next_begin_offset
+            yield from reversed(chunk)
+            end = start
 
     # ------------------------------------------------------------------------------ dead letters
 
@@ -165,10 +175,8 @@ class Inspecting(Sending, Subscribing):
                             "queue_nums": cfg.queue_nums, "messages": held})  # fmt: skip
         return sorted(out, key=lambda d: d["topic"])
 
-    def resend_dead_letter(self, dlq: str, queue_id: int, offset: int) -> dict[str, Any]:
-        """Send the dead letter at ``dlq``/``queue_id``/``offset`` to its origin topic again (its
-        body, tag, keys and user properties; the dead-letter ones dropped). The resent copy has an id
-        of its own, the same for every resend of this dead letter: resending twice stores it once."""
+    def dead_letter(self, dlq: str, queue_id: int, offset: int) -> tuple[StoredMessage, str]:
+        """The dead letter at ``dlq``/``queue_id``/``offset`` and its origin topic (which exists)."""
         if not dlq.startswith(DLQ_PREFIX):
             raise BadRequestError(f"{dlq!r} is not a dead-letter topic (they start with {DLQ_PREFIX})")
         self._inspected_queue(dlq, queue_id)
@@ -181,6 +189,18 @@ class Inspecting(Sending, Subscribing):
         origin = m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC)
         if not origin:
             raise BadRequestError(f"the message at {dlq}:{queue_id}@{offset} does not say where it came from")
+        if self.topics.get(origin) is None:  # a resend must not create it again
+            raise NotFoundError(
+                f"the dead letter's origin topic {origin!r} no longer exists",
+                status=StatusCode.TOPIC_NOT_FOUND,
+            )
+        return m, origin
+
+    def resend_dead_letter(self, dlq: str, queue_id: int, offset: int) -> dict[str, Any]:
+        """Send the dead letter at ``dlq``/``queue_id``/``offset`` to its origin topic again (its
+        body, tag, keys and user properties; the dead-letter ones dropped). The resent copy has an id
+        of its own, the same for every resend of this dead letter: resending twice stores it once."""
+        m, origin = self.dead_letter(dlq, queue_id, offset)
         first_id = m.properties.get(PROPERTY_DLQ_ORIGIN_MESSAGE_ID) or m.uniq_key or m.offset_msg_id
         props = {k: v for k, v in user_properties(m.properties).items() if k not in _DLQ_PROPERTIES}
         sent = self.send(

@@ -22,6 +22,7 @@ from siftmq.broker.programs import Program, check_sample, row_of
 from siftmq.broker.validation import check_group, check_topic
 from siftmq.errors import NotFoundError, StatusCode
 from siftmq.filterserver.message import Row
+from siftmq.filterserver.wire import ERROR, MATCH, REJECT
 from siftmq.store import GetMessageResult, Message, MessageFilter, StoredMessage
 
 _log = logging.getLogger(__name__)
@@ -60,19 +61,26 @@ class ProgramReads(BrokerParts):
             return result, result.messages
         if filtered.held:
             return result, None
-        kept, failed = filtered.kept, filtered.failed
-        if len(kept) > want:
-            stop = kept[want].queue_offset
-            kept = kept[:want]
-            failed = [(r, why) for r, why in failed if r.queue_offset < stop]
+        verdicts = filtered.verdicts
+        kept_at = [i for i, (code, _) in enumerate(verdicts) if code == MATCH]
+        if len(kept_at) > want:
+            cut = kept_at[want]  # the first kept one left over: the next read starts there
+            stop = records[cut].queue_offset
+            left = {r.queue_offset: v for r, v in zip(records[cut:], verdicts[cut:], strict=True)}
+            self.programs.leave(group, topic, queue_id, left)
+            records, verdicts = records[:cut], verdicts[:cut]
             result = replace(result, next_begin_offset=stop, scanned=stop - offset)
-        # the filter's exact stage and the CRC, for the few the program kept (or failed on)
-        for record, why in failed:
-            msg = self.store.decode_raw(topic, queue_id, record, message_filter)
-            if msg is not None:
+        messages: list[StoredMessage] = []
+        for record, (code, why) in zip(records, verdicts, strict=True):
+            if code == REJECT:
+                continue
+            msg = self.store.decode_raw(topic, queue_id, record)  # its CRC checked: None when damaged
+            if msg is None:
+                continue
+            if code == ERROR:
                 self._to_dlq(group, msg, 0, {PROPERTY_FILTER_ERROR: why})
-        delivered = [self.store.decode_raw(topic, queue_id, r, message_filter) for r in kept]
-        messages = [m for m in delivered if m is not None]
+            else:
+                messages.append(msg)
         return replace(result, messages=messages), messages
 
     def _to_dlq(

@@ -32,7 +32,7 @@ from siftmq.filterserver.pool import (
 )
 from siftmq.filterserver.program import ProgramError, check_program
 from siftmq.filterserver.sandbox import SandboxUnavailable, check_supported
-from siftmq.filterserver.wire import ERROR, MATCH
+from siftmq.filterserver.wire import MATCH
 from siftmq.store import RawRecord
 from siftmq.store.statefile import read_json, write_json
 
@@ -43,6 +43,7 @@ MAX_PROGRAMS: Final = 1000
 # A read through a program asks the store for want / (the share it keeps) messages, with a margin,
 # within these bounds: one evaluation batch instead of many shrinking ones for a selective program.
 MAX_READ_AHEAD: Final = 1024
+MAX_LEFT_OVER: Final = 4096  # queues whose read-ahead verdicts are kept for their next read
 READ_AHEAD_MARGIN: Final = 1.25
 MIN_KEPT_SHARE: Final = 1 / 64
 FIRST_KEPT_SHARE: Final = 0.25  # before the program's first batch: read 4x (at most 3x wasted, once)
@@ -66,12 +67,11 @@ class Program:
 
 @dataclass(frozen=True, slots=True)
 class Filtered:
-    """What a program made of a read's records: those to deliver, and those it failed on (with
-    why) for the dead-letter topic. ``held`` when the program runs no more: deliver nothing and
+    """What a program made of a read's records: one ``(code, why)`` per record (:data:`MATCH`,
+    ``REJECT``, or ``ERROR`` with why). ``held`` when the program runs no more: deliver nothing and
     keep the progress."""
 
-    kept: list[RawRecord]
-    failed: list[tuple[RawRecord, str]]
+    verdicts: list[tuple[int, str]]
     held: bool = False
 
 
@@ -104,6 +104,8 @@ class ProgramRegistry:
         self._limits, self._workers = limits, workers
         self._server: FilterServer | None = None
         self._kept_share: dict[tuple[str, str], float] = {}  # of the messages evaluated, lately
+        # per (group, topic, queue): the program version and the verdicts a read got past its batch
+        self._left_over: dict[tuple[str, str, int], tuple[int, dict[int, tuple[int, str]]]] = {}
         if self._programs and self.unavailable:
             _log.error("filter programs are registered but cannot run here: %s", self.unavailable)
 
@@ -198,35 +200,49 @@ class ProgramRegistry:
         share = self._kept_share.get((group, topic), FIRST_KEPT_SHARE)
         return min(max(want, math.ceil(want / share * READ_AHEAD_MARGIN)), MAX_READ_AHEAD)
 
-    def apply(self, group: str, topic: str, queue_id: int, messages: list[RawRecord]) -> Filtered | None:
+    def apply(self, group: str, topic: str, queue_id: int, records: list[RawRecord]) -> Filtered | None:
         """The program's verdict on records of ``topic``/``queue_id`` (None: the group has no
-        program on the topic)."""
+        program on the topic). Verdicts a read left over (:meth:`leave`) are used, not asked again:
+        a message that kills its worker costs its kills once."""
         program = self._programs.get((group, topic))
         if program is None:
             return None
         if program.status != "active" or self.unavailable:
-            return Filtered([], [], held=True)
-        if not messages:
-            return Filtered([], [])
-        try:
-            verdict = self._filter_server().evaluate(
-                program.key, program.source, [row_of(m, topic, queue_id) for m in messages]
-            )
-        except ProgramSuspended as exc:
-            self._set_status(program, "suspended", str(exc))
-            return Filtered([], [], held=True)
-        except ProgramLoadError as exc:
-            self._set_status(program, "failed", f"the program no longer loads: {exc}")
-            return Filtered([], [], held=True)
-        except WorkerDied as exc:  # no worker could start this time: held for now, tried again later
-            _log.warning("filter program of %s on %s: %s; its group waits", group, topic, exc.reason)
-            return Filtered([], [], held=True)
-        kept = [m for m, code in zip(messages, verdict.codes, strict=True) if code == MATCH]
-        share = max(len(kept) / len(messages), MIN_KEPT_SHARE)
-        old = self._kept_share.get((group, topic), share)
-        self._kept_share[(group, topic)] = old + (share - old) * len(messages) / (len(messages) + 256)
-        failed = [(messages[i], text) for i, text in verdict.errors.items() if verdict.codes[i] == ERROR]
-        return Filtered(kept, failed)
+            return Filtered([], held=True)
+        left = self._left_over.pop((group, topic, queue_id), None)
+        known = left[1] if left is not None and left[0] == program.version else {}
+        todo = [r for r in records if r.queue_offset not in known]
+        fresh: dict[int, tuple[int, str]] = {}
+        if todo:
+            try:
+                verdict = self._filter_server().evaluate(
+                    program.key, program.source, [row_of(r, topic, queue_id) for r in todo]
+                )
+            except ProgramSuspended as exc:
+                self._set_status(program, "suspended", str(exc))
+                return Filtered([], held=True)
+            except ProgramLoadError as exc:
+                self._set_status(program, "failed", f"the program no longer loads: {exc}")
+                return Filtered([], held=True)
+            except WorkerDied as exc:  # no worker could start this time: held for now, tried again later
+                _log.warning("filter program of %s on %s: %s; its group waits", group, topic, exc.reason)
+                return Filtered([], held=True)
+            fresh = {
+                r.queue_offset: (verdict.codes[i], verdict.errors.get(i, "")) for i, r in enumerate(todo)
+            }
+            share = max(verdict.codes.count(MATCH) / len(todo), MIN_KEPT_SHARE)
+            old = self._kept_share.get((group, topic), share)
+            self._kept_share[(group, topic)] = old + (share - old) * len(todo) / (len(todo) + 256)
+        return Filtered([fresh.get(r.queue_offset) or known[r.queue_offset] for r in records])
+
+    def leave(self, group: str, topic: str, queue_id: int, verdicts: dict[int, tuple[int, str]]) -> None:
+        """Keep the verdicts a read got past its batch (by queue offset) for the queue's next read."""
+        program = self._programs.get((group, topic))
+        if program is None:
+            return
+        if len(self._left_over) >= MAX_LEFT_OVER:
+            self._left_over.pop(next(iter(self._left_over)), None)  # the oldest
+        self._left_over[(group, topic, queue_id)] = (program.version, verdicts)
 
     def _set_status(self, program: Program, status: Status, error: str) -> None:
         with self._lock:

@@ -41,6 +41,7 @@ PIPE_BYTES: Final = 1024 * 1024  # Linux's default bound for an unprivileged pro
 # A large batch goes to the worker in chunks sized so that one takes, at the program's recent pace,
 # a quarter of the batch deadline: a program slow on every message is not killed for a long batch.
 FIRST_CHUNK: Final = 64
+BISECTION_KILLS_PER_FAILURE: Final = 8
 CHUNK_SHARE_OF_DEADLINE: Final = 0.25
 
 
@@ -89,7 +90,8 @@ class Counters:
     errors: int = 0
     timeouts: int = 0
     restarts: int = 0
-    kills: collections.deque[float] = field(default_factory=collections.deque)
+    kills: collections.deque[float] = field(default_factory=collections.deque)  # on single messages
+    all_kills: collections.deque[float] = field(default_factory=collections.deque)
     last_error: str = ""
     seconds_per_message: float = 0.0  # lately, batches' wall time included; 0 until one ran
 
@@ -267,7 +269,7 @@ class FilterServer:
                 return result.codes, {first + i: text for i, text in result.errors.items()}
             except WorkerDied as died:
                 self._set(key, slot, None)
-                self._killed(key, died, counters)
+                self._killed(key, died, counters, alone=len(rows) == 1)
                 if len(rows) == 1:
                     return bytes([wire.ERROR]), {first: died.reason}
         finally:
@@ -290,17 +292,25 @@ class FilterServer:
             self._killed(key, died, counters)
             raise
 
-    def _killed(self, key: ProgramKey, died: WorkerDied, counters: Counters) -> None:
+    def _killed(self, key: ProgramKey, died: WorkerDied, counters: Counters, *, alone: bool = True) -> None:
+        """Count a worker's death. Toward suspension count the deaths on one message (``alone``: a
+        message the bisection isolated, or a worker that did not start), so that one poisoned
+        message costs one, however large its batch; the bisection's own kills count too, but only
+        :data:`BISECTION_KILLS_PER_FAILURE` of them make one (a program that only dies on batches)."""
         now = time.monotonic()
-        counters.kills.append(now)
-        while counters.kills and counters.kills[0] < now - FAILURE_WINDOW_S:
-            counters.kills.popleft()
+        for kills, counted in ((counters.kills, alone), (counters.all_kills, True)):
+            if counted:
+                kills.append(now)
+            while kills and kills[0] < now - FAILURE_WINDOW_S:
+                kills.popleft()
         counters.timeouts += died.timed_out
         counters.last_error = died.reason
         _log.warning("filter program of %s on %s (v%d): %s", key.group, key.topic, key.version, died.reason)
-        if len(counters.kills) >= self.limits.max_failures:
+        failures = max(len(counters.kills), len(counters.all_kills) // BISECTION_KILLS_PER_FAILURE)
+        if failures >= self.limits.max_failures:
             why = (
-                f"suspended after {len(counters.kills)} worker kills within a minute; the last: {died.reason}"
+                f"suspended after {len(counters.all_kills)} worker kills within a minute "
+                f"({len(counters.kills)} on single messages); the last: {died.reason}"
             )
             self._suspended[key] = why
             _log.error("filter program of %s on %s (v%d) %s", key.group, key.topic, key.version, why)

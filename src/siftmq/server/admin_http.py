@@ -115,7 +115,16 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
             return await call_next(request)
 
     app.include_router(users_router(gate, tokens))
-    app.include_router(inspect_router(broker, history))
+
+    def may(request: Request, resource: str, action: Action) -> bool:
+        """Whether the request's user may (always, with authorization off)."""
+        if gate is None or not gate.authorize:
+            return True
+        user = getattr(request.state, "user", None)
+        peer = request.client.host if request.client else None
+        return user is not None and gate.allowed(user, resource, action, peer)
+
+    app.include_router(inspect_router(broker, history, may))
     app.include_router(console_router())
 
     @app.exception_handler(RequestValidationError)
@@ -244,9 +253,10 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
     # --------------------------------------------------------------------------------- messages
 
     @app.get("/messages/{message_id}")
-    async def message_by_id(message_id: str, body: bool = False) -> dict[str, Any]:
+    async def message_by_id(request: Request, message_id: str, body: bool = False) -> dict[str, Any]:
         msg = await call(broker.store.query_message_by_uniq_key, message_id)
-        if msg is None:
+        # the route's own check is Get on the Cluster (or on ?topic=): the message's topic decides
+        if msg is None or not may(request, f"Topic:{msg.topic}", Action.GET):
             raise NotFoundError(f"no message with id {message_id!r}", status=StatusCode.MESSAGE_NOT_FOUND)
         return message_view(msg, body=body)
 

@@ -9,15 +9,22 @@ import asyncio
 import collections
 import functools
 import itertools
+import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from siftmq import __version__
+from siftmq.auth.acl import Action
 from siftmq.broker.broker import Broker
+from siftmq.errors import NotFoundError
+
+_log = logging.getLogger(__name__)
 
 SAMPLE_EVERY_S: Final = 5.0
 HISTORY_SAMPLES: Final = 360  # half an hour
@@ -44,6 +51,7 @@ class History:
         self.broker = broker
         self.samples: collections.deque[dict[str, int]] = collections.deque(maxlen=HISTORY_SAMPLES)
         self.lags: dict[tuple[str, str], collections.deque[tuple[int, int]]] = {}
+        self._lags_lock = threading.Lock()  # the sampler's thread and a route's first point
 
     def current(self) -> dict[str, int]:
         stats, store = self.broker.stats, self.broker.store
@@ -63,25 +71,39 @@ class History:
         if group is not None:
             pairs = [(g, t) for g, t in pairs if g == group]
         else:
-            for key in [k for k in self.lags if k not in pairs]:  # groups and subscriptions gone
-                del self.lags[key]
+            with self._lags_lock:
+                for key in [k for k in self.lags if k not in pairs]:  # groups and subscriptions gone
+                    del self.lags[key]
         for name, topic in pairs[:MAX_LAG_SERIES]:
-            if self.broker.topics.get(topic) is None:
+            try:
+                rows = self.broker.lag(name, topic, max_scan=LAG_MAX_SCAN)
+            except NotFoundError:  # the topic was deleted meanwhile
                 continue
-            rows = self.broker.lag(name, topic, max_scan=LAG_MAX_SCAN)
-            series = self.lags.setdefault((name, topic), collections.deque(maxlen=LAG_SAMPLES))
-            series.append((now, sum(int(str(r["matching_lag"])) for r in rows)))
+            with self._lags_lock:
+                series = self.lags.setdefault((name, topic), collections.deque(maxlen=LAG_SAMPLES))
+                series.append((now, sum(int(str(r["matching_lag"])) for r in rows)))
+
+    def lags_of(self, group: str) -> dict[str, list[tuple[int, int]]]:
+        with self._lags_lock:
+            return {topic: list(series) for (g, topic), series in self.lags.items() if g == group}
 
     async def run(self) -> None:
         """Sample every :data:`SAMPLE_EVERY_S` seconds until cancelled (the admin server's task)."""
         for n in itertools.count():
-            self.samples.append(await asyncio.to_thread(self.current))
-            if n % LAG_EVERY == 0:
-                await asyncio.to_thread(self.sample_lags)
+            try:
+                self.samples.append(await asyncio.to_thread(self.current))
+                if n % LAG_EVERY == 0:
+                    await asyncio.to_thread(self.sample_lags)
+            except Exception:  # a sample lost, not the sampler
+                _log.exception("the admin server's sample of the broker's figures failed")
             await asyncio.sleep(SAMPLE_EVERY_S)
 
 
-def inspect_router(broker: Broker, history: History) -> APIRouter:
+def inspect_router(
+    broker: Broker, history: History, may: Callable[[Request, str, Action], bool]
+) -> APIRouter:
+    """The routes; ``may(request, resource, action)`` is the login's authorization, for the checks
+    a route makes on what it finds (the resent dead letter's origin topic)."""
     router = APIRouter()
     started = time.time()
 
@@ -105,7 +127,8 @@ def inspect_router(broker: Broker, history: History) -> APIRouter:
 
     @router.post("/filter/check")
     async def check(body: ExpressionCheck) -> dict[str, Any]:
-        return broker.check_expression(body.type, body.expression)
+        result: dict[str, Any] = await call(broker.check_expression, body.type, body.expression)
+        return result
 
     @router.post("/topics/{name}/try")
     async def try_expression(name: str, body: ExpressionTry) -> dict[str, Any]:
@@ -135,9 +158,11 @@ def inspect_router(broker: Broker, history: History) -> APIRouter:
 
     @router.get("/groups/{group}/lag-history")
     async def lag_history(group: str) -> dict[str, list[tuple[int, int]]]:
-        if not any(g == group for g, _ in list(history.lags)) and len(history.lags) < MAX_LAG_SERIES:
+        found = history.lags_of(group)
+        if not found and len(history.lags) < MAX_LAG_SERIES:
             await asyncio.to_thread(history.sample_lags, group)  # a group the sampler has not seen yet
-        return {topic: list(series) for (g, topic), series in list(history.lags.items()) if g == group}
+            found = history.lags_of(group)
+        return found
 
     @router.get("/dead-letters")
     async def dead_letters() -> list[dict[str, Any]]:
@@ -145,7 +170,13 @@ def inspect_router(broker: Broker, history: History) -> APIRouter:
         return found
 
     @router.post("/topics/{name}/queues/{queue_id}/messages/{offset}/resend")
-    async def resend(name: str, queue_id: int, offset: int) -> dict[str, Any]:
+    async def resend(request: Request, name: str, queue_id: int, offset: int) -> Any:
+        _, origin = await call(broker.dead_letter, name, queue_id, offset)
+        if not may(request, f"Topic:{origin}", Action.PUB):  # the copy is a send to the origin topic
+            return JSONResponse(
+                {"error": "FORBIDDEN", "message": f"may not Pub Topic:{origin}, this dead letter's origin"},
+                status_code=403,
+            )
         sent: dict[str, Any] = await call(broker.resend_dead_letter, name, queue_id, offset)
         return sent
 

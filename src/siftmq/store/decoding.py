@@ -13,7 +13,7 @@ import functools
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 from siftmq.errors import CorruptRecordError
 from siftmq.store.codec import (
@@ -262,15 +262,7 @@ def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per can
         _body_length,
     ) = header
     end = pos + total_size
-    properties: dict[str, str] = {}
-    if topic_end + 2 < end:
-        try:
-            for item in data[topic_end + 2 : end].decode("utf-8").split(PROPERTY_SEPARATOR):
-                name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
-                if sep:
-                    properties[name] = value
-        except UnicodeDecodeError as exc:
-            raise CorruptRecordError(f"inconsistent record fields ({exc})", offset=offset) from exc
+    properties = _properties(data, topic_end + 2, end, offset)
     if accept is not None and not accept(properties):
         return None
     return _new_stored_message(
@@ -295,6 +287,19 @@ def decode_entry(  # noqa: PLR0917 - positional on purpose: it runs once per can
     )
 
 
+def _properties(data: bytes, start: int, end: int, offset: int) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    if start < end:
+        try:
+            for item in data[start:end].decode("utf-8").split(PROPERTY_SEPARATOR):
+                name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+                if sep:
+                    properties[name] = value
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError(f"inconsistent record fields ({exc})", offset=offset) from exc
+    return properties
+
+
 def split_entry(  # noqa: PLR0917 - decode_entry's arguments, so the read path takes either
     data: bytes,
     pos: int,
@@ -306,16 +311,18 @@ def split_entry(  # noqa: PLR0917 - decode_entry's arguments, so the read path t
     queue_id: int,
     queue_offset: int,
     accept: Callable[[dict[str, str]], bool] | None,
-) -> RawRecord:
-    """The record a ConsumeQueue entry points at as a :class:`RawRecord`, checked as
-    :func:`decode_entry` checks it but for the CRC and ``accept`` (the filter's exact stage): both
-    are :func:`decode_raw`'s, for the few records a program keeps. A damaged record a program
-    passes over is passed over as a damaged one would be, only not counted."""
-    del accept
+) -> RawRecord | None:
+    """The record a ConsumeQueue entry points at as a :class:`RawRecord` (None: ``accept``, the
+    filter's exact stage, rejects it), checked as :func:`decode_entry` checks it but for the CRC:
+    that is :func:`decode_raw`'s, for the few records a program keeps. A damaged record a program
+    passes over is passed over as a damaged one would be, only not counted. Without ``accept`` the
+    properties are not decoded."""
     header, body_start, body_end, topic_end = _checked_entry(
         data, pos, offset, size, max_record_size, topic, topic_bytes, queue_id, queue_offset, False
     )
     end = pos + header[0]
+    if accept is not None and not accept(_properties(data, topic_end + 2, end, offset)):
+        return None
     return RawRecord(
         data[pos:end],
         offset,
@@ -328,18 +335,13 @@ def split_entry(  # noqa: PLR0917 - decode_entry's arguments, so the read path t
     )
 
 
-def decode_raw(
-    raw: RawRecord,
-    max_record_size: int,
-    topic: str,
-    queue_id: int,
-    accept: Callable[[dict[str, str]], bool] | None,
-) -> StoredMessage | None:
-    """The message of a :class:`RawRecord` of ``topic``/``queue_id`` (None: ``accept`` rejects it)."""
-    return decode_entry(
+def decode_raw(raw: RawRecord, max_record_size: int, topic: str, queue_id: int) -> StoredMessage:
+    """The message of a :class:`RawRecord` of ``topic``/``queue_id``, its CRC checked."""
+    msg = decode_entry(
         raw.record, 0, raw.commit_log_offset, len(raw.record), max_record_size, topic,
-        topic.encode(), queue_id, raw.queue_offset, accept,
+        topic.encode(), queue_id, raw.queue_offset, None,
     )  # fmt: skip
+    return cast(StoredMessage, msg)  # no accept: never None
 
 
 _COPY_TO_CRC: Final = 4096

@@ -224,14 +224,11 @@ class MessageReader:
                 status = GetMessageStatus.NO_MATCHED_MESSAGE
         return _new_result(status, offset + scanned, min_offset, max_offset, messages, scanned)
 
-    def decode_raw(
-        self, cq: ConsumeQueue, record: decoding.RawRecord, message_filter: MessageFilter | None
-    ) -> StoredMessage | None:
-        """The message of a record :meth:`get_messages` gave raw; None when the filter's exact
-        stage rejects it, or when it is damaged (passed over and counted, as a read does)."""
-        accept = message_filter.is_matched_by_commit_log if message_filter is not None else None
+    def decode_raw(self, cq: ConsumeQueue, record: decoding.RawRecord) -> StoredMessage | None:
+        """The message of a record :meth:`get_messages` gave raw; None when it is damaged (passed
+        over and counted, as a read does)."""
         try:
-            return decoding.decode_raw(record, self.commit_log.max_record_size, cq.topic, cq.queue_id, accept)
+            return decoding.decode_raw(record, self.commit_log.max_record_size, cq.topic, cq.queue_id)
         except CorruptRecordError as exc:
             self._skip_damaged(cq, record.queue_offset, record.commit_log_offset, str(exc))
             return None

@@ -543,9 +543,10 @@ class MessageStore:
         max_count: int,
         message_filter: MessageFilter | None = None,
     ) -> tuple[GetMessageResult, list[RawRecord]]:
-        """:meth:`get_messages` for a consumer's filter program: the candidates after the filter's
-        index stage, checked (CRC included) but not decoded. The filter's exact stage is applied
-        by :meth:`decode_raw`, to the few the program keeps. The result's ``messages`` is empty."""
+        """:meth:`get_messages` for a consumer's filter program: the messages the filter accepts (both
+        stages), checked but for their CRC, and not decoded (without a filter, not even their
+        properties). :meth:`decode_raw` checks the CRC of the few the program keeps and decodes
+        them. The result's ``messages`` is empty."""
         self._check_open()
         if max_count < 1:
             raise ValueError("max_count must be at least 1")
@@ -554,15 +555,13 @@ class MessageStore:
         records = cast(list[RawRecord], result.messages)  # raw=True: records in place of messages
         return replace(result, messages=[]), records
 
-    def decode_raw(
-        self, topic: str, queue_id: int, record: RawRecord, message_filter: MessageFilter | None = None
-    ) -> StoredMessage | None:
-        """The message of a record :meth:`get_records` gave; None when ``message_filter``'s exact
-        stage rejects it, or when it is damaged (passed over and counted in :attr:`damaged_reads`)."""
+    def decode_raw(self, topic: str, queue_id: int, record: RawRecord) -> StoredMessage | None:
+        """The message of a record :meth:`get_records` gave; None when it is damaged (passed over
+        and counted in :attr:`damaged_reads`) or its topic was deleted meanwhile."""
         cq = self.find_consume_queue(topic, queue_id)
-        if cq is None:  # the topic was deleted meanwhile
+        if cq is None:
             return None
-        return self.reader.decode_raw(cq, record, message_filter)
+        return self.reader.decode_raw(cq, record)
 
     @property
     def damaged_reads(self) -> int:
