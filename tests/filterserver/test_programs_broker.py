@@ -85,6 +85,20 @@ def receive_all(endpoint: str, group: str, tag: str = "*", rounds: int = 8) -> s
     return asyncio.run(go())
 
 
+def receive_sql(endpoint: str, group: str, expression: str, rounds: int = 5) -> set[int]:
+    async def go() -> set[int]:
+        got: set[int] = set()
+        sql = FilterExpression.sql92(expression)
+        async with SimpleConsumer(endpoint, group, {TOPIC: sql}, await_duration=1) as c:
+            for _ in range(rounds):
+                for m in await c.receive(32, 30):
+                    got.add(int(m.properties["i"]))
+                    await c.ack(m)
+        return got
+
+    return asyncio.run(go())
+
+
 def pull_all(endpoint: str, group: str) -> set[int]:
     async def go() -> set[int]:
         got: set[int] = set()
@@ -108,18 +122,7 @@ def test_receive_and_pull_deliver_what_the_program_keeps(broker: Any) -> None:
     assert receive_all(broker.endpoint, "g-tagged", "even") == {i for i in expected(big_a) if i % 2 == 0}
     assert receive_all(broker.endpoint, "g-plain") == set(range(COUNT))  # no program: everything
     assert put(broker, "g-sql", BIG_A).status_code == 200  # SQL92 and the program, both
-
-    async def sql_receive() -> set[int]:
-        got: set[int] = set()
-        sql = FilterExpression.sql92("TAGS = 'odd'")
-        async with SimpleConsumer(broker.endpoint, "g-sql", {TOPIC: sql}, await_duration=1) as c:
-            for _ in range(6):
-                for m in await c.receive(32, 30):
-                    got.add(int(m.properties["i"]))
-                    await c.ack(m)
-        return got
-
-    assert asyncio.run(sql_receive()) == {i for i in expected(big_a) if i % 2}
+    assert receive_sql(broker.endpoint, "g-sql", "TAGS = 'odd'") == {i for i in expected(big_a) if i % 2}
 
     report = httpx.get(f"{broker.admin_url}/groups/g-big-a/programs/{TOPIC}", timeout=10).json()
     assert report["status"] == "active" and report["version"] == 1
@@ -401,18 +404,7 @@ def test_a_program_sees_only_what_the_groups_expression_accepts(broker: Any) -> 
         "    return True\n"
     )
     assert put(broker, "g-sql-first", odd_fails, {"body": "{}", "tag": "even"}).status_code == 200
-
-    async def receive() -> set[int]:
-        got: set[int] = set()
-        sql = FilterExpression.sql92("TAGS = 'even'")
-        async with SimpleConsumer(broker.endpoint, "g-sql-first", {TOPIC: sql}, await_duration=1) as c:
-            for _ in range(4):
-                for m in await c.receive(32, 30):
-                    got.add(int(m.properties["i"]))
-                    await c.ack(m)
-        return got
-
-    assert asyncio.run(receive()) == set(range(0, 20, 2))
+    assert receive_sql(broker.endpoint, "g-sql-first", "TAGS = 'even'") == set(range(0, 20, 2))
     counters = httpx.get(f"{broker.admin_url}/groups/g-sql-first/programs/{TOPIC}", timeout=10).json()[
         "counters"
     ]

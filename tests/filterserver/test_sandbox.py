@@ -278,3 +278,21 @@ def test_one_poisoned_message_in_a_large_batch_counts_once_toward_suspension() -
         assert len(counters.kills) == 2 and len(counters.all_kills) > 2
     finally:
         fs.close()
+
+
+def test_a_budget_stops_a_long_batch_between_chunks() -> None:
+    """With a time budget the pool stops sending chunks once it has passed: the verdict covers the
+    first messages (at least one chunk), which the broker delivers, and the rest wait for the next read."""
+    server = FilterServer(Limits(timeout_ms=100, batch_timeout_ms=1000), 1)
+    slow = "def match(m):\n    for _ in range(30000):\n        pass\n    return m.queue_offset % 2 == 0\n"
+    rows = [row(topic="T", queue_offset=i) for i in range(600)]
+    try:
+        key = ProgramKey("g", "budget", 1)
+        verdict = server.evaluate(key, slow, rows, budget_s=0.05)
+        done = len(verdict.codes)
+        assert 1 <= done < 600
+        assert list(verdict.codes) == [wire.MATCH if i % 2 == 0 else wire.REJECT for i in range(done)]
+        assert server.counters(key).evaluated == done
+        assert len(server.evaluate(key, slow, rows[:10], budget_s=0.0).codes) == 10  # one chunk at least
+    finally:
+        server.close()

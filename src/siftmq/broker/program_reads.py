@@ -63,10 +63,11 @@ class ProgramReads(BrokerParts):
             return result, None
         verdicts = filtered.verdicts
         kept_at = [i for i, (code, _) in enumerate(verdicts) if code == MATCH]
-        if len(kept_at) > want:
-            cut = kept_at[want]  # the first kept one left over: the next read starts there
+        if len(kept_at) > want or len(verdicts) < len(records):
+            # the first kept one left over, or the first not evaluated: the next read starts there
+            cut = kept_at[want] if len(kept_at) > want else len(verdicts)
             stop = records[cut].queue_offset
-            left = {r.queue_offset: v for r, v in zip(records[cut:], verdicts[cut:], strict=True)}
+            left = {r.queue_offset: v for r, v in zip(records[cut:], verdicts[cut:], strict=False)}
             self.programs.leave(group, topic, queue_id, left)
             records, verdicts = records[:cut], verdicts[:cut]
             result = replace(result, next_begin_offset=stop, scanned=stop - offset)

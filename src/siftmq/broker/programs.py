@@ -44,6 +44,10 @@ MAX_PROGRAMS: Final = 1000
 # within these bounds: one evaluation batch instead of many shrinking ones for a selective program.
 MAX_READ_AHEAD: Final = 1024
 MAX_LEFT_OVER: Final = 4096  # queues whose read-ahead verdicts are kept for their next read
+# A read's time in its program, after which the rest of its records wait for the next read: a
+# program slow on a batch (or bisected to a poisoned message) does not hold a consumer's call past
+# its client's deadline. Checked between the chunks sent to the worker.
+READ_BUDGET_S: Final = 1.0
 READ_AHEAD_MARGIN: Final = 1.25
 MIN_KEPT_SHARE: Final = 1 / 64
 FIRST_KEPT_SHARE: Final = 0.25  # before the program's first batch: read 4x (at most 3x wasted, once)
@@ -203,7 +207,8 @@ class ProgramRegistry:
     def apply(self, group: str, topic: str, queue_id: int, records: list[RawRecord]) -> Filtered | None:
         """The program's verdict on records of ``topic``/``queue_id`` (None: the group has no
         program on the topic). Verdicts a read left over (:meth:`leave`) are used, not asked again:
-        a message that kills its worker costs its kills once."""
+        a message that kills its worker costs its kills once. The verdicts may stop short of the
+        records (:data:`READ_BUDGET_S`): the first record without one ends what the read may pass."""
         program = self._programs.get((group, topic))
         if program is None:
             return None
@@ -216,7 +221,10 @@ class ProgramRegistry:
         if todo:
             try:
                 verdict = self._filter_server().evaluate(
-                    program.key, program.source, [row_of(r, topic, queue_id) for r in todo]
+                    program.key,
+                    program.source,
+                    [row_of(r, topic, queue_id) for r in todo],
+                    budget_s=READ_BUDGET_S,
                 )
             except ProgramSuspended as exc:
                 self._set_status(program, "suspended", str(exc))
@@ -227,13 +235,21 @@ class ProgramRegistry:
             except WorkerDied as exc:  # no worker could start this time: held for now, tried again later
                 _log.warning("filter program of %s on %s: %s; its group waits", group, topic, exc.reason)
                 return Filtered([], held=True)
+            done = len(verdict.codes)
             fresh = {
-                r.queue_offset: (verdict.codes[i], verdict.errors.get(i, "")) for i, r in enumerate(todo)
+                r.queue_offset: (verdict.codes[i], verdict.errors.get(i, ""))
+                for i, r in enumerate(todo[:done])
             }
-            share = max(verdict.codes.count(MATCH) / len(todo), MIN_KEPT_SHARE)
+            share = max(verdict.codes.count(MATCH) / done, MIN_KEPT_SHARE)
             old = self._kept_share.get((group, topic), share)
-            self._kept_share[(group, topic)] = old + (share - old) * len(todo) / (len(todo) + 256)
-        return Filtered([fresh.get(r.queue_offset) or known[r.queue_offset] for r in records])
+            self._kept_share[(group, topic)] = old + (share - old) * done / (done + 256)
+        verdicts = []
+        for r in records:
+            found = fresh.get(r.queue_offset) or known.get(r.queue_offset)
+            if found is None:  # not evaluated within the read's budget
+                break
+            verdicts.append(found)
+        return Filtered(verdicts)
 
     def leave(self, group: str, topic: str, queue_id: int, verdicts: dict[int, tuple[int, str]]) -> None:
         """Keep the verdicts a read got past its batch (by queue offset) for the queue's next read."""

@@ -220,10 +220,14 @@ class FilterServer:
         with self._lock:
             return self._counters.setdefault(key, Counters())
 
-    def evaluate(self, key: ProgramKey, source: str, rows: Sequence[Row]) -> Verdict:
-        """Each message's outcome. Raises :class:`ProgramSuspended`, :class:`ProgramLoadError` (the
-        program's module code failed), or :class:`WorkerDied` when no worker could be started (the
-        batch may be tried again later)."""
+    def evaluate(
+        self, key: ProgramKey, source: str, rows: Sequence[Row], *, budget_s: float | None = None
+    ) -> Verdict:
+        """Each message's outcome; with ``budget_s``, chunks stop being sent once that many seconds
+        have passed, and the verdict covers only the first rows (always at least one chunk's).
+        Raises :class:`ProgramSuspended`, :class:`ProgramLoadError` (the program's module code
+        failed), or :class:`WorkerDied` when no worker could be started (the batch may be tried
+        again later)."""
         if not rows:
             return Verdict(b"", {})
         why = self._suspended.get(key)
@@ -232,7 +236,8 @@ class FilterServer:
         counters = self.counters(key)
         codes, errors = b"", {}
         start = 0
-        while start < len(rows):
+        stop_at = None if budget_s is None else time.monotonic() + budget_s
+        while start < len(rows) and (stop_at is None or start == 0 or time.monotonic() < stop_at):
             pace = counters.seconds_per_message
             size = (
                 FIRST_CHUNK
@@ -248,7 +253,7 @@ class FilterServer:
             errors.update(more_errors)
             start += len(chunk)
         with self._lock:
-            counters.evaluated += len(rows)
+            counters.evaluated += len(codes)
             counters.matched += codes.count(wire.MATCH)
             counters.errors += len(errors)
         return Verdict(codes, errors)
