@@ -22,7 +22,7 @@ from siftmq.broker.programs import Program, check_sample, row_of
 from siftmq.broker.validation import check_group, check_topic
 from siftmq.errors import NotFoundError, StatusCode
 from siftmq.filterserver.message import Row
-from siftmq.filterserver.wire import ERROR, MATCH, REJECT
+from siftmq.filterserver.wire import MATCH
 from siftmq.store import GetMessageResult, Message, MessageFilter, StoredMessage
 
 _log = logging.getLogger(__name__)
@@ -61,27 +61,22 @@ class ProgramReads(BrokerParts):
             return result, result.messages
         if filtered.held:
             return result, None
-        verdicts = filtered.verdicts
-        kept_at = [i for i, (code, _) in enumerate(verdicts) if code == MATCH]
-        if len(kept_at) > want or len(verdicts) < len(records):
-            # the first kept one left over, or the first not evaluated: the next read starts there
-            cut = kept_at[want] if len(kept_at) > want else len(verdicts)
+        codes, errors = filtered.codes, filtered.errors
+        kept = _positions(codes, MATCH, want + 1)
+        cut = len(codes)
+        if len(kept) > want:
+            cut = kept.pop()  # the first kept one left over: the next read starts there
+        if cut < len(records):  # or the first not evaluated in time
             stop = records[cut].queue_offset
-            left = {r.queue_offset: v for r, v in zip(records[cut:], verdicts[cut:], strict=False)}
+            left = {records[i].queue_offset: (codes[i], errors.get(i, "")) for i in range(cut, len(codes))}
             self.programs.leave(group, topic, queue_id, left)
-            records, verdicts = records[:cut], verdicts[:cut]
             result = replace(result, next_begin_offset=stop, scanned=stop - offset)
-        messages: list[StoredMessage] = []
-        for record, (code, why) in zip(records, verdicts, strict=True):
-            if code == REJECT:
-                continue
-            msg = self.store.decode_raw(topic, queue_id, record)  # its CRC checked: None when damaged
-            if msg is None:
-                continue
-            if code == ERROR:
-                self._to_dlq(group, msg, 0, {PROPERTY_FILTER_ERROR: why})
-            else:
-                messages.append(msg)
+        for i, why in errors.items():
+            failed = self.store.decode_raw(topic, queue_id, records[i]) if i < cut else None
+            if failed is not None:  # (None: damaged, its CRC failed)
+                self._to_dlq(group, failed, 0, {PROPERTY_FILTER_ERROR: why})
+        decoded = [self.store.decode_raw(topic, queue_id, records[i]) for i in kept]
+        messages = [m for m in decoded if m is not None]
         return replace(result, messages=messages), messages
 
     def _to_dlq(
@@ -133,3 +128,14 @@ class ProgramReads(BrokerParts):
             if found and (newest is None or found[0].store_timestamp > newest[7]):
                 newest = row_of(found[0], topic, qid)
         return [newest] if newest is not None else []
+
+
+def _positions(codes: bytes, code: int, limit: int) -> list[int]:
+    """The first ``limit`` indexes of ``code`` in ``codes`` (a search in C: most codes are rejects)."""
+    found: list[int] = []
+    needle = bytes([code])
+    at = codes.find(needle)
+    while at >= 0 and len(found) < limit:
+        found.append(at)
+        at = codes.find(needle, at + 1)
+    return found

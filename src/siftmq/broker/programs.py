@@ -28,11 +28,12 @@ from siftmq.filterserver.pool import (
     ProgramKey,
     ProgramLoadError,
     ProgramSuspended,
+    Verdict,
     WorkerDied,
 )
 from siftmq.filterserver.program import ProgramError, check_program
 from siftmq.filterserver.sandbox import SandboxUnavailable, check_supported
-from siftmq.filterserver.wire import MATCH
+from siftmq.filterserver.wire import ERROR, MATCH
 from siftmq.store import RawRecord
 from siftmq.store.statefile import read_json, write_json
 
@@ -71,11 +72,12 @@ class Program:
 
 @dataclass(frozen=True, slots=True)
 class Filtered:
-    """What a program made of a read's records: one ``(code, why)`` per record (:data:`MATCH`,
-    ``REJECT``, or ``ERROR`` with why). ``held`` when the program runs no more: deliver nothing and
-    keep the progress."""
+    """What a program made of a read's records: one code per record (:data:`MATCH`, ``REJECT`` or
+    ``ERROR``; the first records only, when the read's time ran out), and why for the errors, by
+    index. ``held`` when the program runs no more: deliver nothing and keep the progress."""
 
-    verdicts: list[tuple[int, str]]
+    codes: bytes
+    errors: dict[int, str]
     held: bool = False
 
 
@@ -213,11 +215,12 @@ class ProgramRegistry:
         if program is None:
             return None
         if program.status != "active" or self.unavailable:
-            return Filtered([], held=True)
+            return Filtered(b"", {}, held=True)
         left = self._left_over.pop((group, topic, queue_id), None)
         known = left[1] if left is not None and left[0] == program.version else {}
         todo = [r for r in records if r.queue_offset not in known]
-        fresh: dict[int, tuple[int, str]] = {}
+        fresh: dict[int, int] = {}  # queue offset -> index in the worker's answer
+        verdict = Verdict(b"", {})
         if todo:
             try:
                 verdict = self._filter_server().evaluate(
@@ -228,28 +231,34 @@ class ProgramRegistry:
                 )
             except ProgramSuspended as exc:
                 self._set_status(program, "suspended", str(exc))
-                return Filtered([], held=True)
+                return Filtered(b"", {}, held=True)
             except ProgramLoadError as exc:
                 self._set_status(program, "failed", f"the program no longer loads: {exc}")
-                return Filtered([], held=True)
+                return Filtered(b"", {}, held=True)
             except WorkerDied as exc:  # no worker could start this time: held for now, tried again later
                 _log.warning("filter program of %s on %s: %s; its group waits", group, topic, exc.reason)
-                return Filtered([], held=True)
-            done = len(verdict.codes)
-            fresh = {
-                r.queue_offset: (verdict.codes[i], verdict.errors.get(i, ""))
-                for i, r in enumerate(todo[:done])
-            }
-            share = max(verdict.codes.count(MATCH) / done, MIN_KEPT_SHARE)
+                return Filtered(b"", {}, held=True)
+            share = max(verdict.codes.count(MATCH) / len(verdict.codes), MIN_KEPT_SHARE)
             old = self._kept_share.get((group, topic), share)
-            self._kept_share[(group, topic)] = old + (share - old) * done / (done + 256)
-        verdicts = []
-        for r in records:
-            found = fresh.get(r.queue_offset) or known.get(r.queue_offset)
-            if found is None:  # not evaluated within the read's budget
+            weight = len(verdict.codes) / (len(verdict.codes) + 256)
+            self._kept_share[(group, topic)] = old + (share - old) * weight
+            if not known:  # the usual read: the worker's answer, as it is
+                return Filtered(verdict.codes, verdict.errors)
+            fresh = {todo[i].queue_offset: i for i in range(len(verdict.codes))}
+        codes = bytearray()
+        errors: dict[int, str] = {}
+        for r in records:  # after a read left verdicts over: those, then the worker's
+            if r.queue_offset in known:
+                code, why = known[r.queue_offset]
+            elif r.queue_offset in fresh:
+                i = fresh[r.queue_offset]
+                code, why = verdict.codes[i], verdict.errors.get(i, "")
+            else:  # not evaluated within the read's budget
                 break
-            verdicts.append(found)
-        return Filtered(verdicts)
+            if code == ERROR:
+                errors[len(codes)] = why
+            codes.append(code)
+        return Filtered(bytes(codes), errors)
 
     def leave(self, group: str, topic: str, queue_id: int, verdicts: dict[int, tuple[int, str]]) -> None:
         """Keep the verdicts a read got past its batch (by queue offset) for the queue's next read."""
