@@ -46,9 +46,10 @@ class ProgramReads(BrokerParts):
 
         A program passes over most of what it is given when it is selective, so its reads ask the
         store for more (by the share it has been keeping) and stop at ``want``: the read's
-        ``next_begin_offset`` is then the first accepted message left over, so nothing past it is
-        passed over or dead-lettered. ``None``: the program is held (suspended or failed), and the
-        caller delivers nothing and keeps the group's progress where it was.
+        ``next_begin_offset`` is then the first accepted message left over (or the first the
+        program had no time for), so nothing past it is passed over or dead-lettered, and the
+        verdicts past it are kept for the next read. ``None``: the program is held (suspended or
+        failed), and the caller delivers nothing and keeps the group's progress where it was.
         """
         ask = self.programs.read_size(group, topic, want)
         if ask is None:  # no program
