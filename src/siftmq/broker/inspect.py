@@ -138,8 +138,9 @@ class Inspecting(Sending, Subscribing):
     def _newest_first(
         self, topic: str, queue_id: int, compiled: CompiledFilter
     ) -> Iterator[tuple[int, dict[str, Any], int]]:
-        """A queue's messages, newest first, each as (store time, its view with ``matched``, body
-        size): read :data:`TRY_CHUNK` at a time, and no body kept, so trying an expression holds
+        """A queue's messages, newest first, each as (CommitLog offset, its view with ``matched``,
+        body size). The CommitLog offset orders appends across queues, which store times in ms
+        cannot. Read :data:`TRY_CHUNK` at a time, and no body kept: trying an expression holds
         little however large the messages or many the queues."""
         end = self.store.get_max_offset_in_queue(topic, queue_id)
         lo = self.store.get_min_offset_in_queue(topic, queue_id)
@@ -152,7 +153,7 @@ class Inspecting(Sending, Subscribing):
                 for m in r.messages:
                     if m.queue_offset < end:
                         view = message_view(m) | {"matched": compiled.matches(m.properties)}
-                        chunk.append((m.store_timestamp, view, len(m.body)))
+                        chunk.append((m.commit_log_offset, view, len(m.body)))
                 if r.next_begin_offset <= at:
                     break
                 at = r.next_begin_offset
