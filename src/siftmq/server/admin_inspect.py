@@ -1,6 +1,7 @@
 """The admin API's inspection routes, which the console reads: the broker's overview with a short
 history of its counters, expressions checked and tried, queues browsed through a filter, and dead
-letters listed and resent. Translation only: the answers are the broker's (:mod:`siftmq.broker.inspect`).
+letters listed and resent. The answers are the broker's (:mod:`siftmq.broker.inspect`); the one
+thing kept here is :class:`History`, samples of the broker's own figures for the console's charts.
 """
 
 from __future__ import annotations
