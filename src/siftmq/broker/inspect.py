@@ -119,7 +119,7 @@ class Inspecting(Sending, Subscribing):
     def try_expression(self, topic: str, kind: str, expression: str, last: int = 100) -> dict[str, Any]:
         """``expression`` on ``topic``'s newest ``last`` messages: which it matches, its selectivity,
         and the body bytes a broker-side filter keeps off the network."""
-        cfg = self._inspected_topic(topic)
+        cfg = self.topics.existing(topic)
         if not 1 <= last <= MAX_TRY:
             raise BadRequestError(f"last must be in 1..{MAX_TRY}")
         compiled = self._compile(Subscription(topic, kind, expression))
@@ -220,11 +220,5 @@ class Inspecting(Sending, Subscribing):
 
     # ------------------------------------------------------------------------------------ checks
 
-    def _inspected_topic(self, topic: str) -> TopicConfig:
-        cfg = self.topics.get(topic)
-        if cfg is None:
-            raise NotFoundError(f"topic {topic!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
-        return cfg
-
     def _inspected_queue(self, topic: str, queue_id: int) -> TopicConfig:
-        return check_queue(self._inspected_topic(topic), queue_id)
+        return check_queue(self.topics.existing(topic), queue_id)

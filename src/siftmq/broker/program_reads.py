@@ -20,7 +20,6 @@ from siftmq.broker.model import (
 from siftmq.broker.parts import BrokerParts, dlq_topic
 from siftmq.broker.programs import Program, check_sample, row_of
 from siftmq.broker.validation import check_group, check_topic
-from siftmq.errors import NotFoundError, StatusCode
 from siftmq.filterserver.message import Row
 from siftmq.filterserver.wire import MATCH
 from siftmq.store import GetMessageResult, Message, MessageFilter, StoredMessage
@@ -113,8 +112,7 @@ class ProgramReads(BrokerParts):
         topic's newest message, when it has one) and must not fail there."""
         check_group(group)
         check_topic(topic)
-        if self.topics.get(topic) is None:
-            raise NotFoundError(f"topic {topic!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
+        self.topics.existing(topic)
         rows: list[Row] = [check_sample(sample)] if sample is not None else self._newest(topic)
         return self.programs.register(group, topic, source, rows)
 

@@ -52,9 +52,7 @@ class Reporting(Subscribing):
         hashes, bloom bitmaps; never the CommitLog): exact for ``*``, an upper bound when hash or
         bloom collisions occur. ``estimated`` is True when more than ``max_scan`` entries were behind.
         """
-        cfg = self.topics.get(topic)
-        if cfg is None:
-            raise NotFoundError(f"topic {topic!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
+        cfg = self.topics.existing(topic)
         index_filter = self._index_filter(group, topic)
         rows: list[dict[str, object]] = []
         for qid in range(cfg.queue_nums):

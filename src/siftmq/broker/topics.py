@@ -58,6 +58,13 @@ class TopicManager:
         """The topic's config, or None."""
         return self._topics.get(name)
 
+    def existing(self, name: str) -> TopicConfig:
+        """The topic's config; :class:`NotFoundError` (TOPIC_NOT_FOUND) when there is no such topic."""
+        found = self._topics.get(name)
+        if found is None:
+            raise NotFoundError(f"topic {name!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
+        return found
+
     def all(self) -> list[TopicConfig]:
         """Every topic, by name."""
         with self._lock:

@@ -151,9 +151,7 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
     # ----------------------------------------------------------------------------------- topics
 
     def describe_topic(name: str) -> dict[str, Any]:
-        cfg = broker.topics.get(name)
-        if cfg is None:
-            raise NotFoundError(f"topic {name!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
+        cfg = broker.topics.existing(name)
         queues = [
             {"queue_id": q, "min_offset": broker.store.get_min_offset_in_queue(name, q),
              "max_offset": broker.store.get_max_offset_in_queue(name, q)}
@@ -271,8 +269,7 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
 
     @app.get("/topics/{name}/queues/{queue_id}/messages/{offset}")
     async def message_at(name: str, queue_id: int, offset: int, body: bool = False) -> dict[str, Any]:
-        if broker.topics.get(name) is None:
-            raise NotFoundError(f"topic {name!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
+        broker.topics.existing(name)
         result = await call(broker.store.get_messages, "", name, queue_id, offset, 1, None)
         if not result.messages or result.messages[0].queue_offset != offset:
             raise NotFoundError(
