@@ -75,6 +75,16 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
         return await asyncio.to_thread(functools.partial(fn, **kwargs), *args)
 
     tokens = Tokens(broker.config.admin_token_ttl_s) if gate is not None else None
+
+    def may(request: Request, resource: str, action: Action) -> bool:
+        """Whether the request's (logged-in) user may (always, with authorization off): the
+        login's check, and the routes' own on what they find."""
+        if gate is None or not gate.authorize:
+            return True
+        user = getattr(request.state, "user", None)
+        peer = request.client.host if request.client else None
+        return user is not None and gate.allowed(user, resource, action, peer)
+
     if gate is not None and tokens is not None:
         open_paths = OPEN_PATHS | ({"/metrics"} if broker.config.admin_metrics_open else set())
         open_paths |= CONSOLE_PATHS  # the console's page and files: no data, which its calls fetch
@@ -99,11 +109,11 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
             request.state.user = user
             if needs_super(path):
                 resource, action, allowed = "users and ACLs", Action.UPDATE, user.super_user
-            elif path == "/tokens" or not gate.authorize:
+            elif path == "/tokens":
                 resource, action, allowed = "", Action.GET, True  # a login's own token
             else:
                 resource, action = admin_action(request.method, path, request.query_params.get("topic"))
-                allowed = gate.allowed(user, resource, action, peer)
+                allowed = may(request, resource, action)
             if not allowed:
                 gate.denials[action.value] += 1
                 line = "admin API denied %s %s: user %s may not %s %s (from %s)"
@@ -115,14 +125,6 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
             return await call_next(request)
 
     app.include_router(users_router(gate, tokens))
-
-    def may(request: Request, resource: str, action: Action) -> bool:
-        """Whether the request's user may (always, with authorization off)."""
-        if gate is None or not gate.authorize:
-            return True
-        user = getattr(request.state, "user", None)
-        peer = request.client.host if request.client else None
-        return user is not None and gate.allowed(user, resource, action, peer)
 
     app.include_router(inspect_router(broker, history, may))
     app.include_router(console_router())
@@ -363,9 +365,7 @@ class BrokerCollector(Collector):
                     rows = self.broker.lag(info.name, topic, max_scan=200_000)
                     lag.add_metric([info.name, topic], sum(int(str(r["matching_lag"])) for r in rows))
         store = GaugeMetricFamily("siftmq_commit_log_bytes", "Bytes in the CommitLog")
-        store.add_metric(
-            [], self.broker.store.max_commit_log_offset - self.broker.store.min_commit_log_offset
-        )
+        store.add_metric([], self.broker.store.commit_log_bytes)
         damaged = CounterMetricFamily(
             "siftmq_damaged_records_skipped",
             "Records reads passed over because their bytes are damaged (siftmq store check lists them)",

@@ -58,7 +58,7 @@ class History:
         stats, store = self.broker.stats, self.broker.store
         now = {
             "t": int(time.time() * 1000),
-            "commit_log_bytes": store.max_commit_log_offset - store.min_commit_log_offset,
+            "commit_log_bytes": store.commit_log_bytes,
             "sent": sum(stats.snapshot(stats.sends).values()),
             "delivered": sum(stats.snapshot(stats.deliveries).values()),
             "clients": len(self.broker.clients.sessions()),

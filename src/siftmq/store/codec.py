@@ -226,8 +226,13 @@ class StoredMessage(NamedTuple):
 
     @property
     def offset_msg_id(self) -> str:
-        """RocketMQ's offsetMsgId: hex of store host (8 bytes) + commit log offset (8 bytes)."""
-        return (self.store_host + self.commit_log_offset.to_bytes(8, "big")).hex().upper()
+        """RocketMQ's offsetMsgId (:func:`offset_msg_id`)."""
+        return offset_msg_id(self.store_host, self.commit_log_offset)
+
+
+def offset_msg_id(store_host: bytes, commit_log_offset: int) -> str:
+    """RocketMQ's offsetMsgId: hex of store host (8 bytes) + commit log offset (8 bytes)."""
+    return (store_host + commit_log_offset.to_bytes(8, "big")).hex().upper()
 
 
 class EncodedParts(NamedTuple):

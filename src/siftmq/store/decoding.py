@@ -29,6 +29,7 @@ from siftmq.store.codec import (
     U16_STRUCT,
     StoredMessage,
     decode_properties,
+    offset_msg_id,
 )
 
 
@@ -155,7 +156,7 @@ class RawRecord(NamedTuple):
     @property
     def offset_msg_id(self) -> str:
         """As :attr:`StoredMessage.offset_msg_id`."""
-        return (self.store_host + self.commit_log_offset.to_bytes(8, "big")).hex().upper()
+        return offset_msg_id(self.store_host, self.commit_log_offset)
 
 
 def _checked_entry(  # noqa: PLR0917 - positional on purpose: it runs once per candidate of a pull

@@ -609,6 +609,11 @@ class MessageStore:
         """The CommitLog offset the next record is written at."""
         return self.commit_log.max_offset
 
+    @property
+    def commit_log_bytes(self) -> int:
+        """Bytes the CommitLog holds (from its first stored offset to its end)."""
+        return self.commit_log.max_offset - self.commit_log.min_offset
+
     def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> StoredMessage | None:
         """The message stored at ``commit_log_offset``; None if not stored there (removed, beyond,
         or of a deleted topic).
