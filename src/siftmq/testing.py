@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 READY_TIMEOUT_S = 60
+WORKERS_ENV = "SIFTMQ_TEST_WORKERS"
 
 
 class SteppedClock:
@@ -77,8 +78,12 @@ class BrokerProcess:
         config: dict[str, object] | None = None,
         listen: str = "127.0.0.1:0",
         open_files: int | None = None,
+        workers: int | None = None,
     ) -> None:
         self.data_dir = data_dir
+        #: gRPC front-end processes; by default 1 (the broker serves gRPC itself) unless the
+        #: environment's SIFTMQ_TEST_WORKERS says otherwise (to run a suite through front-ends)
+        self.workers = workers if workers is not None else int(os.environ.get(WORKERS_ENV, "1"))
         #: the process's RLIMIT_NOFILE (soft and hard), when given
         self.open_files = open_files
         self.flush = flush
@@ -107,6 +112,8 @@ class BrokerProcess:
             self.flush,
             "--admin-listen",
             "127.0.0.1:0",
+            "--workers",
+            str(self.workers),
         ]
         if self.config_path is not None:
             cmd += ["--config", str(self.config_path)]

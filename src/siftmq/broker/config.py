@@ -127,6 +127,9 @@ class BrokerConfig:
     # threads that append sends; 0 = 1 with async flush (one appending thread costs the least CPU
     # per message), 64 with sync flush (concurrent sends then share one fsync)
     send_threads: int = 0
+    # gRPC front-end processes in front of this one (the core): 1 serves gRPC in this process; N
+    # spread the protocol's per-call work over N more cores (``siftmq broker --workers``)
+    workers: int = 1
     max_delivery_attempts: int = 16
     retry_backoff_s: tuple[float, ...] = field(default=DEFAULT_RETRY_BACKOFF_S)
     consumer_state_flush_ms: int = 1000
@@ -167,7 +170,10 @@ class BrokerConfig:
             "consumer_state_flush_ms",
             "flush_interval_ms",
             "admin_max_connections",
+            "workers",
         )
+        if self.workers > MAX_WORKERS:
+            raise ConfigError(f"workers must be at most {MAX_WORKERS}, not {self.workers}")
         if self.send_threads < 0:
             raise ConfigError("send_threads must be 0 (automatic) or positive")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
@@ -218,6 +224,10 @@ class BrokerConfig:
             return cls(**values)
         except TypeError as exc:
             raise ConfigError(f"bad configuration: {exc}") from exc
+
+
+#: Front-end processes at most: each holds its own gRPC server and connections to the core.
+MAX_WORKERS = 64
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

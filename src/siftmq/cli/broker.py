@@ -25,6 +25,13 @@ def broker(  # noqa: PLR0917 - typer maps each parameter to an option
         str | None,
         typer.Option("--admin-listen", help="host:port of the admin HTTP API [127.0.0.1:8082]; '' = off."),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            help="gRPC front-end processes in front of the core process [one per core; 1 = one process].",
+        ),
+    ] = None,
     allow_anonymous: Annotated[
         bool,
         typer.Option(
@@ -45,9 +52,25 @@ def broker(  # noqa: PLR0917 - typer maps each parameter to an option
             flush=flush,
             admin_listen=admin_listen,
             allow_anonymous=allow_anonymous or None,
+            workers=workers if workers is not None else _default_workers(config),
         )
     except ConfigError as exc:
         fail(exc, code=2)
     from siftmq.server.app import run
 
     raise typer.Exit(run(cfg))
+
+
+def _default_workers(config: Path | None) -> int | None:
+    """One front-end per core, unless the config file says how many (None: the file's value)."""
+    import os
+    import tomllib
+
+    if config is not None:
+        try:
+            with open(config, "rb") as f:
+                if "workers" in tomllib.load(f):
+                    return None
+        except (OSError, tomllib.TOMLDecodeError):
+            return None  # BrokerConfig.load reports the file's problem
+    return max(1, len(os.sched_getaffinity(0)))

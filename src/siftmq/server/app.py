@@ -11,7 +11,6 @@ import socket
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Final
 
 import grpc
@@ -20,9 +19,12 @@ from siftmq.broker.broker import Broker
 from siftmq.broker.config import BrokerConfig, parse_listen
 from siftmq.broker.long_polling import ArrivalNotifier
 from siftmq.errors import ConfigError, SiftError
+from siftmq.frontend.edge import tls_credentials
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from siftmq.server import auth, decoding
 from siftmq.server.auth import Gate
+from siftmq.server.core_link import Behaviour, behaviour_table
+from siftmq.server.front_ends import BindError, FrontEnds
 from siftmq.server.service import MessagingService
 
 _log = logging.getLogger(__name__)
@@ -31,42 +33,45 @@ SHUTDOWN_GRACE_S = 3.0
 FRAME_OVERHEAD = 4 * 1024 * 1024  # properties, keys and framing around the bodies of one gRPC message
 
 
-class BindError(SiftError):
-    """The listen address cannot be bound (in use, or not a local address)."""
-
-    code = "BIND_FAILED"
-
-
-def _handlers(
-    service: MessagingService, *, batch_extension: bool, gate: Gate | None = None
-) -> tuple[grpc.GenericRpcHandler, ...]:
+def _served(batch_extension: bool) -> list[tuple[str, tuple[Rpc, ...]]]:
     """RocketMQ's MessagingService, and siftmq's batch extension unless it is turned off."""
-    services = [(SERVICE_NAME, RPCS)] + ([(BATCH_SERVICE_NAME, BATCH_RPCS)] if batch_extension else [])
-    return tuple(
-        grpc.method_handlers_generic_handler(
-            name, {rpc.name: _method_handler(service, rpc, gate) for rpc in rpcs}
-        )
-        for name, rpcs in services
-    )
+    return [(SERVICE_NAME, RPCS)] + ([(BATCH_SERVICE_NAME, BATCH_RPCS)] if batch_extension else [])
 
 
-def _method_handler(service: MessagingService, rpc: Rpc, gate: Gate | None) -> grpc.RpcMethodHandler:
-    behaviour: Any = getattr(service, rpc.name, None)
-    if behaviour is None or rpc.request is None:
-        behaviour = service.unsupported(rpc.name, rpc.response, rpc.shape != "unary_unary")
+def behaviours(
+    service: MessagingService, *, batch_extension: bool, gate: Gate | None = None
+) -> dict[str, Behaviour]:
+    """Every served RPC's handler stack by path: the same whether gRPC calls it in this process or a
+    front-end passes the call on (:mod:`siftmq.server.core_link`)."""
+    return {rpc.path: _behaviour(service, rpc, gate) for _, rpcs in _served(batch_extension) for rpc in rpcs}
+
+
+def _behaviour(service: MessagingService, rpc: Rpc, gate: Gate | None) -> Behaviour:
+    run: Any = getattr(service, rpc.name, None)
+    if run is None or rpc.request is None:
+        run = service.unsupported(rpc.name, rpc.response, rpc.shape != "unary_unary")
     if gate is not None:
-        behaviour = auth.guard(behaviour, rpc, gate)  # inside the decoding guard: requests are decoded
-    deserializer = None
+        run = auth.guard(run, rpc, gate)  # inside the decoding guard: requests are decoded
+    deserialize: Any = bytes
     if rpc.request is not None:
-        deserializer = decoding.tolerant(rpc.request.FromString)
-        behaviour = decoding.guard(behaviour, rpc.shape, rpc.name, rpc.request.DESCRIPTOR.name)
-    serializer = rpc.response.SerializeToString
+        deserialize = decoding.tolerant(rpc.request.FromString)
+        run = decoding.guard(run, rpc.shape, rpc.name, rpc.request.DESCRIPTOR.name)
+    return Behaviour(rpc, run, deserialize, rpc.response.SerializeToString)
+
+
+def _handlers(table: dict[str, Behaviour]) -> tuple[grpc.GenericRpcHandler, ...]:
     make = {
         "unary_unary": grpc.unary_unary_rpc_method_handler,
         "unary_stream": grpc.unary_stream_rpc_method_handler,
         "stream_stream": grpc.stream_stream_rpc_method_handler,
-    }[rpc.shape]
-    return make(behaviour, request_deserializer=deserializer, response_serializer=serializer)
+    }
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for b in table.values():
+        deserializer = None if b.rpc.request is None else b.deserialize
+        by_service.setdefault(b.rpc.service, {})[b.rpc.name] = make[b.rpc.shape](
+            b.run, request_deserializer=deserializer, response_serializer=b.serialize
+        )
+    return tuple(grpc.method_handlers_generic_handler(name, methods) for name, methods in by_service.items())
 
 
 def _tls_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
@@ -74,14 +79,9 @@ def _tls_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
     if not config.tls_cert_file:
         return None
     try:
-        key = Path(config.tls_key_file).read_bytes()
-        cert = Path(config.tls_cert_file).read_bytes()
-        client_ca = Path(config.tls_client_ca_file).read_bytes() if config.tls_client_ca_file else None
+        return tls_credentials(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
     except OSError as exc:
         raise ConfigError(f"cannot read a TLS file: {exc.filename}: {exc.strerror}") from exc
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
-    )
 
 
 LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -152,13 +152,6 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
         broker.add_arrival_listener(notifier.on_arrival)
         # one bound both ways: the largest message, or the largest pull answer, plus room for the rest
         frame_limit = max(config.max_body_size, config.max_pull_bytes) + FRAME_OVERHEAD
-        server = grpc.aio.server(
-            options=[
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_receive_message_length", frame_limit),
-                ("grpc.max_send_message_length", frame_limit),
-            ]
-        )
         service = MessagingService(broker, notifier, reads, sends)
         gate = None
         if config.authentication_enabled:
@@ -170,55 +163,103 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             )
             if config.auto_create_topics:  # a call on a topic that does not exist creates it
                 gate.missing_topic = lambda name: broker.topics.get(name) is None
-        server.add_generic_rpc_handlers(_handlers(service, batch_extension=config.batch_extension, gate=gate))
-        host, _ = parse_listen(config.listen)
+        table = behaviours(service, batch_extension=config.batch_extension, gate=gate)
+        host, listen_port = parse_listen(config.listen)
         warnings = _check_protected_mode(config, host)
+        credentials = _tls_credentials(config)  # unreadable files refuse the start either way
+        edge: _InProcessEdge | FrontEnds
+        if config.workers > 1:
+            edge = FrontEnds(config, config.workers, behaviour_table(table), frame_limit)
+        else:
+            edge = _InProcessEdge(table, frame_limit, credentials)
         try:
-            credentials = _tls_credentials(config)
-            if credentials is None:
-                port = server.add_insecure_port(config.listen)
-            else:
-                port = server.add_secure_port(config.listen, credentials)
-        except RuntimeError as exc:
-            raise BindError(
-                f"cannot listen on {config.listen}: {exc} (is another broker running there?)"
-            ) from exc
-        if port == 0:
-            raise BindError(f"cannot listen on {config.listen} (is another broker running there?)")
-        admin = _AdminServer(broker, config.admin_listen, gate, warnings) if config.admin_listen else None
-        await server.start()
-        admin_text = ""
-        if admin is not None:
-            await admin.start()
-            scheme = "https" if config.tls_cert_file else "http"
-            admin_text = f"admin {scheme}://{admin.address}, "
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        watcher = None
-        if gate is not None:
-            loop.add_signal_handler(signal.SIGHUP, gate.reload)
-            watcher = asyncio.create_task(_watch_auth_file(gate, stop))
-        security = ("tls, " if config.tls_cert_file else "") + (
-            "authentication on" if config.authentication_enabled else "anonymous"
-        )
-        details = f"{admin_text}data in {config.data_dir}, flush {config.flush}, {security}"
-        line = f"siftmq broker ready on {host}:{port} ({details})"
-        print(line, flush=True)
-        if ready is not None:
-            ready(host, port)
-        await stop.wait()
-        if watcher is not None:
-            watcher.cancel()
-        _log.info("stopping: finishing calls in flight (up to %.0f s)", SHUTDOWN_GRACE_S)
-        if admin is not None:
-            await admin.stop()
-        await server.stop(SHUTDOWN_GRACE_S)
+            port = await edge.start(host, listen_port)
+            await _serve_until_stopped(config, broker, gate, warnings, host=host, port=port, ready=ready)
+        finally:
+            await edge.stop()
     finally:
         reads.shutdown(cancel_futures=True)
         sends.shutdown()
         broker.close()
     print("siftmq broker stopped", flush=True)
+
+
+async def _serve_until_stopped(
+    config: BrokerConfig,
+    broker: Broker,
+    gate: Gate | None,
+    warnings: list[str],
+    *,
+    host: str,
+    port: int,
+    ready: Any,
+) -> None:
+    """The admin API, the ready line, and the wait for SIGTERM/SIGINT (SIGHUP reloads the users)."""
+    loop = asyncio.get_running_loop()
+    admin = _AdminServer(broker, config.admin_listen, gate, warnings) if config.admin_listen else None
+    admin_text = ""
+    if admin is not None:
+        await admin.start()
+        scheme = "https" if config.tls_cert_file else "http"
+        admin_text = f"admin {scheme}://{admin.address}, "
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = None
+    if gate is not None:
+        loop.add_signal_handler(signal.SIGHUP, gate.reload)
+        watcher = asyncio.create_task(_watch_auth_file(gate, stop))
+    security = ("tls, " if config.tls_cert_file else "") + (
+        "authentication on" if config.authentication_enabled else "anonymous"
+    )
+    processes = f", {config.workers} front-end processes" if config.workers > 1 else ""
+    details = f"{admin_text}data in {config.data_dir}, flush {config.flush}, {security}{processes}"
+    print(f"siftmq broker ready on {host}:{port} ({details})", flush=True)
+    if ready is not None:
+        ready(host, port)
+    await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
+    _log.info("stopping: finishing calls in flight (up to %.0f s)", SHUTDOWN_GRACE_S)
+    if admin is not None:
+        await admin.stop()
+
+
+class _InProcessEdge:
+    """gRPC served by this process (``--workers 1``, and brokers embedded in another program)."""
+
+    def __init__(
+        self, table: dict[str, Behaviour], frame_limit: int, credentials: grpc.ServerCredentials | None
+    ) -> None:
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", frame_limit),
+                ("grpc.max_send_message_length", frame_limit),
+            ]
+        )
+        self._server.add_generic_rpc_handlers(_handlers(table))
+        self._credentials = credentials
+        self._started = False
+
+    async def start(self, host: str, port: int) -> int:
+        listen = f"{host}:{port}"
+        try:
+            if self._credentials is None:
+                bound = self._server.add_insecure_port(listen)
+            else:
+                bound = self._server.add_secure_port(listen, self._credentials)
+        except RuntimeError as exc:
+            raise BindError(f"cannot listen on {listen}: {exc} (is another broker running there?)") from exc
+        if bound == 0:
+            raise BindError(f"cannot listen on {listen} (is another broker running there?)")
+        await self._server.start()
+        self._started = True
+        return int(bound)
+
+    async def stop(self) -> None:
+        if self._started:
+            await self._server.stop(SHUTDOWN_GRACE_S)
 
 
 class _AdminServer:

@@ -1,0 +1,149 @@
+"""``--workers N``: the official client's aggregate throughput through N front-end processes.
+
+8 client processes (rocketmq-python-client 5.1.2, one message per call, 1 KiB) send at once to a
+broker (async flush) started with ``--workers 1`` (gRPC in the core process) and ``--workers 2``,
+in alternating rounds. Reported per round: msg/s, the scaling N=2 / N=1, and the CPU per message
+of the core process and of the front-ends together. The core's CPU per message sets the ceiling
+one core process can carry; its projection for 8 and 16 cores assumes the front-ends' CPU per
+message stays what it is here and that the clients run elsewhere.
+
+Run: ``.venv/bin/python benchmarks/bench_workers.py [--messages N] [--rounds R] [--clients C]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from siftmq.testing import BrokerProcess
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+TOPIC = "WorkersBench"
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def client(endpoint: str, count: int) -> None:
+    """One client process: start, say ready, wait for go, send ``count`` messages one per call."""
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    producer = Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), (TOPIC,))
+    producer.startup()
+    body = os.urandom(1024)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for i in range(count):
+        msg = Message()
+        msg.topic = TOPIC
+        msg.body = body
+        msg.tag = "A" if i % 2 else "B"
+        producer.send(msg)
+    print("done", flush=True)
+    producer.shutdown()
+
+
+def round_of(workers: int, clients: int, per_client: int) -> tuple[float, float, float]:
+    """msg/s, core CPU us/msg, front-ends CPU us/msg."""
+    with tempfile.TemporaryDirectory(prefix="siftmq-bench-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", workers=workers).start()
+        try:
+            assert broker.proc is not None
+            core = broker.proc.pid
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, __file__, "--client", broker.endpoint, str(per_client)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(clients)
+            ]
+            for p in procs:
+                assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+            front = [pid for pid in children(core)]
+            cpu_core = cpu_seconds(core)
+            cpu_front = sum(cpu_seconds(pid) for pid in front)
+            start = time.perf_counter()
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            for p in procs:
+                assert p.stdout is not None and p.stdout.readline().strip() == "done"
+            elapsed = time.perf_counter() - start
+            total = clients * per_client
+            core_us = (cpu_seconds(core) - cpu_core) / total * 1e6
+            front_us = (sum(cpu_seconds(pid) for pid in front) - cpu_front) / total * 1e6
+            for p in procs:
+                p.wait(30)
+            return total / elapsed, core_us, front_us
+        finally:
+            broker.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=16_000, help="messages per round, all clients")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--client", nargs=2, metavar=("ENDPOINT", "COUNT"))
+    args = parser.parse_args()
+    if args.client:
+        client(args.client[0], int(args.client[1]))
+        return
+    per_client = args.messages // args.clients
+    print(
+        f"{args.clients} official-client processes x {per_client:,} sends of 1 KiB, async flush; cores: "
+        f"{len(os.sched_getaffinity(0))}",
+        flush=True,
+    )
+    for r in range(args.rounds):
+        rates = {}
+        for workers in (1, 2) if r % 2 == 0 else (2, 1):
+            rate, core_us, front_us = round_of(workers, args.clients, per_client)
+            rates[workers] = rate
+            ceiling = 1e6 / core_us if core_us else float("inf")
+            projected = {
+                cores: min(ceiling, (cores - 1) / front_us * 1e6) if front_us else ceiling
+                for cores in (8, 16)
+            }
+            print(
+                f"round {r + 1}, --workers {workers}: {rate:,.0f} msg/s; CPU per message: "
+                f"core {core_us:.0f} us, front-ends {front_us:.0f} us"
+                + (
+                    f"; core ceiling {ceiling:,.0f} msg/s, projected 8 cores {projected[8]:,.0f}, "
+                    f"16 cores {projected[16]:,.0f}"
+                    if workers > 1
+                    else ""
+                ),
+                flush=True,
+            )
+        print(f"round {r + 1}: scaling N=2 / N=1 = {rates[2] / rates[1]:.2f} (target >= 1.4)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""A front-end process: it terminates gRPC (HTTP/2, TLS, the per-call machinery that is most of
+a call's CPU) and passes every call to the core process as frames, without decoding it.
+
+``siftmq broker --workers N`` runs N of these on one port (``SO_REUSEPORT``: the kernel spreads
+the clients' connections over them); the core decodes, authenticates, authorizes and answers, so
+there is one table of users and one state. A front-end holds no state worth keeping: when it
+dies its clients reconnect to another, and the core starts a new one. It dies with the core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+
+from siftmq.frontend import frames
+from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
+
+_log = logging.getLogger("siftmq.frontend")
+
+TOKEN_ENV: Final = "SIFTMQ_FRONTEND_TOKEN"
+SHUTDOWN_GRACE_S: Final = 3.0
+#: Every RPC a front-end may pass on, in one order both processes share (a CALL names its index).
+ALL_RPCS: Final[tuple[Rpc, ...]] = RPCS + BATCH_RPCS
+_CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
+PR_SET_PDEATHSIG: Final = 1
+
+
+def tls_credentials(cert_file: str, key_file: str, client_ca_file: str = "") -> grpc.ServerCredentials:
+    """The server's TLS credentials from PEM files (OSError when one cannot be read)."""
+    key = Path(key_file).read_bytes()
+    cert = Path(cert_file).read_bytes()
+    client_ca = Path(client_ca_file).read_bytes() if client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+class _CoreGone(Exception):
+    pass
+
+
+class Link:
+    """The front-end's side of the socket: numbered calls out, their answers back."""
+
+    def __init__(self, max_frame: int) -> None:
+        self.max_frame = max_frame
+        self.protocol: frames.FrameProtocol | None = None
+        self._ids = itertools.count(1)
+        self._calls: dict[int, asyncio.Queue[tuple[int, bytes]]] = {}
+        self.lost = asyncio.Event()
+
+    async def connect(self, path: str, token: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_unix_connection(
+            lambda: frames.FrameProtocol(self._on_frame, self._on_lost, self.max_frame), path
+        )
+        self.protocol = protocol
+        protocol.send(frames.HELLO, 0, token)
+
+    def _on_frame(self, kind: int, call_id: int, payload: bytes) -> None:
+        queue = self._calls.get(call_id)
+        if queue is not None:  # answers to calls already given up on are dropped
+            queue.put_nowait((kind, payload))
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        self.lost.set()
+        for queue in self._calls.values():
+            queue.put_nowait((frames.ABORT, frames.encode_abort(14, "the broker's core went away")))
+
+    def open(self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes) -> int:
+        if self.protocol is None or self.lost.is_set():
+            raise _CoreGone
+        call_id = next(self._ids)
+        self._calls[call_id] = asyncio.Queue()
+        remaining = context.time_remaining()
+        timeout_ms = -1 if remaining is None else max(0, min(int(remaining * 1000), 2**31 - 1))
+        metadata = [(m.key, m.value) for m in context.invocation_metadata() or ()]
+        peer = str(context.peer() or "")
+        self.protocol.send(
+            frames.CALL, call_id, frames.encode_call(method, timeout_ms, peer, metadata, request)
+        )
+        return call_id
+
+    def send(self, kind: int, call_id: int, payload: bytes = b"") -> None:
+        if self.protocol is not None:
+            self.protocol.send(kind, call_id, payload)
+
+    async def next(self, call_id: int) -> tuple[int, bytes]:
+        return await self._calls[call_id].get()
+
+    def close(self, call_id: int, *, cancelled: bool) -> None:
+        if self._calls.pop(call_id, None) is not None and cancelled:
+            self.send(frames.CANCEL, call_id)
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], payload: bytes) -> None:
+    code, details = frames.decode_abort(payload)
+    await context.abort(_CODES.get(code, grpc.StatusCode.UNKNOWN), details)
+
+
+def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
+    """The method's handler: bytes in, bytes out (no serializers: the core decodes and encodes)."""
+
+    async def unary(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        call_id = _open(link, index, context, request)
+        done = False
+        try:
+            kind, payload = await link.next(call_id)
+            done = True
+        finally:
+            link.close(call_id, cancelled=not done)
+        if kind != frames.REPLY:
+            await _abort(context, payload)
+        return payload
+
+    async def server_stream(
+        request: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        call_id = _open(link, index, context, request)
+        done = False
+        try:
+            while True:
+                kind, payload = await link.next(call_id)
+                if kind != frames.REPLY:
+                    done = True
+                    break
+                yield payload
+        finally:
+            link.close(call_id, cancelled=not done)
+        if kind == frames.ABORT:
+            await _abort(context, payload)
+
+    async def bidi(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        call_id = _open(link, index, context, b"")
+
+        async def pump() -> None:
+            try:
+                async for request in requests:
+                    link.send(frames.MESSAGE, call_id, request)
+            except (grpc.RpcError, grpc.aio.AioRpcError, asyncio.CancelledError):
+                return  # the client went away: the call is cancelled below
+            link.send(frames.HALF_CLOSE, call_id)
+
+        sending = asyncio.create_task(pump())
+        done = False
+        try:
+            while True:
+                kind, payload = await link.next(call_id)
+                if kind != frames.REPLY:
+                    done = True
+                    break
+                yield payload
+        finally:
+            sending.cancel()
+            link.close(call_id, cancelled=not done)
+        if kind == frames.ABORT:
+            await _abort(context, payload)
+
+    make = {
+        "unary_unary": (grpc.unary_unary_rpc_method_handler, unary),
+        "unary_stream": (grpc.unary_stream_rpc_method_handler, server_stream),
+        "stream_stream": (grpc.stream_stream_rpc_method_handler, bidi),
+    }
+    wrap, behaviour = make[rpc.shape]
+    return wrap(behaviour)
+
+
+def _open(link: Link, index: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes) -> int:
+    try:
+        return link.open(index, context, request)
+    except _CoreGone:
+        # the core is gone: this process exits soon, the client retries elsewhere
+        raise grpc.aio.AbortError(grpc.StatusCode.UNAVAILABLE, "the broker is restarting") from None
+
+
+def handlers(link: Link, *, batch_extension: bool) -> tuple[grpc.GenericRpcHandler, ...]:
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {SERVICE_NAME: {}}
+    if batch_extension:
+        by_service[BATCH_SERVICE_NAME] = {}
+    for index, rpc in enumerate(ALL_RPCS):
+        if rpc.service in by_service:
+            by_service[rpc.service][rpc.name] = _handler(link, index, rpc)
+    return tuple(grpc.method_handlers_generic_handler(name, table) for name, table in by_service.items())
+
+
+def _die_with_parent() -> None:
+    """The kernel sends SIGTERM to this process when the core dies, however it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    link = Link(args.frame_limit)
+    await link.connect(args.socket, os.environ.get(TOKEN_ENV, "").encode())
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 1),  # the front-ends share the port; the core checked it was free
+            ("grpc.max_receive_message_length", args.frame_limit),
+            ("grpc.max_send_message_length", args.frame_limit),
+        ]
+    )
+    server.add_generic_rpc_handlers(handlers(link, batch_extension=args.batch_extension))
+    try:
+        if args.tls_cert:
+            port = server.add_secure_port(
+                args.listen, tls_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+            )
+        else:
+            port = server.add_insecure_port(args.listen)
+    except (RuntimeError, OSError) as exc:
+        _log.error("front-end %s cannot listen on %s: %s", args.index, args.listen, exc)
+        return 1
+    if port == 0:
+        _log.error("front-end %s cannot listen on %s", args.index, args.listen)
+        return 1
+    await server.start()
+    link.send(frames.READY, 0)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    # Ctrl-C reaches the whole process group: the core stops the front-ends in its own order
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lost = asyncio.create_task(link.lost.wait())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([lost, stopping], return_when=asyncio.FIRST_COMPLETED)
+    core_gone = link.lost.is_set()
+    if core_gone:
+        _log.error("front-end %s: the core process went away; stopping", args.index)
+    await server.stop(0 if core_gone else SHUTDOWN_GRACE_S)
+    return 1 if core_gone else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m siftmq.frontend")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--index", default="0")
+    parser.add_argument("--frame-limit", type=int, required=True)
+    parser.add_argument("--tls-cert", default="")
+    parser.add_argument("--tls-key", default="")
+    parser.add_argument("--tls-client-ca", default="")
+    parser.add_argument("--batch-extension", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s %(name)s[{args.index}]: %(message)s",
+    )
+    logging.getLogger("grpc").setLevel(logging.WARNING)
+    return asyncio.run(serve(args))

@@ -1,0 +1,155 @@
+"""The framed protocol between the gRPC front-ends and the core process, over a Unix socket.
+
+A frame is a 9-byte header — payload length (u32), kind (u8), call id (u32), little-endian — and
+the payload. Request and response bodies cross as the protobuf bytes the client sent and the core
+answers, so neither side encodes a message twice. Both sides queue the frames they make during one
+turn of their event loop and write them together: concurrent clients' calls reach the core as one
+read and their answers leave it as one write (the coalescing that makes a front-end cheaper than a
+socket per call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable, Sequence
+from typing import Final
+
+_log = logging.getLogger(__name__)
+
+HEADER: Final = struct.Struct("<IBI")
+
+# front-end -> core
+HELLO: Final = 1  # payload: the token the core gave the front-end (who may speak on the socket)
+READY: Final = 2  # the front-end listens: the core counts these before its ready line
+CALL: Final = 3  # a call opens: see encode_call
+MESSAGE: Final = 4  # one more request of a client stream
+HALF_CLOSE: Final = 5  # the client sends no more requests
+CANCEL: Final = 6  # the client went away (or its deadline passed): stop the call
+# core -> front-end
+REPLY: Final = 10  # a response (unary: the answer; streams: one item)
+END: Final = 11  # a stream's last frame
+ABORT: Final = 12  # payload: status code (u8) and details: the call ends with that gRPC status
+
+_CALL_HEAD: Final = struct.Struct("<HiHH")  # method, timeout ms (-1: none), peer length, headers
+_HEADER_LENGTHS: Final = struct.Struct("<HI")
+_ABORT_HEAD: Final = struct.Struct("<B")
+
+
+class FrameError(Exception):
+    """A frame that breaks the protocol (too long, cut short): the connection is closed."""
+
+
+def encode_call(
+    method: int, timeout_ms: int, peer: str, metadata: Sequence[tuple[str, str | bytes]], request: bytes
+) -> bytes:
+    """A CALL payload: the method's index, the client's time left, its address and metadata, and the
+    request as the client sent it (empty for a client stream; its requests follow as MESSAGEs)."""
+    peer_bytes = peer.encode()
+    parts = [_CALL_HEAD.pack(method, timeout_ms, len(peer_bytes), len(metadata)), peer_bytes]
+    for key, value in metadata:
+        key_bytes = key.encode()
+        value_bytes = value if isinstance(value, bytes) else value.encode()
+        parts += [_HEADER_LENGTHS.pack(len(key_bytes), len(value_bytes)), key_bytes, value_bytes]
+    parts.append(request)
+    return b"".join(parts)
+
+
+def decode_call(payload: bytes) -> tuple[int, int, str, tuple[tuple[str, str | bytes], ...], bytes]:
+    """The parts of a CALL payload (raises FrameError when it is cut short)."""
+    try:
+        method, timeout_ms, peer_length, count = _CALL_HEAD.unpack_from(payload)
+        at = _CALL_HEAD.size
+        peer = payload[at : at + peer_length].decode()
+        at += peer_length
+        metadata: list[tuple[str, str | bytes]] = []
+        for _ in range(count):
+            key_length, value_length = _HEADER_LENGTHS.unpack_from(payload, at)
+            at += _HEADER_LENGTHS.size
+            key = payload[at : at + key_length].decode()
+            at += key_length
+            raw = payload[at : at + value_length]
+            at += value_length
+            # gRPC's binary headers end in -bin and stay bytes; the others are text
+            metadata.append((key, raw if key.endswith("-bin") else raw.decode()))
+        if at > len(payload):
+            raise FrameError("a CALL frame is cut short")
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise FrameError(f"a CALL frame is malformed: {exc}") from exc
+    return method, timeout_ms, peer, tuple(metadata), payload[at:]
+
+
+def encode_abort(code: int, details: str) -> bytes:
+    return _ABORT_HEAD.pack(code) + details.encode()
+
+
+def decode_abort(payload: bytes) -> tuple[int, str]:
+    return payload[0], payload[1:].decode(errors="replace")
+
+
+class FrameProtocol(asyncio.Protocol):
+    """Frames in both directions on one stream socket; ``on_frame(kind, call_id, payload)`` gets
+    each whole frame, ``on_lost()`` the end of the connection."""
+
+    def __init__(
+        self,
+        on_frame: Callable[[int, int, bytes], None],
+        on_lost: Callable[[Exception | None], None],
+        max_frame: int,
+    ) -> None:
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._max_frame = max_frame
+        self._in = bytearray()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self.transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._on_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._in
+        buf += data
+        at = 0
+        size = HEADER.size
+        try:
+            while len(buf) - at >= size:
+                length, kind, call_id = HEADER.unpack_from(buf, at)
+                if length > self._max_frame:
+                    raise FrameError(f"a frame of {length} bytes exceeds the limit {self._max_frame}")
+                end = at + size + length
+                if len(buf) < end:
+                    break
+                payload = bytes(buf[at + size : end])
+                at = end
+                self._on_frame(kind, call_id, payload)
+        except FrameError as exc:
+            _log.error("closing the front-end link: %s", exc)
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        del buf[:at]
+
+    def send(self, kind: int, call_id: int, payload: bytes = b"") -> None:
+        """Queue a frame; the frames of one loop turn leave in one write."""
+        if self.transport is None:
+            return  # the other side is gone: its calls end with the connection
+        self._out.append(HEADER.pack(len(payload), kind, call_id))
+        self._out.append(payload)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out, self._out = self._out, []
+        if self.transport is not None and out:
+            self.transport.write(b"".join(out))

@@ -1,0 +1,211 @@
+"""The core process's side of the front-ends' Unix socket: each CALL frame runs the same handler
+stack a gRPC call does in a single process (decoding guard, authentication and authorization,
+:class:`~siftmq.server.service.MessagingService`), with a context made of what the front-end sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from siftmq.frontend import frames
+from siftmq.frontend.edge import ALL_RPCS
+from siftmq.protocol.service import Rpc
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Behaviour:
+    """What a call of one RPC runs: the handler stack, and how its messages are read and written."""
+
+    rpc: Rpc
+    run: Callable[..., Any]
+    deserialize: Callable[[bytes], Any]
+    serialize: Callable[[Any], bytes]
+
+
+class Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class CallContext:
+    """The parts of ``grpc.aio.ServicerContext`` the handlers use, from the CALL frame."""
+
+    __slots__ = ("_deadline", "_metadata", "_peer")
+
+    def __init__(self, metadata: tuple[tuple[str, str | bytes], ...], peer: str, timeout_ms: int) -> None:
+        self._metadata = metadata
+        self._peer = peer
+        self._deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise Aborted(code, details)
+
+
+class _Requests:
+    """A client stream's requests as the handler iterates them (fed by MESSAGE frames)."""
+
+    def __init__(self, deserialize: Callable[[bytes], Any]) -> None:
+        self._deserialize = deserialize
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def put(self, payload: bytes | None) -> None:
+        self._queue.put_nowait(payload)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        while (payload := await self._queue.get()) is not None:
+            yield self._deserialize(payload)
+
+
+class FrontEndConnection:
+    """One front-end's connection: its calls, each an asyncio task on the core's loop."""
+
+    def __init__(
+        self, table: Sequence[Behaviour | None], token: bytes, max_frame: int, links: CoreLink
+    ) -> None:
+        self._table = table
+        self._token = token
+        self._links = links
+        self._hello = False
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._streams: dict[int, _Requests] = {}
+        self.protocol = frames.FrameProtocol(self._on_frame, self._on_lost, max_frame)
+
+    def _on_frame(self, kind: int, call_id: int, payload: bytes) -> None:
+        if not self._hello:
+            if kind != frames.HELLO or not hmac.compare_digest(payload, self._token):
+                raise frames.FrameError("a connection did not open with the front-ends' token")
+            self._hello = True
+            return
+        if kind == frames.CALL:
+            self._open(call_id, payload)
+        elif kind == frames.MESSAGE:
+            stream = self._streams.get(call_id)
+            if stream is not None:
+                stream.put(payload)
+        elif kind == frames.HALF_CLOSE:
+            stream = self._streams.get(call_id)
+            if stream is not None:
+                stream.put(None)
+        elif kind == frames.CANCEL:
+            task = self._tasks.get(call_id)
+            if task is not None:
+                task.cancel()
+        elif kind == frames.READY:
+            self._links.front_end_ready()
+        else:
+            raise frames.FrameError(f"unknown frame kind {kind}")
+
+    def _open(self, call_id: int, payload: bytes) -> None:
+        method, timeout_ms, peer, metadata, request = frames.decode_call(payload)
+        behaviour = self._table[method] if method < len(self._table) else None
+        if behaviour is None:
+            self.protocol.send(
+                frames.ABORT,
+                call_id,
+                frames.encode_abort(grpc.StatusCode.UNIMPLEMENTED.value[0], "method not served"),
+            )
+            return
+        context = CallContext(metadata, peer, timeout_ms)
+        shape = behaviour.rpc.shape
+        if shape == "unary_unary":
+            work = self._unary(call_id, behaviour, behaviour.deserialize(request), context)
+        elif shape == "unary_stream":
+            work = self._stream(call_id, behaviour, behaviour.deserialize(request), context)
+        else:
+            requests = self._streams[call_id] = _Requests(behaviour.deserialize)
+            work = self._stream(call_id, behaviour, requests, context)
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks[call_id] = task
+        task.add_done_callback(lambda _: self._ended(call_id))
+
+    def _ended(self, call_id: int) -> None:
+        self._tasks.pop(call_id, None)
+        self._streams.pop(call_id, None)
+
+    async def _unary(self, call_id: int, behaviour: Behaviour, request: Any, context: CallContext) -> None:
+        try:
+            answer = await behaviour.run(request, context)
+            self.protocol.send(frames.REPLY, call_id, behaviour.serialize(answer))
+        except Exception as exc:
+            self._abort(call_id, behaviour, exc)
+
+    async def _stream(self, call_id: int, behaviour: Behaviour, request: Any, context: CallContext) -> None:
+        try:
+            async for answer in behaviour.run(request, context):
+                self.protocol.send(frames.REPLY, call_id, behaviour.serialize(answer))
+            self.protocol.send(frames.END, call_id)
+        except Exception as exc:
+            self._abort(call_id, behaviour, exc)
+
+    def _abort(self, call_id: int, behaviour: Behaviour, exc: Exception) -> None:
+        if isinstance(exc, Aborted):
+            code, details = exc.code, exc.details
+        else:  # what grpc answers for a handler's unexpected exception, logged here as there
+            _log.exception("%s failed", behaviour.rpc.name, exc_info=exc)
+            code, details = grpc.StatusCode.UNKNOWN, f"Unexpected error in {behaviour.rpc.name}"
+        self.protocol.send(frames.ABORT, call_id, frames.encode_abort(code.value[0], details))
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()  # the front-end is gone and so are its clients' calls
+
+
+class CoreLink:
+    """The Unix socket the front-ends connect to."""
+
+    def __init__(self, table: Sequence[Behaviour | None], token: bytes, max_frame: int) -> None:
+        self._table = table
+        self._token = token
+        self._max_frame = max_frame
+        self._server: asyncio.AbstractServer | None = None
+        self._readied = asyncio.Event()
+        self.ready_count = 0
+
+    async def start(self, path: str) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            lambda: FrontEndConnection(self._table, self._token, self._max_frame, self).protocol, path
+        )
+
+    def front_end_ready(self) -> None:
+        self.ready_count += 1
+        self._readied.set()
+
+    async def wait_ready(self, count: int) -> None:
+        """Until ``count`` front-ends have said they listen (restarted ones count again)."""
+        while self.ready_count < count:
+            self._readied.clear()
+            await self._readied.wait()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+def behaviour_table(behaviours: dict[str, Behaviour]) -> list[Behaviour | None]:
+    """The behaviours in the order of the front-ends' method indexes (None: not served here)."""
+    return [behaviours.get(rpc.path) for rpc in ALL_RPCS]

@@ -1,0 +1,178 @@
+"""``--workers N``: the core process starts N gRPC front-end processes on the broker's port, keeps
+them running (one that dies is started again), and stops them first on shutdown.
+
+The port is checked free by the core before any front-end binds it: the front-ends share it with
+``SO_REUSEPORT``, which would otherwise let a second broker of the same user bind it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from siftmq.broker.config import BrokerConfig
+from siftmq.errors import SiftError
+from siftmq.frontend.edge import TOKEN_ENV
+from siftmq.server.core_link import Behaviour, CoreLink
+
+_log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S: Final = 60.0
+STOP_TIMEOUT_S: Final = 5.0
+#: Pauses before starting a dead front-end again, growing while they keep dying young.
+RESTART_BACKOFF_S: Final = (0.2, 1.0, 5.0)
+#: A front-end that ran this long before dying counts as healthy: the backoff starts over.
+HEALTHY_AFTER_S: Final = 30.0
+
+
+class BindError(SiftError):
+    """The listen address cannot be bound (in use, or not a local address)."""
+
+    code = "BIND_FAILED"
+
+
+def check_port_free(host: str, port: int) -> int:
+    """Bind ``host:port`` without ``SO_REUSEPORT`` and let go: fails while anything listens there
+    (another broker's front-ends included). Returns the port (a free one when ``port`` is 0)."""
+    bare = host.strip("[]")
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((bare, port))
+        except OSError as exc:
+            raise BindError(
+                f"cannot listen on {host}:{port}: {exc.strerror} (is another broker running there?)"
+            ) from exc
+        return int(probe.getsockname()[1])
+
+
+class FrontEnds:
+    """The front-end processes and the socket they reach the core on."""
+
+    def __init__(
+        self, config: BrokerConfig, count: int, behaviours: Sequence[Behaviour | None], frame_limit: int
+    ) -> None:
+        self._config = config
+        self._count = count
+        self._frame_limit = frame_limit
+        self._token = secrets.token_hex(32)
+        self._link = CoreLink(behaviours, self._token.encode(), frame_limit + 64 * 1024)
+        self._dir = Path(tempfile.mkdtemp(prefix="siftmq-core-"))  # 0700: only this user connects
+        self._socket = str(self._dir / "core.sock")
+        self._procs: list[asyncio.subprocess.Process | None] = [None] * count
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.listen = ""
+        self.restarts = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Start the front-ends on ``host:port``; returns the port once every one listens."""
+        port = check_port_free(host, port)
+        self.listen = f"{host}:{port}"
+        await self._link.start(self._socket)
+        for index in range(self._count):
+            self._procs[index] = await self._spawn(index)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READY_TIMEOUT_S
+        while self._link.ready_count < self._count:
+            for index, proc in enumerate(self._procs):
+                if proc is not None and proc.returncode is not None:
+                    raise BindError(
+                        f"front-end {index} exited ({proc.returncode}) before listening on {self.listen}; "
+                        "its error is above"
+                    )
+            if loop.time() > deadline:
+                raise BindError(f"the front-ends did not listen on {self.listen} in {READY_TIMEOUT_S:.0f} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._link.wait_ready(self._count), 0.1)
+        self._watchers = [loop.create_task(self._watch(index)) for index in range(self._count)]
+        return port
+
+    async def _spawn(self, index: int) -> asyncio.subprocess.Process:
+        config = self._config
+        args = [
+            "-m",
+            "siftmq.frontend",
+            "--socket",
+            self._socket,
+            "--listen",
+            self.listen,
+            "--index",
+            str(index),
+            "--frame-limit",
+            str(self._frame_limit),
+            "--batch-extension" if config.batch_extension else "--no-batch-extension",
+        ]
+        if config.tls_cert_file:
+            args += ["--tls-cert", config.tls_cert_file, "--tls-key", config.tls_key_file]
+            if config.tls_client_ca_file:
+                args += ["--tls-client-ca", config.tls_client_ca_file]
+        env = {**_environ(), TOKEN_ENV: self._token}
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            env=env,
+        )
+
+    async def _watch(self, index: int) -> None:
+        """Start front-end ``index`` again whenever it dies, until the broker stops."""
+        loop = asyncio.get_running_loop()
+        failures = 0
+        while not self._stopping:
+            proc = self._procs[index]
+            assert proc is not None
+            started = loop.time()
+            code = await proc.wait()
+            if self._stopping:
+                return
+            failures = 1 if loop.time() - started > HEALTHY_AFTER_S else failures + 1
+            pause = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S)) - 1]
+            _log.warning("front-end %d exited (%s); starting it again in %.1f s", index, code, pause)
+            await asyncio.sleep(pause)
+            if self._stopping:
+                return
+            self.restarts += 1
+            self._procs[index] = await self._spawn(index)
+
+    async def stop(self) -> None:
+        """SIGTERM to every front-end (they finish their calls in flight), then SIGKILL to the late."""
+        self._stopping = True
+        for watcher in self._watchers:
+            watcher.cancel()
+        running = [p for p in self._procs if p is not None and p.returncode is None]
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+        if running:
+            _, late = await asyncio.wait(
+                [asyncio.create_task(p.wait()) for p in running], timeout=STOP_TIMEOUT_S
+            )
+            if late:
+                for proc in running:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                await asyncio.wait(late)
+        await self._link.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p is not None and p.returncode is None]
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)

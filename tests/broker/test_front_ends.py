@@ -1,0 +1,262 @@
+"""``siftmq broker --workers N``: gRPC front-end processes in front of the core process.
+
+The official client is the judge: it is served through the front-ends as by a single process; a
+front-end killed with -9 is started again and its clients carry on; the core killed with -9 takes
+the front-ends with it and loses nothing acknowledged; one port, one broker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("rocketmq")
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+from siftmq.testing import BrokerProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TOPIC = "FrontTopic"
+
+
+def front_end_pids(core_pid: int) -> list[int]:
+    """The core's live front-end children, from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, ppid = fields[0], int(fields[1])
+        if ppid == core_pid and state != "Z" and b"siftmq.frontend" in cmdline:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def wait_for(predicate: Any, timeout: float = 30.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or predicate}")
+
+
+def _message(i: int, worker: int) -> Message:
+    msg = Message()
+    msg.topic = TOPIC
+    msg.body = f"w{worker}-m{i}".encode() * 8
+    msg.tag = "Even" if i % 2 == 0 else "Odd"
+    msg.add_property("n", str(i))
+    return msg
+
+
+def _send_until(
+    endpoint: str, worker: int, acked: list[str], stop: threading.Event, errors: list[str]
+) -> None:
+    """Send until told to stop; a failed send (its front-end was killed) is not an ack: go on."""
+    producer = Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=3), (TOPIC,))
+    producer.startup()
+    try:
+        i = 0
+        while not stop.is_set():
+            try:
+                acked.append(producer.send(_message(i, worker)).message_id)
+            except Exception as exc:
+                errors.append(type(exc).__name__)
+                time.sleep(0.05)
+            i += 1
+    finally:
+        producer.shutdown()
+
+
+def _receive_all(endpoint: str, want: set[str], group: str, expression: str = "*") -> set[str]:
+    consumer = SimpleConsumer(
+        ClientConfiguration(endpoint, Credentials(), request_timeout=5),
+        group,
+        {TOPIC: FilterExpression(expression)},
+        20,
+    )
+    consumer.startup()
+    got: set[str] = set()
+    try:
+        deadline = time.monotonic() + 90
+        while not want <= got and time.monotonic() < deadline:
+            for m in consumer.receive(32, 20):
+                got.add(m.message_id)
+                consumer.ack(m)
+    finally:
+        consumer.shutdown()
+    return got
+
+
+@pytest.fixture
+def broker_of(tmp_path: Path) -> Any:
+    started: list[BrokerProcess] = []
+
+    def start(name: str = "data", **kwargs: Any) -> BrokerProcess:
+        broker = BrokerProcess(tmp_path / name, **kwargs).start()
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.kill()
+
+
+def test_the_official_client_through_two_front_ends(broker_of: Any) -> None:
+    broker = broker_of(workers=2)
+    assert "2 front-end processes" in broker.output[0]
+    assert broker.proc is not None
+    wait_for(lambda: len(front_end_pids(broker.proc.pid)) == 2, what="2 front-ends")
+    acked: list[str] = []
+    producers = [Producer(ClientConfiguration(broker.endpoint, Credentials()), (TOPIC,)) for _ in range(3)]
+    for p in producers:
+        p.startup()
+    try:
+        for i in range(60):
+            acked.append(producers[i % 3].send(_message(i, i % 3)).message_id)
+    finally:
+        for p in producers:
+            p.shutdown()
+    # the TAG filter is the core's: through the front-ends a group gets exactly its share
+    even = {mid for i, mid in enumerate(acked) if i % 2 == 0}
+    assert _receive_all(broker.endpoint, even, "g-even", "Even") == even
+    assert _receive_all(broker.endpoint, set(acked), "g-all") == set(acked)
+
+
+def test_sigterm_stops_the_core_and_every_front_end(broker_of: Any) -> None:
+    broker = broker_of(workers=2)
+    assert broker.proc is not None
+    pids = wait_for(
+        lambda: front_end_pids(broker.proc.pid) if len(front_end_pids(broker.proc.pid)) == 2 else None
+    )
+    assert broker.stop() == 0
+    for pid in pids:
+        wait_for(
+            lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid), 10, f"front-end {pid} to end"
+        )
+    assert broker.output[-1] == "siftmq broker stopped"
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_second_broker_on_the_same_port_fails_loudly(broker_of: Any, tmp_path: Path) -> None:
+    first = broker_of(workers=2)
+    for workers in (2, 1):
+        cmd = [
+            sys.executable,
+            "-m",
+            "siftmq",
+            "broker",
+            "--data-dir",
+            str(tmp_path / f"other{workers}"),
+            "--listen",
+            first.endpoint,
+            "--admin-listen",
+            "",
+            "--workers",
+            str(workers),
+        ]
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+        assert f"cannot listen on {first.endpoint}" in done.stderr, done.stderr
+        assert "ready on" not in done.stdout
+    # the first one still serves
+    producer = Producer(ClientConfiguration(first.endpoint, Credentials()), (TOPIC,))
+    producer.startup()
+    try:
+        producer.send(_message(0, 0))
+    finally:
+        producer.shutdown()
+
+
+def test_a_front_end_killed_is_started_again_and_nothing_acknowledged_is_lost(broker_of: Any) -> None:
+    broker = broker_of(workers=2)
+    assert broker.proc is not None
+    core = broker.proc.pid
+    acked: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    senders = [
+        threading.Thread(target=_send_until, args=(broker.endpoint, w, acked, stop, errors)) for w in range(4)
+    ]
+    for t in senders:
+        t.start()
+    try:
+        killed: set[int] = set()
+        for _ in range(3):
+            before = len(acked)
+            wait_for(lambda before=before: len(acked) > before + 30, 60, "sends to be acknowledged")
+            pids = wait_for(lambda: front_end_pids(core) if len(front_end_pids(core)) == 2 else None, 30)
+            victim = pids[len(killed) % 2]
+            os.kill(victim, signal.SIGKILL)
+            killed.add(victim)
+            # the core starts a new one in its place
+            wait_for(
+                lambda: len(front_end_pids(core)) == 2 and not set(front_end_pids(core)) & killed,
+                30,
+                "a new front-end",
+            )
+        before = len(acked)
+        wait_for(lambda: len(acked) > before + 30, 60, "sends after the last restart")
+    finally:
+        stop.set()
+        for t in senders:
+            t.join(60)
+    assert broker.proc.poll() is None  # the core never went down
+    assert any("restarting" in line or "starting it again" in line for line in broker.output)
+    got = _receive_all(broker.endpoint, set(acked), "g-after-kills")
+    missing = set(acked) - got
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged sends lost ({len(errors)} failed sends)"
+
+
+def test_the_core_killed_takes_the_front_ends_and_loses_nothing_acknowledged(broker_of: Any) -> None:
+    broker = broker_of(workers=2, flush="sync")
+    assert broker.proc is not None
+    pids = wait_for(
+        lambda: front_end_pids(broker.proc.pid) if len(front_end_pids(broker.proc.pid)) == 2 else None
+    )
+    acked: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    senders = [
+        threading.Thread(target=_send_until, args=(broker.endpoint, w, acked, stop, errors)) for w in range(3)
+    ]
+    for t in senders:
+        t.start()
+    try:
+        wait_for(lambda: len(acked) > 60, 60, "sends to be acknowledged")
+        broker.kill()  # SIGKILL to the core in the middle of sends
+        for pid in pids:  # the front-ends follow it (the kernel tells them; the socket closes)
+            wait_for(
+                lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid), 15, f"front-end {pid}"
+            )
+    finally:
+        stop.set()
+        for t in senders:
+            t.join(60)
+    again = broker_of(workers=2, flush="sync")  # the same data dir: it was given up with the core
+    assert again.data_dir == broker.data_dir
+    got = _receive_all(again.endpoint, set(acked), "g-after-core-kill")
+    missing = set(acked) - got
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged sends lost"
