@@ -29,9 +29,13 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-## test: lint, then the whole test suite
+## test: lint, then the whole test suite, then the official client's and security's modules again through
+## two gRPC front-end processes (--workers 2; the suite's brokers serve gRPC in one process)
+FRONT_END_TESTS = tests/broker/test_official_client.py tests/security/test_auth_official_client.py \
+	tests/security/test_tls_and_protected_mode.py tests/security/test_telemetry_auth.py
 test: lint
 	$(BIN)/pytest -n 2 -q
+	SIFTMQ_TEST_WORKERS=2 $(BIN)/pytest -n 2 -q -p no:randomly $(FRONT_END_TESTS)
 
 ## bench: the benchmarks (figures for the README)
 bench: $(STAMP)
@@ -43,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_auth.py
 	$(BIN)/python benchmarks/bench_auth_e2e.py
 	$(BIN)/python benchmarks/bench_filter_server.py
+	$(BIN)/python benchmarks/bench_workers.py
 	$(BIN)/python benchmarks/bench_peer_nats.py  # says what it needs when nats-server or nats-py is missing
 
 clean:
