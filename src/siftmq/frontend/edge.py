@@ -17,9 +17,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import grpc
 
@@ -34,6 +34,7 @@ SHUTDOWN_GRACE_S: Final = 3.0
 ALL_RPCS: Final[tuple[Rpc, ...]] = RPCS + BATCH_RPCS
 _CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
 PR_SET_PDEATHSIG: Final = 1
+_T = TypeVar("_T")
 
 
 def tls_credentials(cert_file: str, key_file: str, client_ca_file: str = "") -> grpc.ServerCredentials:
@@ -57,7 +58,8 @@ class Link:
         self.max_frame = max_frame
         self.protocol: frames.FrameProtocol | None = None
         self._ids = itertools.count(1)
-        self._calls: dict[int, asyncio.Queue[tuple[int, bytes]]] = {}
+        # where each open call's frames go: a unary call's future, or a stream's queue
+        self._calls: dict[int, Callable[[tuple[int, bytes]], None]] = {}
         self.lost = asyncio.Event()
 
     async def connect(self, path: str, token: bytes) -> None:
@@ -69,20 +71,47 @@ class Link:
         protocol.send(frames.HELLO, 0, token)
 
     def _on_frame(self, kind: int, call_id: int, payload: bytes) -> None:
-        queue = self._calls.get(call_id)
-        if queue is not None:  # answers to calls already given up on are dropped
-            queue.put_nowait((kind, payload))
+        deliver = self._calls.get(call_id)
+        if deliver is not None:  # answers to calls already given up on are dropped
+            deliver((kind, payload))
 
     def _on_lost(self, exc: Exception | None) -> None:
         self.lost.set()
-        for queue in self._calls.values():
-            queue.put_nowait((frames.ABORT, frames.encode_abort(14, "the broker's core went away")))
+        code = grpc.StatusCode.UNAVAILABLE.value[0]
+        gone = (frames.ABORT, frames.encode_abort(code, "the broker's core went away"))
+        for deliver in list(self._calls.values()):
+            deliver(gone)
 
-    def open(self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes) -> int:
+    def open_unary(
+        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes
+    ) -> tuple[int, asyncio.Future[tuple[int, bytes]]]:
+        """A unary call: its one answer (REPLY or ABORT) completes the future."""
+        answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+
+        def deliver(frame: tuple[int, bytes]) -> None:
+            if not answer.done():
+                answer.set_result(frame)
+
+        return self._open(method, context, request, deliver), answer
+
+    def open_stream(
+        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes
+    ) -> tuple[int, asyncio.Queue[tuple[int, bytes]]]:
+        """A streaming call: its REPLY frames, then END or ABORT, in order on the queue."""
+        frames_in: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        return self._open(method, context, request, frames_in.put_nowait), frames_in
+
+    def _open(
+        self,
+        method: int,
+        context: grpc.aio.ServicerContext[Any, Any],
+        request: bytes,
+        deliver: Callable[[tuple[int, bytes]], None],
+    ) -> int:
         if self.protocol is None or self.lost.is_set():
             raise _CoreGone
         call_id = next(self._ids)
-        self._calls[call_id] = asyncio.Queue()
+        self._calls[call_id] = deliver
         remaining = context.time_remaining()
         timeout_ms = -1 if remaining is None else max(0, min(int(remaining * 1000), 2**31 - 1))
         metadata = [(m.key, m.value) for m in context.invocation_metadata() or ()]
@@ -95,9 +124,6 @@ class Link:
     def send(self, kind: int, call_id: int, payload: bytes = b"") -> None:
         if self.protocol is not None:
             self.protocol.send(kind, call_id, payload)
-
-    async def next(self, call_id: int) -> tuple[int, bytes]:
-        return await self._calls[call_id].get()
 
     def close(self, call_id: int, *, cancelled: bool) -> None:
         if self._calls.pop(call_id, None) is not None and cancelled:
@@ -113,10 +139,10 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     """The method's handler: bytes in, bytes out (no serializers: the core decodes and encodes)."""
 
     async def unary(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-        call_id = _open(link, index, context, request)
+        call_id, answer = await _opened(link.open_unary, index, context, request)
         done = False
         try:
-            kind, payload = await link.next(call_id)
+            kind, payload = await answer
             done = True
         finally:
             link.close(call_id, cancelled=not done)
@@ -124,14 +150,13 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
             await _abort(context, payload)
         return payload
 
-    async def server_stream(
-        request: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    async def answers(
+        call_id: int, frames_in: asyncio.Queue[tuple[int, bytes]], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        call_id = _open(link, index, context, request)
         done = False
         try:
             while True:
-                kind, payload = await link.next(call_id)
+                kind, payload = await frames_in.get()
                 if kind != frames.REPLY:
                     done = True
                     break
@@ -141,33 +166,32 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
         if kind == frames.ABORT:
             await _abort(context, payload)
 
+    async def server_stream(
+        request: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        call_id, frames_in = await _opened(link.open_stream, index, context, request)
+        async for answer in answers(call_id, frames_in, context):
+            yield answer
+
     async def bidi(
         requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        call_id = _open(link, index, context, b"")
+        call_id, frames_in = await _opened(link.open_stream, index, context, b"")
 
         async def pump() -> None:
             try:
                 async for request in requests:
                     link.send(frames.MESSAGE, call_id, request)
-            except (grpc.RpcError, grpc.aio.AioRpcError, asyncio.CancelledError):
-                return  # the client went away: the call is cancelled below
+            except (grpc.RpcError, asyncio.CancelledError):
+                return  # the client went away: the call is cancelled when the answers stop
             link.send(frames.HALF_CLOSE, call_id)
 
         sending = asyncio.create_task(pump())
-        done = False
         try:
-            while True:
-                kind, payload = await link.next(call_id)
-                if kind != frames.REPLY:
-                    done = True
-                    break
-                yield payload
+            async for answer in answers(call_id, frames_in, context):
+                yield answer
         finally:
             sending.cancel()
-            link.close(call_id, cancelled=not done)
-        if kind == frames.ABORT:
-            await _abort(context, payload)
 
     make = {
         "unary_unary": (grpc.unary_unary_rpc_method_handler, unary),
@@ -178,12 +202,15 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     return wrap(behaviour)
 
 
-def _open(link: Link, index: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes) -> int:
+async def _opened(
+    open_call: Callable[..., _T], index: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes
+) -> _T:
     try:
-        return link.open(index, context, request)
+        return open_call(index, context, request)
     except _CoreGone:
-        # the core is gone: this process exits soon, the client retries elsewhere
-        raise grpc.aio.AbortError(grpc.StatusCode.UNAVAILABLE, "the broker is restarting") from None
+        # the core is gone: this process exits soon, and the client retries on another
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is restarting")
+        raise
 
 
 def handlers(link: Link, *, batch_extension: bool) -> tuple[grpc.GenericRpcHandler, ...]:
