@@ -13,8 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from siftmq.errors import StoreError
-from siftmq.store import GetMessageStatus, MessageStore, StoreConfig
+from siftmq.store import GetMessageStatus, MessageStore, StoreConfig, codec
 from siftmq.store import store as store_module
+from siftmq.store.check import check_store
+from siftmq.store.commitlog import AppendedRecord
+from siftmq.store.recovery import Checkpoint
 from siftmq.testing import SteppedClock
 from store_helpers import msg, small_config
 
@@ -314,6 +317,83 @@ def test_zeroed_header_with_data_after_it_is_damage(tmp_path: Path, caplog: pyte
         )
     assert f"{offsets[21] - offsets[20]} damaged bytes at commit log offset {offsets[20]}" in caplog.text
     assert "torn tail" not in caplog.text  # only the preallocated zeros after the end are cut
+
+
+def _as_if_killed_during(cfg: StoreConfig, flushed: int, written: list[AppendedRecord]) -> None:
+    """Make a cleanly closed store look killed while it wrote ``written`` (records of queue 1):
+    the checkpoint back at ``flushed``, the records never indexed, the abort marker there, and
+    the segment preallocated to its full size again."""
+    cq_file = sorted((cfg.data_dir / "consumequeue" / "T" / "1").iterdir())[-1]
+    os.truncate(cq_file, cq_file.stat().st_size - 20 * len(written))
+    Checkpoint(flushed, flushed).save(cfg.data_dir / "checkpoint")
+    (cfg.data_dir / "abort").touch()
+    os.truncate(_commitlog_files(cfg.data_dir)[-1], cfg.commit_log_segment_size)
+
+
+@pytest.mark.parametrize("unfinished", ["first header", "first bytes", "last record"])
+def test_a_write_a_crash_cut_short_is_cut_whole(
+    tmp_path: Path, unfinished: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A write stores its first 8 bytes (size, magic code) last; a kill before that can leave the
+    # later records of a batch complete. They were never acknowledged, and keeping them would leave
+    # the first record's queue offset indexed with no record behind it.
+    cfg = small_config(tmp_path)
+    with MessageStore.open(cfg) as store:
+        before = [store.put_message(msg(body=bytes([i]) * 2000, queue_id=i % 3)) for i in range(9)]
+        store.flush()
+        flushed = store.max_commit_log_offset
+        host = codec.encode_host("127.0.0.1", 1)
+        cut = store.put_batch("T", 1, [(bytes([60 + j]) * 3000, {"TAGS": "b"}, 0, host) for j in range(3)])
+    start = cut[0].commit_log_offset
+    with open(_commitlog_files(tmp_path)[-1], "r+b") as f:
+        f.seek(start)
+        f.write(bytes(40 if unfinished == "first bytes" else 8))  # memcpy may store its first bytes last
+        if unfinished == "last record":
+            f.seek(cut[-1].commit_log_offset + cut[-1].size - 128)
+            f.write(bytes(128))
+    _as_if_killed_during(cfg, flushed, cut)
+    report = check_store(tmp_path)
+    assert report.torn_tail is not None and report.torn_tail.offset == start and not report.damaged
+    with caplog.at_level("WARNING"), MessageStore.open(cfg) as store:
+        assert store.max_commit_log_offset == start
+        assert sorted((q, o) for q, o, _b in _read_all(store)) == sorted(
+            (r.queue_id, r.queue_offset) for r in before
+        )
+        assert [store.get_max_offset_in_queue("T", q) for q in range(3)] == [3, 3, 3]
+        assert store.damaged_reads == 0
+        r = store.put_message(msg(body=b"after", queue_id=1))
+        assert (r.commit_log_offset, r.queue_offset) == (start, 3)
+        assert [m.queue_offset for m in store.commit_log.scan(0) if m.queue_id == 1] == [0, 1, 2, 3]
+        assert store.commit_log.damaged == []
+    assert "damaged bytes at" not in caplog.text and "a write cut short" in caplog.text
+    [copy] = (tmp_path / "quarantine").iterdir()  # the cut bytes are kept aside
+    assert copy.name.startswith(f"commitlog-{start:020d}-")
+
+
+def test_a_bad_header_past_the_checkpoint_followed_by_later_writes_is_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = small_config(tmp_path)
+    clock = SteppedClock()
+    monkeypatch.setattr(store_module, "time", clock)
+    with MessageStore.open(cfg) as store:
+        for i in range(3):
+            store.put_message(msg(body=bytes([i]) * 2000, queue_id=1))
+        store.flush()
+        flushed = store.max_commit_log_offset
+        victim = store.put_message(msg(body=b"v" * 2000, queue_id=1))
+        clock.advance(1.0)  # acknowledged writes of their own come after it
+        later = [store.put_message(msg(body=bytes([9]) * 2000, queue_id=1)) for _ in range(2)]
+        end = store.max_commit_log_offset
+    with open(_commitlog_files(tmp_path)[-1], "r+b") as f:
+        f.seek(victim.commit_log_offset)
+        f.write(bytes(8))
+    _as_if_killed_during(cfg, flushed, [])
+    with caplog.at_level("WARNING"), MessageStore.open(cfg) as store:
+        assert store.max_commit_log_offset == end  # nothing acknowledged is cut
+        assert [o for _q, o, _b in _read_all(store)] == [0, 1, 2, 4, 5]
+        assert store.put_message(msg(body=b"after", queue_id=1)).queue_offset == later[-1].queue_offset + 1
+    assert f"damaged bytes at commit log offset {victim.commit_log_offset}" in caplog.text
 
 
 def test_writes_fall_back_to_pwrite_when_a_segment_cannot_be_preallocated(

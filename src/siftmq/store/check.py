@@ -27,6 +27,7 @@ from siftmq.store.commitlog import CommitLog
 from siftmq.store.config import GIB
 from siftmq.store.consumequeue import CQ_DTYPE
 from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range
+from siftmq.store.recovery import Checkpoint
 from siftmq.store.segment import Segment, list_segment_starts, sequential_starts
 
 #: The segment size of a store whose single segment file does not show it (StoreConfig's default).
@@ -97,7 +98,11 @@ def check_store(
             total = sum(seg.length for seg in segments)
             report.segments = len(segments)
             first = kept[0] if kept else 0
-            for msg in commit_log.scan(first):
+            torn_writes_from = None
+            if report.crashed:  # as recovery will classify the end of the log
+                checkpoint = Checkpoint.load(store_dir / "checkpoint")
+                torn_writes_from = checkpoint.commit_log_flushed_offset if checkpoint else first
+            for msg in commit_log.scan(first, torn_writes_from=torn_writes_from):
                 report.records += 1
                 if on_progress is not None and report.records % 65536 == 0:
                     on_progress(msg.commit_log_offset + msg.store_size - first, total)

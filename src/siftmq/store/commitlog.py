@@ -44,6 +44,9 @@ _UNWRITTEN_CHECK = 64 * 1024  # zeros after a zero header that make it the end o
 _pack_positions = struct.Struct(">qq").pack_into  # queue_offset, physical_offset at 24
 _pack_timestamp = struct.Struct(">q").pack_into  # store_timestamp at 60
 _pack_crc = struct.Struct(">I").pack_into  # record_crc at 8, of bytes [12, total_size)
+_unpack_timestamp = struct.Struct(">q").unpack_from
+_STAMP_AT: Final = 60  # store_timestamp
+_STAMP_END: Final = _STAMP_AT + 8
 _crc32 = zlib.crc32
 
 
@@ -356,7 +359,7 @@ class CommitLog:
 
     # --------------------------------------------------------------------------------------- scan
 
-    def scan(self, from_offset: int) -> Iterator[StoredMessage]:
+    def scan(self, from_offset: int, *, torn_writes_from: int | None = None) -> Iterator[StoredMessage]:
         """Verified records from ``from_offset`` (a record boundary) to the end.
 
         Bytes that fail their checks but are followed by an intact record (or blank marker) in
@@ -364,6 +367,10 @@ class CommitLog:
         :attr:`damaged`. The scan stops where nothing intact follows in the last segment (a torn
         tail): after the iteration :attr:`scan_end` is the offset right after the last good record
         (or blank marker) and :attr:`scan_error` says why it stopped (None: at the end of the data).
+
+        ``torn_writes_from`` (after a crash: the CommitLog offset known flushed) also makes a torn
+        tail of bad bytes at or past it in the last segment that are followed only by the rest of
+        one write (see :meth:`_cut_short_write`): the write the crash interrupted.
         """
         self.scan_end = from_offset
         self.scan_error: CorruptRecordError | None = None
@@ -414,6 +421,18 @@ class CommitLog:
                 if resume is None and last:
                     self.scan_error = problem
                     return
+                if (
+                    last
+                    and torn_writes_from is not None
+                    and offset >= torn_writes_from
+                    and resume is not None
+                    and self._cut_short_write(seg, pos, resume)
+                ):
+                    self.scan_error = CorruptRecordError(
+                        "a write cut short: its first record has no magic code, the rest of it follows",
+                        offset=offset,
+                    )
+                    return
                 end = seg.length if resume is None else resume
                 self.damaged.append(damaged_range(seg, pos, end, str(problem)))
                 if resume is None:
@@ -424,6 +443,55 @@ class CommitLog:
                 if not last:  # the file is shorter than its data was: the rest is missing
                     reason = "segment ends without a blank marker (file cut short)"
                     self.damaged.append(damaged_range(seg, pos, seg.capacity, reason))
+
+    def _cut_short_write(self, seg: Segment, pos: int, resume: int) -> bool:
+        """Whether the bad record at ``pos`` and everything after it in ``seg`` (intact records from
+        ``resume``) can be one write that a crash interrupted.
+
+        A write puts a record's first 8 bytes (size and magic code) last, after every other byte of
+        the write (see :meth:`Segment.write`), so when a multi-record write is cut short, the later
+        records of it can be complete while the first has no magic code: that looks like damage
+        followed by intact records, but those records were never acknowledged, and keeping them
+        would leave the queue offset of the first one without a record. Such a tail is: a record
+        without its magic code, at most one record long, then intact records that all carry the
+        store timestamp of that one write (every record of an append gets the same one, which the
+        first record holds too unless that part of it was not written yet), then at most a record
+        the write did not finish, and nothing after it but the unwritten rest of the segment or its
+        blank marker. Damage in the middle of the log is followed by other writes, and is kept.
+        """
+        head = seg.read(pos, _STAMP_END)
+        if (
+            len(head) < codec.BLANK_MARKER_SIZE
+            or head[4:8] != bytes(4)
+            or resume - pos > self.max_record_size
+        ):
+            return False
+        stamps = set()
+        if len(head) == _STAMP_END and (first := _unpack_timestamp(head, _STAMP_AT)[0]):
+            stamps.add(first)
+        at = resume
+        while at < seg.length:
+            head = seg.read(at, codec.BLANK_MARKER_SIZE)
+            if len(head) < codec.BLANK_MARKER_SIZE:
+                break  # the file ends inside a header the write did not finish
+            total_size, magic = decoding.peek_header(head)
+            if magic == codec.BLANK_MAGIC_CODE and total_size == seg.capacity - at:
+                break
+            if total_size == 0 and magic == 0 and self._unwritten(seg, at):
+                break
+            data = seg.read(at, total_size) if 0 < total_size <= self.max_record_size else b""
+            try:
+                decoding.check_record(data, 0, seg.start_offset + at, max_record_size=self.max_record_size)
+            except CorruptRecordError:
+                # the last record of the write, unfinished: nothing intact may follow it
+                if next_intact(seg, at, self.max_record_size) is not None:
+                    return False
+                break
+            stamps.add(_unpack_timestamp(data, _STAMP_AT)[0])
+            if len(stamps) > 1:
+                return False
+            at += total_size
+        return len(stamps) == 1
 
     @staticmethod
     def _unwritten(seg: Segment, pos: int) -> bool:

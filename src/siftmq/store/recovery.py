@@ -9,7 +9,10 @@ Recovery scans the CommitLog, verifying magic and CRC of every record. Bytes tha
 followed by an intact record are passed over (:mod:`siftmq.store.damage`): they cost the records in
 them, not the log after them (RocketMQ truncates there). Only a torn tail, where nothing intact
 follows in the last segment, is truncated. Either way the bytes are copied to ``quarantine/`` and
-logged with their segment, position and length. The scan starts at the first segment when the
+logged with their segment, position and length. After a crash, bad bytes past the checkpoint's
+flushed offset that only the rest of one write follows are a torn tail too: the write the crash
+interrupted, whose first record gets its size and magic code last (see
+:meth:`~siftmq.store.commitlog.CommitLog.scan`). The scan starts at the first segment when the
 key index is enabled (it is rebuilt by the same pass), otherwise at the segment holding the
 checkpoint (after a crash) or at the last segment (after a clean stop); damage in segments before
 that is found by the reads that meet it and by ``siftmq store check``.
@@ -119,7 +122,9 @@ def recover(
     batch: list[DispatchRequest] = []
     latest = checkpoint.max_store_timestamp if checkpoint else 0
     dead = reput.tombstones
-    for msg in commit_log.scan(scan_from):
+    # a crash can only have cut short a write past the offset last known flushed
+    torn_writes_from = (checkpoint.commit_log_flushed_offset if checkpoint else cl_min) if abnormal else None
+    for msg in commit_log.scan(scan_from, torn_writes_from=torn_writes_from):
         latest = max(latest, msg.store_timestamp)
         if dead and dead.is_dead(msg.topic, msg.commit_log_offset):
             continue  # of a deleted topic: indexed nowhere
@@ -139,8 +144,7 @@ def recover(
     _quarantine_damage(commit_log)
     if commit_log.scan_error is not None:
         _log.error(
-            "commit log recovery: %s; truncating %d bytes from offset %d (nothing intact follows: a "
-            "torn tail)%s",
+            "commit log recovery: %s; truncating %d bytes from offset %d (a torn tail)%s",
             commit_log.scan_error,
             commit_log.max_offset - commit_log.scan_end,
             commit_log.scan_end,

@@ -202,7 +202,9 @@ class Segment:
                 raise
         else:
             # the first 8 bytes (a record's size and magic code) last: a reader of the file that
-            # finds them finds the whole write (see siftmq.store.bulk)
+            # finds them finds the whole write (see siftmq.store.bulk). A crash in between can leave
+            # the later records of the write complete after a first one without its magic code:
+            # recovery cuts that as a torn tail (CommitLog.scan), not as damage to pass over.
             view = memoryview(data)
             if len(data) < MAP_WRITE_LIMIT:
                 self.write_map[pos + 8 : end] = view[8:]
