@@ -66,7 +66,19 @@ def client(endpoint: str, count: int) -> None:
     producer.shutdown()
 
 
-def round_of(workers: int, clients: int, per_client: int) -> tuple[float, float, float]:
+def stub_client(endpoint: str, count: int) -> None:
+    """A lighter client process: 4 threads of sync gRPC stubs in the official client's shape (its
+    metadata, one message per call), so more of the CPU is left to the broker (bench_floor.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_floor import calls
+
+    print("ready", flush=True)
+    sys.stdin.readline()
+    calls(endpoint, "send", count, threads=4)
+    print("done", flush=True)
+
+
+def round_of(workers: int, clients: int, per_client: int, load: str) -> tuple[float, float, float]:
     """msg/s, core CPU us/msg, front-ends CPU us/msg."""
     with tempfile.TemporaryDirectory(prefix="siftmq-bench-") as tmp:
         broker = BrokerProcess(Path(tmp) / "data", workers=workers).start()
@@ -75,7 +87,7 @@ def round_of(workers: int, clients: int, per_client: int) -> tuple[float, float,
             core = broker.proc.pid
             procs = [
                 subprocess.Popen(
-                    [sys.executable, __file__, "--client", broker.endpoint, str(per_client)],
+                    [sys.executable, __file__, f"--{load}", broker.endpoint, str(per_client)],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,
@@ -110,21 +122,29 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=16_000, help="messages per round, all clients")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--client", nargs=2, metavar=("ENDPOINT", "COUNT"))
+    parser.add_argument(
+        "--load", choices=("client", "stub"), default="client", help="official client, or gRPC stubs"
+    )
+    parser.add_argument("--client", nargs=2, metavar=("ENDPOINT", "COUNT"), help=argparse.SUPPRESS)
+    parser.add_argument("--stub", nargs=2, metavar=("ENDPOINT", "COUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
         client(args.client[0], int(args.client[1]))
         return
+    if args.stub:
+        stub_client(args.stub[0], int(args.stub[1]))
+        return
     per_client = args.messages // args.clients
+    who = "official-client processes" if args.load == "client" else "processes of 4 gRPC stub threads"
     print(
-        f"{args.clients} official-client processes x {per_client:,} sends of 1 KiB, async flush; cores: "
+        f"{args.clients} {who} x {per_client:,} sends of 1 KiB, async flush; cores: "
         f"{len(os.sched_getaffinity(0))}",
         flush=True,
     )
     for r in range(args.rounds):
         rates = {}
         for workers in (1, 2) if r % 2 == 0 else (2, 1):
-            rate, core_us, front_us = round_of(workers, args.clients, per_client)
+            rate, core_us, front_us = round_of(workers, args.clients, per_client, args.load)
             rates[workers] = rate
             ceiling = 1e6 / core_us if core_us else float("inf")
             projected = {

@@ -1,0 +1,73 @@
+"""Single sends that arrive together, appended together.
+
+An official client sends one message per call. Concurrent clients' calls reach the event loop in
+the same turn (a front-end's frames arrive as one read), and appending each alone pays the
+per-append work — validation set-up, the send locks, the store's append lock, the dispatch
+hand-off — once per message. Here the single sends of one turn are grouped by topic and appended
+as one batch; each caller gets its own result. A batch that is refused (one message's fault, or
+the store's) is sent again message by message, so each caller gets the answer its own message
+earns, as if it had been sent alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from siftmq.broker.model import ProducedMessage, SendResult
+from siftmq.broker.send import MAX_BATCH_MESSAGES
+
+#: Messages appended together at most (a batch of one topic goes to one queue).
+MAX_COALESCED: Final = min(64, MAX_BATCH_MESSAGES)
+
+_Waiting = tuple[ProducedMessage, "asyncio.Future[SendResult]"]
+
+
+class SendCoalescer:
+    """``await coalescer.send(message)`` on the event loop: one append per topic and loop turn."""
+
+    def __init__(self, send_many: Callable[[Sequence[ProducedMessage]], list[SendResult]]) -> None:
+        self._send_many = send_many
+        self._waiting: list[_Waiting] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def send(self, message: ProducedMessage) -> asyncio.Future[SendResult]:
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        result: asyncio.Future[SendResult] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._flush)  # after the calls already scheduled for this turn
+        self._waiting.append((message, result))
+        return result
+
+    def _flush(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        by_topic: dict[str, list[_Waiting]] = {}
+        for item in waiting:
+            by_topic.setdefault(item[0].topic, []).append(item)
+        for items in by_topic.values():
+            for at in range(0, len(items), MAX_COALESCED):
+                self._append(items[at : at + MAX_COALESCED])
+
+    def _append(self, items: list[_Waiting]) -> None:
+        if len(items) > 1:
+            try:
+                results = self._send_many([m for m, _ in items])
+            except Exception:
+                pass  # every message alone below: each caller gets its own message's answer
+            else:
+                for (_, future), result in zip(items, results, strict=True):
+                    _settle(future, result)
+                return
+        for message, future in items:
+            try:
+                _settle(future, self._send_many([message])[0])
+            except Exception as exc:
+                if not future.done():
+                    future.set_exception(exc)
+
+
+def _settle(future: asyncio.Future[SendResult], result: SendResult) -> None:
+    if not future.done():  # the caller may have gone (its call was cancelled)
+        future.set_result(result)
