@@ -78,6 +78,88 @@ def stub_client(endpoint: str, count: int) -> None:
     print("done", flush=True)
 
 
+def core_capacity(total: int, windows: tuple[int, ...] = (1, 16, 64)) -> None:
+    """The core process alone: single-message SendMessage calls sent to its socket as a front-end
+    sends them, ``window`` in flight, so no gRPC front-end limits the rate. The front-ends' token
+    and socket are read from a front-end's /proc entry (same user): this is a measurement only."""
+    import asyncio
+    import uuid
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_floor import metadata
+    from siftmq.frontend import frames
+    from siftmq.frontend.edge import ALL_RPCS, TOKEN_ENV
+    from siftmq.protocol import rocketmq_v2_pb2 as pb
+
+    with tempfile.TemporaryDirectory(prefix="siftmq-bench-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", workers=2).start()
+        try:
+            assert broker.proc is not None
+            core = broker.proc.pid
+            front = children(core)[0]
+            environ = Path(f"/proc/{front}/environ").read_bytes().split(b"\0")
+            token = dict(kv.split(b"=", 1) for kv in environ if b"=" in kv)[TOKEN_ENV.encode()]
+            argv = Path(f"/proc/{front}/cmdline").read_bytes().split(b"\0")
+            socket_path = argv[argv.index(b"--socket") + 1].decode()
+            method = [r.name for r in ALL_RPCS].index("SendMessage")
+            body = os.urandom(1024)
+
+            async def run(window: int) -> None:
+                loop = asyncio.get_running_loop()
+                finished = loop.create_future()
+                counts = {"sent": 0, "answered": 0, "ok": 0}
+                headers = list(metadata("core-capacity"))
+
+                def fire() -> None:
+                    if counts["sent"] >= total:
+                        return
+                    counts["sent"] += 1
+                    msg = pb.Message(
+                        topic=pb.Resource(name=TOPIC),
+                        body=body,
+                        system_properties=pb.SystemProperties(
+                            message_id=uuid.uuid4().hex.upper(),
+                            tag="t",
+                            message_type=pb.MessageType.NORMAL,
+                            body_encoding=pb.Encoding.IDENTITY,
+                        ),
+                    )
+                    request = pb.SendMessageRequest(messages=[msg]).SerializeToString()
+                    call = frames.encode_call(method, 10_000, "ipv4:127.0.0.1:1", headers, request)
+                    link.send(frames.CALL, counts["sent"], call)
+
+                def on_frame(kind: int, call_id: int, payload: bytes) -> None:
+                    counts["answered"] += 1
+                    counts["ok"] += kind == frames.REPLY
+                    if counts["answered"] == total:
+                        finished.set_result(None)
+                    else:
+                        fire()
+
+                _, link = await loop.create_unix_connection(
+                    lambda: frames.FrameProtocol(on_frame, lambda exc: None, 1 << 26), socket_path
+                )
+                link.send(frames.HELLO, 0, token)
+                cpu = cpu_seconds(core)
+                start = time.perf_counter()
+                for _ in range(window):
+                    fire()
+                await finished
+                elapsed = time.perf_counter() - start
+                if link.transport is not None:
+                    link.transport.close()
+                print(
+                    f"core alone, {window:>2} calls in flight: {total / elapsed:,.0f} msg/s, core CPU "
+                    f"{(cpu_seconds(core) - cpu) / total * 1e6:.0f} us/msg ({counts['ok']:,} answered OK)",
+                    flush=True,
+                )
+
+            for window in windows:
+                asyncio.run(run(window))
+        finally:
+            broker.stop()
+
+
 def round_of(workers: int, clients: int, per_client: int, load: str) -> tuple[float, float, float]:
     """msg/s, core CPU us/msg, front-ends CPU us/msg."""
     with tempfile.TemporaryDirectory(prefix="siftmq-bench-") as tmp:
@@ -125,6 +207,7 @@ def main() -> None:
     parser.add_argument(
         "--load", choices=("client", "stub"), default="client", help="official client, or gRPC stubs"
     )
+    parser.add_argument("--core", action="store_true", help="also measure the core process alone")
     parser.add_argument("--client", nargs=2, metavar=("ENDPOINT", "COUNT"), help=argparse.SUPPRESS)
     parser.add_argument("--stub", nargs=2, metavar=("ENDPOINT", "COUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -134,6 +217,8 @@ def main() -> None:
     if args.stub:
         stub_client(args.stub[0], int(args.stub[1]))
         return
+    if args.core:
+        core_capacity(args.messages)
     per_client = args.messages // args.clients
     who = "official-client processes" if args.load == "client" else "processes of 4 gRPC stub threads"
     print(

@@ -83,7 +83,9 @@ class BrokerProcess:
         self.data_dir = data_dir
         #: gRPC front-end processes; by default 1 (the broker serves gRPC itself) unless the
         #: environment's SIFTMQ_TEST_WORKERS says otherwise (to run a suite through front-ends)
-        self.workers = workers if workers is not None else int(os.environ.get(WORKERS_ENV, "1"))
+        if workers is None:
+            workers = int(str((config or {}).get("workers", os.environ.get(WORKERS_ENV, "1"))))
+        self.workers = workers
         #: the process's RLIMIT_NOFILE (soft and hard), when given
         self.open_files = open_files
         self.flush = flush

@@ -139,6 +139,41 @@ def test_the_official_client_through_two_front_ends(broker_of: Any) -> None:
     assert _receive_all(broker.endpoint, set(acked), "g-all") == set(acked)
 
 
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_the_kernel_spreads_connections_over_both_front_ends(broker_of: Any) -> None:
+    import grpc
+
+    from siftmq.protocol import rocketmq_v2_pb2 as pb
+    from siftmq.protocol.service import RPCS
+
+    broker = broker_of(workers=2)
+    assert broker.proc is not None
+    pids = wait_for(
+        lambda: front_end_pids(broker.proc.pid) if len(front_end_pids(broker.proc.pid)) == 2 else None
+    )
+    before = {pid: _cpu_ticks(pid) for pid in pids}
+    path = next(r for r in RPCS if r.name == "Heartbeat").path
+    # 16 connections: all on one front-end by chance once in 2**15 runs
+    for n in range(16):
+        with grpc.insecure_channel(broker.endpoint) as channel:
+            heartbeat = channel.unary_unary(
+                path, pb.HeartbeatRequest.SerializeToString, pb.HeartbeatResponse.FromString
+            )
+            for _ in range(40):
+                answer = heartbeat(
+                    pb.HeartbeatRequest(client_type=pb.ClientType.PRODUCER),
+                    metadata=(("x-mq-client-id", f"spread-{n}"),),
+                    timeout=10,
+                )
+                assert answer.status.code == pb.Code.OK
+    busy = {pid: _cpu_ticks(pid) - before[pid] for pid in pids}
+    assert all(ticks >= 3 for ticks in busy.values()), busy  # each served calls (30 ms of CPU or more)
+
+
 def test_sigterm_stops_the_core_and_every_front_end(broker_of: Any) -> None:
     broker = broker_of(workers=2)
     assert broker.proc is not None

@@ -30,11 +30,9 @@ class SendCoalescer:
     def __init__(self, send_many: Callable[[Sequence[ProducedMessage]], list[SendResult]]) -> None:
         self._send_many = send_many
         self._waiting: list[_Waiting] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def send(self, message: ProducedMessage) -> asyncio.Future[SendResult]:
-        loop = self._loop or asyncio.get_running_loop()
-        self._loop = loop
+        loop = asyncio.get_running_loop()
         result: asyncio.Future[SendResult] = loop.create_future()
         if not self._waiting:
             loop.call_soon(self._flush)  # after the calls already scheduled for this turn
@@ -43,12 +41,18 @@ class SendCoalescer:
 
     def _flush(self) -> None:
         waiting, self._waiting = self._waiting, []
-        by_topic: dict[str, list[_Waiting]] = {}
-        for item in waiting:
-            by_topic.setdefault(item[0].topic, []).append(item)
-        for items in by_topic.values():
-            for at in range(0, len(items), MAX_COALESCED):
-                self._append(items[at : at + MAX_COALESCED])
+        try:
+            by_topic: dict[str, list[_Waiting]] = {}
+            for item in waiting:
+                by_topic.setdefault(item[0].topic, []).append(item)
+            for items in by_topic.values():
+                for at in range(0, len(items), MAX_COALESCED):
+                    self._append(items[at : at + MAX_COALESCED])
+        except BaseException as exc:  # no caller may wait for ever on an answer that cannot come
+            for _, future in waiting:
+                if not future.done():
+                    future.set_exception(exc)
+            raise
 
     def _append(self, items: list[_Waiting]) -> None:
         if len(items) > 1:

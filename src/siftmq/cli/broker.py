@@ -73,4 +73,6 @@ def _default_workers(config: Path | None) -> int | None:
                     return None
         except (OSError, tomllib.TOMLDecodeError):
             return None  # BrokerConfig.load reports the file's problem
-    return max(1, len(os.sched_getaffinity(0)))
+    from siftmq.broker.config import MAX_WORKERS
+
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))

@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -57,9 +56,11 @@ class Link:
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
         self.protocol: frames.FrameProtocol | None = None
-        self._ids = itertools.count(1)
+        self._next_id = 0
         # where each open call's frames go: a unary call's future, or a stream's queue
         self._calls: dict[int, Callable[[tuple[int, bytes]], None]] = {}
+        # a client stream's requests the core has room for (CREDIT frames add to it)
+        self.credits: dict[int, asyncio.Semaphore] = {}
         self.lost = asyncio.Event()
 
     async def connect(self, path: str, token: bytes) -> None:
@@ -71,6 +72,11 @@ class Link:
         protocol.send(frames.HELLO, 0, token)
 
     def _on_frame(self, kind: int, call_id: int, payload: bytes) -> None:
+        if kind == frames.CREDIT:
+            credit = self.credits.get(call_id)
+            if credit is not None:
+                credit.release()
+            return
         deliver = self._calls.get(call_id)
         if deliver is not None:  # answers to calls already given up on are dropped
             deliver((kind, payload))
@@ -110,22 +116,29 @@ class Link:
     ) -> int:
         if self.protocol is None or self.lost.is_set():
             raise _CoreGone
-        call_id = next(self._ids)
-        self._calls[call_id] = deliver
         remaining = context.time_remaining()
         timeout_ms = -1 if remaining is None else max(0, min(int(remaining * 1000), 2**31 - 1))
         metadata = [(m.key, m.value) for m in context.invocation_metadata() or ()]
-        peer = str(context.peer() or "")
-        self.protocol.send(
-            frames.CALL, call_id, frames.encode_call(method, timeout_ms, peer, metadata, request)
-        )
+        call = frames.encode_call(method, timeout_ms, str(context.peer() or ""), metadata, request)
+        call_id = self._new_id()
+        self._calls[call_id] = deliver
+        self.protocol.send(frames.CALL, call_id, call)
         return call_id
+
+    def _new_id(self) -> int:
+        """The next call id: 1 to 2**32 - 1 (a frame holds 32 bits) and round again, past the ids of
+        calls still open (a long poll may outlive four billion calls after it)."""
+        while True:
+            self._next_id = self._next_id % frames.MAX_CALL_ID + 1
+            if self._next_id not in self._calls:
+                return self._next_id
 
     def send(self, kind: int, call_id: int, payload: bytes = b"") -> None:
         if self.protocol is not None:
             self.protocol.send(kind, call_id, payload)
 
     def close(self, call_id: int, *, cancelled: bool) -> None:
+        self.credits.pop(call_id, None)
         if self._calls.pop(call_id, None) is not None and cancelled:
             self.send(frames.CANCEL, call_id)
 
@@ -152,7 +165,7 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
 
     async def answers(
         call_id: int, frames_in: asyncio.Queue[tuple[int, bytes]], context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         done = False
         try:
             while True:
@@ -170,26 +183,33 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
         request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         call_id, frames_in = await _opened(link.open_stream, index, context, request)
-        async for answer in answers(call_id, frames_in, context):
-            yield answer
+        # closed at once when the client goes (not when collected): the core hears CANCEL now
+        async with contextlib.aclosing(answers(call_id, frames_in, context)) as stream:
+            async for answer in stream:
+                yield answer
 
     async def bidi(
         requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         call_id, frames_in = await _opened(link.open_stream, index, context, b"")
+        # gRPC's flow control, carried over: the next request is read from the client only when
+        # the core has room for it (one process reads a request when the handler asks for one)
+        credit = link.credits[call_id] = asyncio.Semaphore(frames.STREAM_CREDIT)
 
         async def pump() -> None:
             try:
                 async for request in requests:
                     link.send(frames.MESSAGE, call_id, request)
+                    await credit.acquire()
             except (grpc.RpcError, asyncio.CancelledError):
                 return  # the client went away: the call is cancelled when the answers stop
             link.send(frames.HALF_CLOSE, call_id)
 
         sending = asyncio.create_task(pump())
         try:
-            async for answer in answers(call_id, frames_in, context):
-                yield answer
+            async with contextlib.aclosing(answers(call_id, frames_in, context)) as stream:
+                async for answer in stream:
+                    yield answer
         finally:
             sending.cancel()
 
@@ -232,7 +252,7 @@ def _die_with_parent() -> None:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    link = Link(args.frame_limit)
+    link = Link(args.frame_limit + frames.CALL_ROOM)
     await link.connect(args.socket, os.environ.get(TOKEN_ENV, "").encode())
     server = grpc.aio.server(
         options=[
@@ -260,8 +280,10 @@ async def serve(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    # Ctrl-C reaches the whole process group: the core stops the front-ends in its own order
+    # Ctrl-C and a hangup reach the whole process group: the core stops the front-ends in its own
+    # order (and a hangup only reloads the core's users)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     lost = asyncio.create_task(link.lost.wait())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([lost, stopping], return_when=asyncio.FIRST_COMPLETED)

@@ -28,9 +28,16 @@ MESSAGE: Final = 4  # one more request of a client stream
 HALF_CLOSE: Final = 5  # the client sends no more requests
 CANCEL: Final = 6  # the client went away (or its deadline passed): stop the call
 # core -> front-end
+CREDIT: Final = 9  # the core took one request of a client stream: the front-end may send one more
 REPLY: Final = 10  # a response (unary: the answer; streams: one item)
 END: Final = 11  # a stream's last frame
 ABORT: Final = 12  # payload: status code (u8) and details: the call ends with that gRPC status
+
+MAX_CALL_ID: Final = 2**32 - 1
+#: Requests of one client stream sent to the core before it has taken them (then one per CREDIT).
+STREAM_CREDIT: Final = 4
+#: Bytes a CALL frame may add to the largest gRPC message (metadata, address, header).
+CALL_ROOM: Final = 64 * 1024
 
 _CALL_HEAD: Final = struct.Struct("<HiHH")  # method, timeout ms (-1: none), peer length, headers
 _HEADER_LENGTHS: Final = struct.Struct("<HI")

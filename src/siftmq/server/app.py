@@ -9,7 +9,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
@@ -174,7 +174,9 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             edge = _InProcessEdge(table, frame_limit, credentials)
         try:
             port = await edge.start(host, listen_port)
-            await _serve_until_stopped(config, broker, gate, warnings, host=host, port=port, ready=ready)
+            await _serve_until_stopped(
+                config, broker, gate, warnings, host=host, port=port, ready=ready, on_stop=edge.stopping
+            )
         finally:
             await edge.stop()
     finally:
@@ -193,6 +195,7 @@ async def _serve_until_stopped(
     host: str,
     port: int,
     ready: Any,
+    on_stop: Callable[[], None],
 ) -> None:
     """The admin API, the ready line, and the wait for SIGTERM/SIGINT (SIGHUP reloads the users)."""
     loop = asyncio.get_running_loop()
@@ -203,8 +206,13 @@ async def _serve_until_stopped(
         scheme = "https" if config.tls_cert_file else "http"
         admin_text = f"admin {scheme}://{admin.address}, "
     stop = asyncio.Event()
+
+    def stopping() -> None:
+        stop.set()
+        on_stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping)
     watcher = None
     if gate is not None:
         loop.add_signal_handler(signal.SIGHUP, gate.reload)
@@ -256,6 +264,9 @@ class _InProcessEdge:
         await self._server.start()
         self._started = True
         return int(bound)
+
+    def stopping(self) -> None:
+        """Nothing to do before :meth:`stop` (the front-ends' edge stops restarting them here)."""
 
     async def stop(self) -> None:
         if self._started:

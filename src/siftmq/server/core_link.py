@@ -6,6 +6,7 @@ stack a gRPC call does in a single process (decoding guard, authentication and a
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import time
@@ -63,13 +64,18 @@ class CallContext:
 
 
 class _Requests:
-    """A client stream's requests as the handler iterates them (fed by MESSAGE frames)."""
+    """A client stream's requests as the handler iterates them (fed by MESSAGE frames). Each one
+    taken gives the front-end a CREDIT for the next, so at most a few wait here (gRPC's flow
+    control, carried over); a front-end that sends more breaks the protocol."""
 
-    def __init__(self, deserialize: Callable[[bytes], Any]) -> None:
+    def __init__(self, deserialize: Callable[[bytes], Any], taken: Callable[[], None]) -> None:
         self._deserialize = deserialize
+        self._taken = taken
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     def put(self, payload: bytes | None) -> None:
+        if payload is not None and self._queue.qsize() > frames.STREAM_CREDIT:
+            raise frames.FrameError("a client stream's requests beyond the credit the core gave")
         self._queue.put_nowait(payload)
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -77,6 +83,7 @@ class _Requests:
 
     async def _iterate(self) -> AsyncIterator[Any]:
         while (payload := await self._queue.get()) is not None:
+            self._taken()
             yield self._deserialize(payload)
 
 
@@ -86,6 +93,7 @@ class FrontEndConnection:
     def __init__(
         self, table: Sequence[Behaviour | None], token: bytes, max_frame: int, links: CoreLink
     ) -> None:
+        self._max_reply = max_frame - frames.CALL_ROOM
         self._table = table
         self._token = token
         self._links = links
@@ -136,7 +144,8 @@ class FrontEndConnection:
         elif shape == "unary_stream":
             work = self._stream(call_id, behaviour, behaviour.deserialize(request), context)
         else:
-            requests = self._streams[call_id] = _Requests(behaviour.deserialize)
+            taken = functools.partial(self.protocol.send, frames.CREDIT, call_id)
+            requests = self._streams[call_id] = _Requests(behaviour.deserialize, taken)
             work = self._stream(call_id, behaviour, requests, context)
         task = asyncio.get_running_loop().create_task(work)
         self._tasks[call_id] = task
@@ -149,17 +158,25 @@ class FrontEndConnection:
     async def _unary(self, call_id: int, behaviour: Behaviour, request: Any, context: CallContext) -> None:
         try:
             answer = await behaviour.run(request, context)
-            self.protocol.send(frames.REPLY, call_id, behaviour.serialize(answer))
+            self._reply(call_id, behaviour.serialize(answer))
         except Exception as exc:
             self._abort(call_id, behaviour, exc)
 
     async def _stream(self, call_id: int, behaviour: Behaviour, request: Any, context: CallContext) -> None:
         try:
             async for answer in behaviour.run(request, context):
-                self.protocol.send(frames.REPLY, call_id, behaviour.serialize(answer))
+                self._reply(call_id, behaviour.serialize(answer))
             self.protocol.send(frames.END, call_id)
         except Exception as exc:
             self._abort(call_id, behaviour, exc)
+
+    def _reply(self, call_id: int, answer: bytes) -> None:
+        if len(answer) > self._max_reply:  # what gRPC refuses to send, refused for this call only
+            raise Aborted(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the answer ({len(answer)} bytes) exceeds the largest message ({self._max_reply} bytes)",
+            )
+        self.protocol.send(frames.REPLY, call_id, answer)
 
     def _abort(self, call_id: int, behaviour: Behaviour, exc: Exception) -> None:
         if isinstance(exc, Aborted):

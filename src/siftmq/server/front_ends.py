@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import shutil
 import socket
@@ -21,6 +22,7 @@ from typing import Final
 
 from siftmq.broker.config import BrokerConfig
 from siftmq.errors import SiftError
+from siftmq.frontend import frames
 from siftmq.frontend.edge import TOKEN_ENV
 from siftmq.server.core_link import Behaviour, CoreLink
 
@@ -66,8 +68,11 @@ class FrontEnds:
         self._count = count
         self._frame_limit = frame_limit
         self._token = secrets.token_hex(32)
-        self._link = CoreLink(behaviours, self._token.encode(), frame_limit + 64 * 1024)
-        self._dir = Path(tempfile.mkdtemp(prefix="siftmq-core-"))  # 0700: only this user connects
+        self._link = CoreLink(behaviours, self._token.encode(), frame_limit + frames.CALL_ROOM)
+        _remove_stale_dirs()
+        # 0700: only this user connects; named after this process, so a later core can tell a
+        # directory left by a core killed with -9
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
         self._socket = str(self._dir / "core.sock")
         self._procs: list[asyncio.subprocess.Process | None] = [None] * count
         self._watchers: list[asyncio.Task[None]] = []
@@ -79,7 +84,10 @@ class FrontEnds:
         """Start the front-ends on ``host:port``; returns the port once every one listens."""
         port = check_port_free(host, port)
         self.listen = f"{host}:{port}"
-        await self._link.start(self._socket)
+        try:
+            await self._link.start(self._socket)
+        except OSError as exc:  # e.g. a TMPDIR so long that the socket's path does not fit
+            raise BindError(f"cannot open the front-ends' socket {self._socket}: {exc}") from exc
         for index in range(self._count):
             self._procs[index] = await self._spawn(index)
         loop = asyncio.get_running_loop()
@@ -140,11 +148,24 @@ class FrontEnds:
             failures = 1 if loop.time() - started > HEALTHY_AFTER_S else failures + 1
             pause = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S)) - 1]
             _log.warning("front-end %d exited (%s); starting it again in %.1f s", index, code, pause)
-            await asyncio.sleep(pause)
-            if self._stopping:
-                return
+            while True:
+                await asyncio.sleep(pause)
+                if self._stopping:
+                    return
+                try:
+                    self._procs[index] = await self._spawn(index)
+                    break
+                except OSError as exc:  # out of processes or files: try again, later
+                    pause = RESTART_BACKOFF_S[-1]
+                    _log.error(
+                        "front-end %d cannot be started: %s; trying again in %.1f s", index, exc, pause
+                    )
             self.restarts += 1
-            self._procs[index] = await self._spawn(index)
+
+    def stopping(self) -> None:
+        """The broker is stopping: front-ends that exit from now on are not started again (a
+        SIGTERM to the whole process group reaches them before the core stops them)."""
+        self._stopping = True
 
     async def stop(self) -> None:
         """SIGTERM to every front-end (they finish their calls in flight), then SIGKILL to the late."""
@@ -173,6 +194,27 @@ class FrontEnds:
 
 
 def _environ() -> dict[str, str]:
-    import os
-
     return dict(os.environ)
+
+
+DIR_PREFIX: Final = "siftmq-core-"
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the socket directories of cores that are gone (killed with -9: nothing else is left)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*-*"):
+        pid_text = path.name[len(DIR_PREFIX) :].split("-", 1)[0]
+        if not pid_text.isdigit() or not path.is_dir() or path.owner() != _me():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue  # alive, or not ours to ask about
+
+
+def _me() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name

@@ -1,0 +1,166 @@
+"""The front-ends' frame protocol: calls round-trip (text and binary metadata), frames survive any
+split of the byte stream, bad frames close the link, call ids wrap past open calls, and a client
+stream's requests are bounded by the credit the core gives."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from siftmq.frontend import frames
+from siftmq.frontend.edge import Link
+from siftmq.server.core_link import _Requests
+
+header_key = st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=20)
+text_value = st.text(max_size=60)
+metadata = st.lists(
+    st.one_of(
+        st.tuples(header_key.map(lambda k: k + "-bin"), st.binary(max_size=40)),
+        st.tuples(header_key.filter(lambda k: not k.endswith("-bin")), text_value),
+    ),
+    max_size=12,
+)
+
+
+@given(
+    method=st.integers(0, 2**16 - 1),
+    timeout_ms=st.integers(-1, 2**31 - 1),
+    peer=st.text(max_size=80),
+    headers=metadata,
+    request=st.binary(max_size=300),
+)
+def test_a_call_round_trips(method: int, timeout_ms: int, peer: str, headers: Any, request: bytes) -> None:
+    payload = frames.encode_call(method, timeout_ms, peer, headers, request)
+    assert frames.decode_call(payload) == (method, timeout_ms, peer, tuple(headers), request)
+
+
+def test_a_call_cut_short_is_a_frame_error() -> None:
+    payload = frames.encode_call(3, 100, "ipv4:127.0.0.1:1", [("x-mq-client-id", "abc")], b"")
+    for cut in (1, 8, len(payload) - 1):
+        with pytest.raises(frames.FrameError):
+            frames.decode_call(payload[:cut])
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.aborted = False
+
+    def write(self, data: Any) -> None:
+        self.written += data
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def _protocol(
+    max_frame: int = 1 << 20,
+) -> tuple[frames.FrameProtocol, list[tuple[int, int, bytes]], _Transport]:
+    got: list[tuple[int, int, bytes]] = []
+    protocol = frames.FrameProtocol(lambda k, c, p: got.append((k, c, p)), lambda exc: None, max_frame)
+    transport = _Transport()
+    protocol.connection_made(transport)
+    return protocol, got, transport
+
+
+@settings(max_examples=60)
+@given(
+    sent=st.lists(
+        st.tuples(st.sampled_from([frames.CALL, frames.REPLY, frames.END]), st.binary(max_size=200)),
+        max_size=8,
+    ),
+    cuts=st.lists(st.integers(0, 2000), max_size=10),
+)
+def test_frames_arrive_whole_however_the_stream_is_split(
+    sent: list[tuple[int, bytes]], cuts: list[int]
+) -> None:
+    async def run() -> None:
+        sender, _, wire = _protocol()
+        for i, (kind, payload) in enumerate(sent):
+            sender.send(kind, i + 1, payload)
+        await asyncio.sleep(0)  # the frames of one turn leave in one write
+        stream = bytes(wire.written)
+        receiver, got, _ = _protocol()
+        at = 0
+        for cut in [*sorted(c % (len(stream) + 1) for c in cuts), len(stream)]:
+            receiver.data_received(stream[at:cut])
+            at = max(at, cut)
+        assert got == [(kind, i + 1, payload) for i, (kind, payload) in enumerate(sent)]
+
+    asyncio.run(run())
+
+
+def test_the_frames_of_one_turn_leave_in_one_write() -> None:
+    async def run() -> None:
+        sender, _, wire = _protocol()
+        writes: list[bytes] = []
+        wire.write = lambda data: writes.append(bytes(data))  # type: ignore[method-assign]
+        for i in range(10):
+            sender.send(frames.CALL, i + 1, b"x" * i)
+        await asyncio.sleep(0)
+        assert len(writes) == 1
+        sender.send(frames.CALL, 11, b"")
+        await asyncio.sleep(0)
+        assert len(writes) == 2
+
+    asyncio.run(run())
+
+
+def test_a_frame_over_the_limit_closes_the_link() -> None:
+    async def run() -> None:
+        receiver, got, transport = _protocol(max_frame=100)
+        receiver.data_received(frames.HEADER.pack(101, frames.CALL, 1) + b"x" * 101)
+        assert transport.aborted and got == []
+
+    asyncio.run(run())
+
+
+class _Context:
+    def time_remaining(self) -> float | None:
+        return 5.0
+
+    def invocation_metadata(self) -> tuple[Any, ...]:
+        return ()
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5"
+
+
+def test_call_ids_wrap_at_32_bits_and_skip_open_calls() -> None:
+    async def run() -> None:
+        link = Link(1 << 20)
+        link.protocol, _, wire = _protocol()
+        link._next_id = frames.MAX_CALL_ID - 2
+        first, _ = link.open_unary(0, _Context(), b"")  # type: ignore[arg-type]
+        assert first == frames.MAX_CALL_ID - 1
+        link._next_id = frames.MAX_CALL_ID - 2  # the next would be the open call's id: skipped
+        ids = [link.open_unary(0, _Context(), b"")[0] for _ in range(3)]  # type: ignore[arg-type]
+        assert ids == [frames.MAX_CALL_ID, 1, 2]
+        await asyncio.sleep(0)
+        assert len(wire.written) > 0  # every id fitted its frame header
+
+    asyncio.run(run())
+
+
+def test_a_client_stream_is_bounded_by_its_credit() -> None:
+    async def run() -> None:
+        taken: list[int] = []
+        requests = _Requests(bytes, lambda: taken.append(1))
+        for i in range(frames.STREAM_CREDIT + 1):
+            requests.put(bytes([i]))
+        with pytest.raises(frames.FrameError):
+            requests.put(b"one too many")
+        iterator = aiter(requests)
+        assert await anext(iterator) == b"\x00"
+        assert taken == [1]  # one taken: one more credit for the front-end
+        requests.put(b"now there is room")
+        requests.put(None)
+        rest = [r async for r in iterator]
+        assert rest[-1] == b"now there is room" and len(taken) == 1 + len(rest)
+
+    asyncio.run(run())
