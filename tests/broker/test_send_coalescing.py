@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from siftmq.broker.coalescing import MAX_COALESCED, SendCoalescer
+from siftmq.broker.coalescing import MAX_COALESCED, OneHop, SendCoalescer
 from siftmq.broker.model import ProducedMessage
 from siftmq.errors import BadRequestError, UnsupportedError
 from siftmq.testing import open_broker
@@ -109,3 +109,40 @@ def test_a_caller_gone_does_not_stop_the_others(broker: Any) -> None:
     results = asyncio.run(run())
     assert len(results) == 2
     assert set(_stored(broker, "Co")) == {_msg(i).message_id for i in range(3)}
+
+
+def test_the_acks_of_one_turn_take_one_thread_hop_and_each_gets_its_own_answer() -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    ran: list[tuple[int, int]] = []
+
+    def call(i: int) -> Any:
+        def fn() -> int:
+            ran.append((i, threading.get_ident()))
+            if i == 3:
+                raise BadRequestError("entry 3 is bad")
+            return i * 10
+
+        return fn
+
+    class Counting(ThreadPoolExecutor):
+        hops = 0
+
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            Counting.hops += 1
+            return super().submit(*args, **kwargs)
+
+    async def run() -> list[Any]:
+        hop = OneHop(Counting(2))
+        first = await asyncio.gather(*(hop.run(call(i)) for i in range(6)), return_exceptions=True)
+        later = await hop.run(call(6))
+        return [*first, later]
+
+    results = asyncio.run(run())
+    assert results[:3] == [0, 10, 20] and results[4:] == [40, 50, 60]
+    assert isinstance(results[3], BadRequestError)
+    assert [i for i, _ in ran] == list(range(7))  # in the callers' order
+    assert Counting.hops == 2  # one hop for the six calls of the first turn, one for the last
+    assert len({t for i, t in ran if i < 6}) == 1
+    assert threading.get_ident() not in {t for _, t in ran}  # never on the event loop's thread

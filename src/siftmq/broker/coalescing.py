@@ -1,4 +1,4 @@
-"""Single sends that arrive together, appended together.
+"""Single sends that arrive together, appended together; acks that arrive together, one thread hop.
 
 An official client sends one message per call. Concurrent clients' calls reach the event loop in
 the same turn (a front-end's frames arrive as one read), and appending each alone pays the
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Final
+from concurrent.futures import Executor
+from typing import Any, Final, TypeVar
 
 from siftmq.broker.model import ProducedMessage, SendResult
 from siftmq.broker.send import MAX_BATCH_MESSAGES
@@ -22,6 +23,7 @@ from siftmq.broker.send import MAX_BATCH_MESSAGES
 MAX_COALESCED: Final = min(64, MAX_BATCH_MESSAGES)
 
 _Waiting = tuple[ProducedMessage, "asyncio.Future[SendResult]"]
+_T = TypeVar("_T")
 
 
 class SendCoalescer:
@@ -75,3 +77,50 @@ class SendCoalescer:
 def _settle(future: asyncio.Future[SendResult], result: SendResult) -> None:
     if not future.done():  # the caller may have gone (its call was cancelled)
         future.set_result(result)
+
+
+class OneHop:
+    """Blocking calls made in one turn of the event loop, run together in one hop to a worker
+    thread (``await hop.run(fn)``): an official client acks one message per call, and a hop to a
+    thread and back costs more than an ack. Each caller gets its own result or exception."""
+
+    def __init__(self, executor: Executor | None = None) -> None:
+        self._executor = executor
+        self._waiting: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+
+    def run(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[_T] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._hop)
+        self._waiting.append((fn, result))
+        return result
+
+    def _hop(self) -> None:
+        waiting, self._waiting = self._waiting, []
+
+        def run_all() -> list[tuple[bool, Any]]:
+            outcomes: list[tuple[bool, Any]] = []
+            for fn, _ in waiting:
+                try:
+                    outcomes.append((True, fn()))
+                except Exception as exc:
+                    outcomes.append((False, exc))
+            return outcomes
+
+        def settle(done: asyncio.Future[list[tuple[bool, Any]]]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+                for _, future in waiting:
+                    if not future.done():
+                        future.set_exception(error or RuntimeError("the worker thread failed"))
+                return
+            for (_, future), (ok, value) in zip(waiting, done.result(), strict=True):
+                if future.done():
+                    continue  # the caller went away; the call itself has run
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+
+        asyncio.get_running_loop().run_in_executor(self._executor, run_all).add_done_callback(settle)

@@ -22,7 +22,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from siftmq.broker.broker import Broker
-from siftmq.broker.coalescing import SendCoalescer
+from siftmq.broker.coalescing import OneHop, SendCoalescer
 from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, receive_long_polling
 from siftmq.broker.model import Subscription
 from siftmq.broker.send import MAX_BATCH_MESSAGES
@@ -140,6 +140,7 @@ class MessagingService:
         # ~15% of the broker's CPU per official-client send). Batches and sync flush keep the hop.
         self._inline_sends = broker.config.flush == "async"
         self._coalescer = SendCoalescer(broker.send_many)
+        self._acks = OneHop()
 
     @staticmethod
     async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -403,7 +404,7 @@ class MessagingService:
                     errors.append(status_of(exc, call="AckMessage"))
             return errors
 
-        errors = await self._call(ack_each)
+        errors = await self._acks.run(ack_each)  # with the other acks of this loop turn
         # entries as dicts (protobuf builds them in C): this runs once per acknowledged message
         entries = [
             {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": err or OK_FIELDS}
