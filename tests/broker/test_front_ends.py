@@ -195,6 +195,38 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def test_sigterm_to_the_whole_process_group_stops_everything_once(tmp_path: Path) -> None:
+    """As systemd stops a service: every process gets SIGTERM at once. The core must not start the
+    front-ends again that stop before it has stopped them."""
+    cmd = [
+        sys.executable, "-m", "siftmq", "broker", "--data-dir", str(tmp_path / "data"),
+        "--listen", "127.0.0.1:0", "--admin-listen", "", "--workers", "2",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "ready on" in line:
+                break
+        pids = wait_for(lambda: front_end_pids(proc.pid) if len(front_end_pids(proc.pid)) == 2 else None)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(lines) + out
+    assert proc.returncode == 0, text
+    assert "starting it again" not in text
+    assert text.rstrip().endswith("siftmq broker stopped")
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+
+
 def test_a_second_broker_on_the_same_port_fails_loudly(broker_of: Any, tmp_path: Path) -> None:
     first = broker_of(workers=2)
     for workers in (2, 1):
