@@ -280,10 +280,6 @@ async def serve(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    # Ctrl-C and a hangup reach the whole process group: the core stops the front-ends in its own
-    # order (and a hangup only reloads the core's users)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     lost = asyncio.create_task(link.lost.wait())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([lost, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -305,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-client-ca", default="")
     parser.add_argument("--batch-extension", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
+    # Ctrl-C and a hangup reach the whole process group, from the first moment: the core stops the
+    # front-ends in its own order (and a hangup only reloads the core's users)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _die_with_parent()
     logging.basicConfig(
         level=logging.INFO,

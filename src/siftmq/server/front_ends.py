@@ -34,6 +34,8 @@ STOP_TIMEOUT_S: Final = 5.0
 RESTART_BACKOFF_S: Final = (0.2, 1.0, 5.0)
 #: A front-end that ran this long before dying counts as healthy: the backoff starts over.
 HEALTHY_AFTER_S: Final = 30.0
+#: The core's socket directory: ``siftmq-core-{pid}-{random}`` under the temporary directory.
+DIR_PREFIX: Final = "siftmq-core-"
 
 
 class BindError(SiftError):
@@ -78,7 +80,6 @@ class FrontEnds:
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
         self.listen = ""
-        self.restarts = 0
 
     async def start(self, host: str, port: int) -> int:
         """Start the front-ends on ``host:port``; returns the port once every one listens."""
@@ -125,7 +126,7 @@ class FrontEnds:
             args += ["--tls-cert", config.tls_cert_file, "--tls-key", config.tls_key_file]
             if config.tls_client_ca_file:
                 args += ["--tls-client-ca", config.tls_client_ca_file]
-        env = {**_environ(), TOKEN_ENV: self._token}
+        env = {**os.environ, TOKEN_ENV: self._token}
         return await asyncio.create_subprocess_exec(
             sys.executable,
             *args,
@@ -160,7 +161,6 @@ class FrontEnds:
                     _log.error(
                         "front-end %d cannot be started: %s; trying again in %.1f s", index, exc, pause
                     )
-            self.restarts += 1
 
     def stopping(self) -> None:
         """The broker is stopping: front-ends that exit from now on are not started again (a
@@ -188,23 +188,12 @@ class FrontEnds:
         await self._link.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs if p is not None and p.returncode is None]
-
-
-def _environ() -> dict[str, str]:
-    return dict(os.environ)
-
-
-DIR_PREFIX: Final = "siftmq-core-"
-
 
 def _remove_stale_dirs() -> None:
     """Remove the socket directories of cores that are gone (killed with -9: nothing else is left)."""
     for path in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*-*"):
         pid_text = path.name[len(DIR_PREFIX) :].split("-", 1)[0]
-        if not pid_text.isdigit() or not path.is_dir() or path.owner() != _me():
+        if not pid_text.isdigit() or not path.is_dir() or path.stat().st_uid != os.getuid():
             continue
         try:
             os.kill(int(pid_text), 0)
@@ -212,9 +201,3 @@ def _remove_stale_dirs() -> None:
             shutil.rmtree(path, ignore_errors=True)
         except OSError:
             continue  # alive, or not ours to ask about
-
-
-def _me() -> str:
-    import pwd
-
-    return pwd.getpwuid(os.getuid()).pw_name
