@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from siftmq.broker import Broker, ProducedMessage, Subscription
 from siftmq.broker import filter_registry as filter_registry_module
@@ -550,3 +552,70 @@ def test_a_failing_filter_at_dispatch_falls_back_to_exact_evaluation(
     broker.filters._reindex_locked()
     got = drain(broker, "g", sub)
     assert [p["a"] for _, p, _ in got] == ["yes"]
+
+
+_ack_examples = iter(range(10**9))
+_ACK_ITEM = st.one_of(
+    st.tuples(st.just("msg"), st.integers(0, 5)),
+    st.tuples(
+        st.just("text"),
+        st.sampled_from(["", "garbage", "v1:0:0:zz:Orders", "v1:0:0:1:Other", "v1:3:0:1:Orders"]),
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    roles=st.lists(st.sampled_from(["valid", "stale", "expired"]), min_size=1, max_size=6),
+    items=st.lists(_ACK_ITEM, max_size=12),
+)
+def test_ack_many_answers_as_acks_one_by_one(
+    broker: Broker, roles: list[str], items: list[tuple[str, object]]
+) -> None:
+    """Differential, in one long-lived broker: the same handles (valid, stale, expired, repeated,
+    malformed, of another topic or queue) acknowledged one by one in one group and in one
+    ack_many call in a twin group give the same outcome for each, and leave the same in flight."""
+    n = next(_ack_examples)
+    tag = f"E{n}"
+    for i in range(len(roles)):
+        send(broker, tag, i=str(i))
+    outcomes = {}
+    for side in ("one", "many"):
+        group = f"g{side}{n}"
+        handles: dict[int, str] = {}
+        for d in broker.receive(group, tag_sub(tag), batch_size=32, invisible_ms=600_000):
+            i = int(d.message.properties["i"])
+            handles[i] = d.receipt_handle
+            if roles[i] == "stale":
+                broker.change_invisible_duration(group, TOPIC, d.receipt_handle, 600_000)
+            elif roles[i] == "expired":
+                handles[i] = broker.change_invisible_duration(group, TOPIC, d.receipt_handle, 1)
+        assert sorted(handles) == list(range(len(roles)))
+        time.sleep(0.005)
+        texts = [handles[v % len(roles)] if kind == "msg" else str(v) for kind, v in items]  # type: ignore[operator]
+        if side == "one":
+            got: list[str | None] = []
+            for text in texts:
+                try:
+                    broker.ack(group, TOPIC, text)
+                    got.append(None)
+                except BadRequestError as exc:
+                    got.append(exc.status + ": " + exc.message)
+        else:
+            got = [
+                None if e is None else e.status + ": " + e.message
+                for e in broker.ack_many(group, TOPIC, texts)
+            ]
+        in_flight = {
+            (qid, offset)
+            for qid in range(4)
+            if (prog := broker.consumers.get((group, TOPIC, qid))) is not None
+            for offset in prog.inflight
+        }
+        outcomes[side] = ([g and g.replace(group, "G") for g in got], in_flight)
+    assert outcomes["one"] == outcomes["many"]
+
+
+def test_ack_many_with_an_illegal_group_fails_every_entry(broker: Broker) -> None:
+    errors = broker.ack_many("bad group!", TOPIC, ["v1:0:0:1:Orders", "garbage"])
+    assert [e and e.status for e in errors] == ["ILLEGAL_CONSUMER_GROUP"] * 2

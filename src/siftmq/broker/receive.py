@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -37,6 +38,19 @@ _log = logging.getLogger(__name__)
 
 #: A dead-letter move refused for disk space is tried again this much later (ms).
 DLQ_RETRY_MS: Final = 1000
+
+
+def _handle_problem(item: InFlight | None, handle: ReceiptHandle, now_ms: int) -> BadRequestError | None:
+    """Why ``handle`` cannot act on the in-flight entry it names (``item``), or None when it can."""
+    if item is None:
+        problem = "the message is not in flight (already acknowledged, or moved to the dead-letter queue)"
+    elif item.nonce != handle.nonce:
+        problem = "the receipt handle is stale: the message was delivered again with a new handle"
+    elif item.visible_at_ms <= now_ms:
+        problem = "the receipt handle expired: the message's invisible time is over"
+    else:
+        return None
+    return BadRequestError(problem, status=StatusCode.INVALID_RECEIPT_HANDLE)
 
 
 class Receiving(Subscribing):
@@ -255,6 +269,18 @@ class Receiving(Subscribing):
         """The in-flight entry a receipt handle names; the caller then holds ``prog.lock``."""
         check_group(group)
         handle = ReceiptHandle.decode(handle_text)
+        prog = self._progress_of(group, topic, handle, client_id)
+        prog.lock.acquire()
+        item = prog.inflight.get(handle.queue_offset)
+        problem = _handle_problem(item, handle, _now_ms())
+        if problem is not None:
+            prog.lock.release()
+            raise problem
+        assert item is not None
+        return prog, item
+
+    def _progress_of(self, group: str, topic: str, handle: ReceiptHandle, client_id: str) -> QueueProgress:
+        """The progress a decoded handle of ``topic`` points into (``INVALID_RECEIPT_HANDLE`` if none)."""
         if handle.topic != topic:
             raise BadRequestError(
                 f"receipt handle belongs to topic {handle.topic!r}, not {topic!r}",
@@ -265,20 +291,7 @@ class Receiving(Subscribing):
             raise BadRequestError(
                 f"receipt handle is unknown to group {group!r}", status=StatusCode.INVALID_RECEIPT_HANDLE
             )
-        prog.lock.acquire()
-        item = prog.inflight.get(handle.queue_offset)
-        problem = None
-        if item is None:
-            problem = "the message is not in flight (already acknowledged, or moved to the dead-letter queue)"
-        elif item.nonce != handle.nonce:
-            problem = "the receipt handle is stale: the message was delivered again with a new handle"
-        elif item.visible_at_ms <= _now_ms():
-            problem = "the receipt handle expired: the message's invisible time is over"
-        if problem is not None:
-            prog.lock.release()
-            raise BadRequestError(problem, status=StatusCode.INVALID_RECEIPT_HANDLE)
-        assert item is not None
-        return prog, item
+        return prog
 
     def ack(self, group: str, topic: str, handle_text: str, *, client_id: str = "") -> None:
         """Acknowledge one delivery (the message is done for the group)."""
@@ -289,6 +302,40 @@ class Receiving(Subscribing):
         finally:
             prog.lock.release()
         self.stats.count(self.stats.acks, (group, topic))
+
+    def ack_many(
+        self, group: str, topic: str, handle_texts: Sequence[str], *, client_id: str = ""
+    ) -> list[BadRequestError | None]:
+        """Acknowledge many deliveries: one outcome per handle, in order (None: acknowledged), as
+        :meth:`ack` one by one would give; each queue's lock is taken once for all its handles."""
+        try:
+            check_group(group)
+        except BadRequestError as exc:
+            return [exc] * len(handle_texts)
+        outcomes: list[BadRequestError | None] = [None] * len(handle_texts)
+        by_queue: dict[int, tuple[QueueProgress, list[tuple[int, ReceiptHandle]]]] = {}
+        for n, text in enumerate(handle_texts):
+            try:
+                handle = ReceiptHandle.decode(text)
+                prog = self._progress_of(group, topic, handle, client_id)
+            except BadRequestError as exc:
+                outcomes[n] = exc
+                continue
+            by_queue.setdefault(handle.queue_id, (prog, []))[1].append((n, handle))
+        acked = 0
+        for prog, handles in by_queue.values():
+            with prog.lock:
+                now = _now_ms()
+                for n, handle in handles:
+                    item = prog.inflight.get(handle.queue_offset)
+                    outcomes[n] = problem = _handle_problem(item, handle, now)
+                    if problem is None:
+                        del prog.inflight[handle.queue_offset]
+                        acked += 1
+        if acked:
+            self.consumers.mark_dirty()
+            self.stats.count(self.stats.acks, (group, topic), acked)
+        return outcomes
 
     def change_invisible_duration(
         self, group: str, topic: str, handle_text: str, invisible_ms: int, *, client_id: str = ""

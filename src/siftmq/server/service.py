@@ -394,17 +394,16 @@ class MessagingService:
         topic = convert.topic_name(request.topic)
         client_id = _client_id(context)
 
-        def ack_each() -> list[pb.Status | None]:  # every entry in one worker-thread hop; None: acked
-            errors: list[pb.Status | None] = []
-            for entry in request.entries:
-                try:
-                    self.broker.ack(group, topic, entry.receipt_handle, client_id=client_id)
-                    errors.append(None)
-                except Exception as exc:
-                    errors.append(status_of(exc, call="AckMessage"))
-            return errors
+        def ack_all() -> list[pb.Status | None]:  # every entry in one worker-thread hop; None: acked
+            handles = [entry.receipt_handle for entry in request.entries]
+            try:
+                outcomes = self.broker.ack_many(group, topic, handles, client_id=client_id)
+            except Exception as exc:
+                failed = status_of(exc, call="AckMessage")
+                return [failed] * len(handles)
+            return [None if e is None else status_of(e, call="AckMessage") for e in outcomes]
 
-        errors = await self._acks.run(ack_each)  # with the other acks of this loop turn
+        errors = await self._acks.run(ack_all)  # with the other acks of this loop turn
         # entries as dicts (protobuf builds them in C): this runs once per acknowledged message
         entries = [
             {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": err or OK_FIELDS}
