@@ -22,6 +22,9 @@ from pathlib import Path
 from siftmq.store.statefile import read_json, write_json
 
 QueueKey = tuple[str, str, int]  # group, topic, queue id
+#: Entries of acknowledged or re-armed messages a queue's due-heap may hold beyond twice its
+#: in-flight count before it is rebuilt from the in-flight messages.
+DUE_SLACK = 1024
 
 
 @dataclass(slots=True)
@@ -52,6 +55,11 @@ class QueueProgress:
     def put(self, item: InFlight) -> None:
         self.inflight[item.queue_offset] = item
         heapq.heappush(self._due, (item.visible_at_ms, item.queue_offset, item.nonce))
+        if len(self._due) > 2 * len(self.inflight) + DUE_SLACK:
+            # acks leave their entries in the heap until they come due: without this it would hold
+            # every ack of the last invisible time (hours of them at the longest)
+            self._due = [(i.visible_at_ms, i.queue_offset, i.nonce) for i in self.inflight.values()]
+            heapq.heapify(self._due)
 
     def pop_due(self, now_ms: int, limit: int) -> Iterator[InFlight]:
         """In-flight messages whose invisible time is over (at most ``limit``), oldest first."""
