@@ -14,6 +14,7 @@ from siftmq.broker import Broker, ProducedMessage, Subscription
 from siftmq.broker import filter_registry as filter_registry_module
 from siftmq.broker import parts as parts_module
 from siftmq.broker.model import ProducedBatch
+from siftmq.broker.receipts import ReceiptHandle
 from siftmq.errors import BadRequestError, FilterError, UnsupportedError
 from siftmq.hashing import java_string_hash
 from siftmq.store import store as store_module
@@ -619,3 +620,15 @@ def test_ack_many_answers_as_acks_one_by_one(
 def test_ack_many_with_an_illegal_group_fails_every_entry(broker: Broker) -> None:
     errors = broker.ack_many("bad group!", TOPIC, ["v1:0:0:1:Orders", "garbage"])
     assert [e and e.status for e in errors] == ["ILLEGAL_CONSUMER_GROUP"] * 2
+
+
+def test_every_delivery_of_a_receive_gets_its_own_nonce(broker: Broker) -> None:
+    for i in range(40):
+        send(broker, "N", i=str(i))
+    handles = [
+        d.receipt_handle
+        for batch_size in (1, 7, 32)
+        for d in broker.receive("g-nonce", tag_sub("N"), batch_size=batch_size, invisible_ms=60_000)
+    ]
+    nonces = [ReceiptHandle.decode(h).nonce for h in handles]
+    assert len(handles) == 40 and len(set(nonces)) == 40 and all(0 <= n < 2**48 for n in nonces)

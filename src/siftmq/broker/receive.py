@@ -38,6 +38,8 @@ _log = logging.getLogger(__name__)
 
 #: A dead-letter move refused for disk space is tried again this much later (ms).
 DLQ_RETRY_MS: Final = 1000
+#: A receipt handle's nonce: 48 random bits.
+NONCE_BYTES: Final = 6
 
 
 def _handle_problem(item: InFlight | None, handle: ReceiptHandle, now_ms: int) -> BadRequestError | None:
@@ -220,7 +222,7 @@ class Receiving(Subscribing):
     def _deliver(
         self, rp: _ReceivePass, qid: int, prog: QueueProgress, msg: StoredMessage, attempt: int
     ) -> Delivery:
-        nonce = secrets.randbits(48)
+        nonce = rp.nonce()
         prog.put(
             InFlight(
                 msg.queue_offset,
@@ -353,7 +355,7 @@ class Receiving(Subscribing):
         handle = ReceiptHandle.decode(handle_text)
         prog, item = self._in_flight(group, topic, handle_text, client_id)
         try:
-            nonce = secrets.randbits(48)
+            nonce = int.from_bytes(secrets.token_bytes(NONCE_BYTES))
             prog.put(
                 InFlight(
                     item.queue_offset,
@@ -394,3 +396,13 @@ class _ReceivePass:
     batch_size: int
     message_filter: MessageFilter | None
     out: list[Delivery] = field(default_factory=list)
+    _random: bytes = b""
+    _used: int = 0
+
+    def nonce(self) -> int:
+        """A fresh 48-bit nonce. The random bytes of the whole pass are drawn at once: a draw is a
+        system call, which cost a third of a receive's own time when made per message."""
+        if self._used == len(self._random):
+            self._random, self._used = secrets.token_bytes(NONCE_BYTES * self.batch_size), 0
+        start, self._used = self._used, self._used + NONCE_BYTES
+        return int.from_bytes(self._random[start : self._used])
