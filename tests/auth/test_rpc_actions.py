@@ -34,6 +34,15 @@ REQUESTS = {
     "QueryAssignment": (pb.QueryAssignmentRequest(group=GROUP, topic=TOPIC), SUB),
     "UpdateOffset": (pb.UpdateOffsetRequest(group=GROUP, message_queue=QUEUE), SUB),
     "UpdateOffsets": (batch_pb.UpdateOffsetsRequest(group=GROUP, topic=TOPIC), SUB),
+    "AckAndReceive": (
+        batch_pb.AckAndReceiveRequest(
+            ack=pb.AckMessageRequest(
+                group=pb.Resource(name="h"), topic=pb.Resource(name="Old"), entries=[pb.AckMessageEntry()]
+            ),
+            receive=pb.ReceiveMessageRequest(group=GROUP, message_queue=QUEUE),
+        ),
+        SUB | {("Topic:Old", Action.SUB), ("Group:h", Action.SUB)},
+    ),
     "GetOffset": (pb.GetOffsetRequest(group=GROUP, message_queue=QUEUE), SUB),
     "QueryOffset": (pb.QueryOffsetRequest(message_queue=QUEUE), {("Topic:Orders", Action.SUB)}),
     "Heartbeat": (pb.HeartbeatRequest(group=GROUP), {("Group:g", Action.SUB)}),
@@ -85,3 +94,11 @@ def test_a_route_lookup_needs_any_of_pub_sub_get() -> None:
     assert (
         ACTIONS["Heartbeat"] is not None and ACTIONS["Heartbeat"](pb.HeartbeatRequest()) == ()
     )  # a producer
+
+
+def test_an_ack_and_receive_without_acks_needs_only_the_receive() -> None:
+    need = ACTIONS["AckAndReceive"]
+    request = batch_pb.AckAndReceiveRequest(
+        receive=pb.ReceiveMessageRequest(group=GROUP, message_queue=QUEUE)
+    )
+    assert need is not None and set(need(request)) == SUB

@@ -11,6 +11,7 @@ import pytest
 
 from siftmq.client import FilterExpression, Producer, SimpleConsumer
 from siftmq.errors import RemoteForbidden
+from siftmq.protocol import rocketmq_v2_pb2 as pb
 
 pytestmark = pytest.mark.integration
 
@@ -102,4 +103,39 @@ def test_receive_needs_the_group_too(broker: Any, group: str, allowed: bool) -> 
         assert asyncio.run(go()) >= 1
     else:
         with pytest.raises(RemoteForbidden, match=f"may not Sub Group:{group}"):
+            asyncio.run(go())
+
+
+@pytest.mark.parametrize(("ack_group", "allowed"), [("team-a", True), ("other", False)])
+def test_ack_and_receive_checks_the_acks_group_too(broker: Any, ack_group: str, allowed: bool) -> None:
+    """AckAndReceive needs Sub on the acknowledgements' group as well as on the receive's."""
+
+    async def go() -> int:
+        async with Producer(broker.endpoint, **creds("prefix")) as producer:
+            await producer.send_many([producer.message("orders-eu", b"x", tag="t") for _ in range(2)])
+        async with SimpleConsumer(
+            broker.endpoint,
+            "team-a",
+            {"orders-eu": FilterExpression.tag("*")},
+            await_duration=1,
+            **creds("prefix"),
+        ) as consumer:
+            first = await consumer.receive(1, 30)
+            ack = consumer._ack_request("orders-eu", first)
+            ack.group.name = ack_group
+            request = pb.ReceiveMessageRequest(
+                group=pb.Resource(name="team-a"),
+                message_queue=pb.MessageQueue(topic=pb.Resource(name="orders-eu"), id=-1),
+                filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                batch_size=16,
+            )
+            request.invisible_duration.FromSeconds(30)
+            both = await consumer.connection.ack_and_receive(ack, request, timeout=10)
+            assert both is not None
+            return len(both[1].messages)
+
+    if allowed:
+        assert asyncio.run(go()) >= 1
+    else:
+        with pytest.raises(RemoteForbidden, match="may not Sub Group:other"):
             asyncio.run(go())

@@ -211,6 +211,22 @@ class Connection:
             return Answer(batch.status, messages)
         return _answer_of(await self.stream("ReceiveMessage", request, timeout=timeout))
 
+    async def ack_and_receive(
+        self, ack: pb.AckMessageRequest, receive: pb.ReceiveMessageRequest, *, timeout: float
+    ) -> tuple[pb.AckMessageResponse, Answer] | None:
+        """AckMessage and then ReceiveMessage in one call through siftmq's extension; None when the
+        broker does not offer it (the caller then makes the two calls)."""
+        answer = await self._batch(
+            "AckAndReceive", batch_pb.AckAndReceiveRequest(ack=ack, receive=receive), timeout
+        )
+        if answer is None:
+            return None
+        if not answer.HasField("ack"):  # refused as a whole (authorization, a malformed request)
+            check("AckAndReceive", answer.status)
+        topic = receive.message_queue.topic.name
+        messages = _from_columns("AckAndReceive", topic, answer.receive.messages)
+        return answer.ack, Answer(answer.receive.status, messages)
+
     async def update_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> list[int] | None:
         """Commit ``offsets`` (queue id -> offset) in one call through siftmq's extension; the queues
         the client owns now, or None when the broker does not offer the call."""

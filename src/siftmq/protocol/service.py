@@ -72,7 +72,8 @@ RPCS: Final[tuple[Rpc, ...]] = (
 )
 
 #: siftmq's extension: the requests of PullMessage and ReceiveMessage, every message in one answer;
-#: and SendMessage's messages sent column by column.
+#: SendMessage's messages sent column by column; a pull consumer's commit of many queues; and a
+#: simple consumer's acknowledgements with its next receive.
 BATCH_RPCS: Final[tuple[Rpc, ...]] = (
     Rpc("PullMessages", "unary_unary", pb.PullMessageRequest, batch_pb.PullBatchResponse, BATCH_SERVICE_NAME),
     Rpc(
@@ -94,6 +95,13 @@ BATCH_RPCS: Final[tuple[Rpc, ...]] = (
         "unary_unary",
         batch_pb.UpdateOffsetsRequest,
         batch_pb.UpdateOffsetsResponse,
+        BATCH_SERVICE_NAME,
+    ),
+    Rpc(
+        "AckAndReceive",
+        "unary_unary",
+        batch_pb.AckAndReceiveRequest,
+        batch_pb.AckAndReceiveResponse,
         BATCH_SERVICE_NAME,
     ),
 )

@@ -115,3 +115,21 @@ class UpdateOffsetsResponse(_message.Message):
     status: _rocketmq_v2_pb2.Status
     assigned_queue_id: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., assigned_queue_id: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AckAndReceiveRequest(_message.Message):
+    __slots__ = ("ack", "receive")
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_FIELD_NUMBER: _ClassVar[int]
+    ack: _rocketmq_v2_pb2.AckMessageRequest
+    receive: _rocketmq_v2_pb2.ReceiveMessageRequest
+    def __init__(self, ack: _Optional[_Union[_rocketmq_v2_pb2.AckMessageRequest, _Mapping]] = ..., receive: _Optional[_Union[_rocketmq_v2_pb2.ReceiveMessageRequest, _Mapping]] = ...) -> None: ...
+
+class AckAndReceiveResponse(_message.Message):
+    __slots__ = ("status", "ack", "receive")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_FIELD_NUMBER: _ClassVar[int]
+    status: _rocketmq_v2_pb2.Status
+    ack: _rocketmq_v2_pb2.AckMessageResponse
+    receive: ReceiveBatchResponse
+    def __init__(self, status: _Optional[_Union[_rocketmq_v2_pb2.Status, _Mapping]] = ..., ack: _Optional[_Union[_rocketmq_v2_pb2.AckMessageResponse, _Mapping]] = ..., receive: _Optional[_Union[ReceiveBatchResponse, _Mapping]] = ...) -> None: ...

@@ -58,6 +58,14 @@ def _heartbeat(request: Any) -> Need:
     return ((_group(request.group), Action.SUB),) if request.group.name else ()
 
 
+def _ack_and_receive(request: Any) -> Need:
+    """What AckMessage and ReceiveMessages need (an ack without entries names nothing)."""
+    receive = _sub(request.receive, request.receive.message_queue.topic)
+    if not request.ack.entries:
+        return receive
+    return tuple(dict.fromkeys(_sub(request.ack, request.ack.topic) + receive))
+
+
 def _telemetry(command: Any) -> Need:
     """A Telemetry stream's settings: a producer's topics need Pub, a consumer's group and topics
     Sub (as RocketMQ 5.3 checks them); its other commands need nothing."""
@@ -81,6 +89,7 @@ ACTIONS: Final[dict[str, Callable[[Any], Need] | None]] = {
     "SendMessages": lambda r: ((_topic(r.topic), Action.PUB),),
     "ReceiveMessage": lambda r: _sub(r, r.message_queue.topic),
     "ReceiveMessages": lambda r: _sub(r, r.message_queue.topic),
+    "AckAndReceive": _ack_and_receive,
     "PullMessage": lambda r: _sub(r, r.message_queue.topic),
     "PullMessages": lambda r: _sub(r, r.message_queue.topic),
     "AckMessage": lambda r: _sub(r, r.topic),
@@ -101,6 +110,7 @@ _ROUTE_ACTIONS: Final = (Action.PUB, Action.SUB, Action.GET)
 CREATES: Final = frozenset({
     "QueryRoute", "SendMessage", "SendMessages", "ReceiveMessage", "ReceiveMessages", "PullMessage",
     "PullMessages", "QueryAssignment", "UpdateOffset", "UpdateOffsets", "GetOffset", "QueryOffset",
+    "AckAndReceive",
 })  # fmt: skip
 _DLQ: Final = "Topic:%DLQ%"
 

@@ -389,6 +389,25 @@ class MessagingService:
             delivery_timestamp=_now(),
         )
 
+    @answering(batch_pb.AckAndReceiveResponse)
+    async def AckAndReceive(
+        self, request: batch_pb.AckAndReceiveRequest, context: Any
+    ) -> batch_pb.AckAndReceiveResponse:
+        """siftmq's batch extension: AckMessage, then ReceiveMessages when every ack succeeded."""
+        if request.ack.entries:
+            acked = await self.AckMessage(request.ack, context)
+            if acked.status.code != pb.Code.OK:
+                skipped = status(
+                    StatusCode.BAD_REQUEST, "nothing received: an acknowledgement failed (see ack)"
+                )
+                return batch_pb.AckAndReceiveResponse(
+                    status=acked.status, ack=acked, receive=batch_pb.ReceiveBatchResponse(status=skipped)
+                )
+        else:
+            acked = pb.AckMessageResponse(status=ok())
+        received = await self.ReceiveMessages(request.receive, context)
+        return batch_pb.AckAndReceiveResponse(status=received.status, ack=acked, receive=received)
+
     async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.topic)
