@@ -7,8 +7,8 @@ temporary directory; every row reports msg/s and the server's CPU per message.
 * **publish with acks**: ``--messages`` × 1 KiB. siftmq: ``Producer.send_many`` of 256, four requests
   in flight. NATS: JetStream ``publish`` (each acknowledged by the server), 256 in flight.
 * **10% filtered consume with acks**: the stream holds the messages of the publish row, every tenth
-  selected (TAG ``Sel`` / subject ``bench.sel``). siftmq: ``SimpleConsumer.receive(64)`` +
-  ``ack_many``, each batch's acks confirmed while the next is received; NATS: a pull consumer
+  selected (TAG ``Sel`` / subject ``bench.sel``). siftmq: ``SimpleConsumer.receive(64, ack=batch)``,
+  each batch acknowledged (and confirmed) in the call that receives the next; NATS: a pull consumer
   filtered on ``bench.sel``, ``fetch(64)`` and an ``ack()`` per message (sent, not confirmed).
 * **single publish**: the official ``rocketmq-python-client`` (8 threads, one message per call)
   against nats-py awaiting each acknowledged publish (8 concurrent tasks).
@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from siftmq.client import FilterExpression, Producer, SimpleConsumer
+from siftmq.client import FilterExpression, Producer, ReceivedMessage, SimpleConsumer
 from siftmq.testing import running_broker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -69,22 +69,17 @@ async def siftmq_publish(endpoint: str, topic: str, total: int) -> int:
 
 
 async def siftmq_consume(endpoint: str, topic: str, group: str, expected: int) -> int:
-    """receive(64) + ack_many, a batch's acks confirmed while the next batch is received (nats-py's
-    ``ack()`` is not confirmed at all); every ack is confirmed before the row ends."""
+    """receive(64) with the last batch's acknowledgements riding along (one AckAndReceive call per
+    batch, every ack confirmed; nats-py's ``ack()`` is not confirmed at all)."""
     got = 0
-    acking: asyncio.Future[None] | None = None
+    batch: list[ReceivedMessage] = []
     async with SimpleConsumer(endpoint, group, {topic: FilterExpression.tag("Sel")}, await_duration=1) as c:
         while got < expected:
-            msgs = await c.receive(64, 60)
-            if acking is not None:
-                await acking
-                acking = None
-            if not msgs:
+            batch = await c.receive(64, 60, ack=batch)
+            if not batch:
                 break
-            acking = asyncio.ensure_future(c.ack_many(msgs))
-            got += len(msgs)
-        if acking is not None:
-            await acking
+            got += len(batch)
+        await c.ack_many(batch)
     return got
 
 

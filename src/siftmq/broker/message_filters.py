@@ -28,6 +28,9 @@ from siftmq.filter.registrations import bitmap_covers, bitmap_trusted
 from siftmq.filter.tags import TagFilter
 from siftmq.store import CqExtBlock, CqExtUnit
 
+#: Up to this many tag codes a block is matched by comparing with each; beyond, with ``np.isin``.
+FEW_CODES = 4
+
 
 class TagMessageFilter:
     """TAG subscription ``A||B`` (``*`` is represented by no filter at all)."""
@@ -48,7 +51,15 @@ class TagMessageFilter:
     def match_consume_queue_block(
         self, tags_codes: npt.NDArray[np.int64], ext: CqExtBlock | None
     ) -> npt.NDArray[np.bool_]:
-        mask = np.isin(tags_codes, self._codes)
+        codes = self._codes
+        if not len(codes):
+            mask = np.zeros(len(tags_codes), dtype=np.bool_)
+        elif len(codes) <= FEW_CODES:  # comparisons: np.isin costs ~10 us a call before any work
+            mask = tags_codes == codes[0]
+            for code in codes[1:]:
+                mask |= tags_codes == code
+        else:
+            mask = np.isin(tags_codes, codes)
         self.stats.add(tags=int(len(mask) - np.count_nonzero(mask)))
         return mask
 
