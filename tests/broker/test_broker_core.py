@@ -560,7 +560,9 @@ _ACK_ITEM = st.one_of(
     st.tuples(st.just("msg"), st.integers(0, 5)),
     st.tuples(
         st.just("text"),
-        st.sampled_from(["", "garbage", "v1:0:0:zz:Orders", "v1:0:0:1:Other", "v1:3:0:1:Orders"]),
+        st.sampled_from(
+            ["", "garbage", "v1:0:0:zz:Orders", "v1:0:0:1:Other", "v1:3:0:1:Orders", "v1:9:0:1:Orders"]
+        ),
     ),
 )
 

@@ -55,14 +55,18 @@ class QueueProgress:
     def put(self, item: InFlight) -> None:
         self.inflight[item.queue_offset] = item
         heapq.heappush(self._due, (item.visible_at_ms, item.queue_offset, item.nonce))
-        if len(self._due) > 2 * len(self.inflight) + DUE_SLACK:
-            # acks leave their entries in the heap until they come due: without this it would hold
-            # every ack of the last invisible time (hours of them at the longest)
-            self._due = [(i.visible_at_ms, i.queue_offset, i.nonce) for i in self.inflight.values()]
-            heapq.heapify(self._due)
 
     def pop_due(self, now_ms: int, limit: int) -> Iterator[InFlight]:
-        """In-flight messages whose invisible time is over (at most ``limit``), oldest first."""
+        """In-flight messages whose invisible time is over (at most ``limit``), oldest first.
+
+        The caller puts back (or removes) every message taken before it lets go of ``lock``.
+        """
+        if len(self._due) > 2 * len(self.inflight) + DUE_SLACK:
+            # acks leave their entries in the heap until they come due: without this it would hold
+            # every ack of the last invisible time (hours of them at the longest). Only here, where
+            # nothing taken is outstanding: rebuilt later, it would bring back what a pass took.
+            self._due = [(i.visible_at_ms, i.queue_offset, i.nonce) for i in self.inflight.values()]
+            heapq.heapify(self._due)
         taken = 0
         while self._due and taken < limit and self._due[0][0] <= now_ms:
             _, offset, nonce = heapq.heappop(self._due)

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import grpc
 
@@ -23,6 +23,9 @@ from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.protocol.service import BATCH_RPCS, RPCS, Rpc
 
 _RPC = {r.name: r for r in (*RPCS, *BATCH_RPCS)}
+#: Batch calls a broker serving the extension may lack (an older siftmq): their UNIMPLEMENTED says
+#: nothing about the extension's other calls.
+_LATER_BATCH_CALLS: Final = frozenset({"AckAndReceive"})
 _SUCCESS = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 # enum attribute lookups go through a slow Python wrapper: resolve the per-message ones once
 _IDENTITY = pb.Encoding.IDENTITY
@@ -165,7 +168,7 @@ class Connection:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self._unimplemented.add(name)
-                if self.batch_extension is None:
+                if self.batch_extension is None and name not in _LATER_BATCH_CALLS:
                     self.batch_extension = False
                 return None
             raise _transport_error(name, exc) from exc
