@@ -184,7 +184,10 @@ class SimpleConsumer(_Consumer):
             check("ReceiveMessage", answer.status)
         out, dropped = self._accept(topic, answer.messages)
         if dropped:
-            await self.ack_many(dropped)
+            try:
+                await self.ack_many(dropped)
+            except RemoteError as exc:  # they come again and are dropped again; ``out`` is not lost
+                _log.warning("messages this client's filter dropped were not acknowledged: %s", exc)
         return out
 
     async def ack(self, message: ReceivedMessage) -> None:
