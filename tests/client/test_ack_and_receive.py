@@ -31,18 +31,23 @@ def _counting(consumer: SimpleConsumer) -> list[str]:
     return calls
 
 
+async def _consumer(endpoint: str, topic: str, count: int, *, extension: bool) -> SimpleConsumer:
+    """A consumer (to enter) of ``topic`` (group: the topic's name), after ``count`` messages were sent
+    to it (bodies "0", "1", ...); ``extension=False`` as against a broker without siftmq's extension."""
+    async with Producer(endpoint) as producer:
+        await producer.send_many([producer.message(topic, f"{i}".encode()) for i in range(count)])
+    consumer = SimpleConsumer(endpoint, topic.lower(), {topic: FilterExpression.tag()}, await_duration=0.3)
+    if not extension:
+        consumer.connection.batch_extension = False
+    return consumer
+
+
 @pytest.mark.parametrize("extension", [True, False])
 def test_acks_ride_along_with_the_next_receive(start_broker: Any, extension: bool) -> None:
     broker = start_broker(config=FAST)
 
     async def scenario() -> None:
-        async with Producer(broker.endpoint) as producer:
-            await producer.send_many([producer.message("AlongTopic", f"{i}".encode()) for i in range(100)])
-        async with SimpleConsumer(
-            broker.endpoint, "along", {"AlongTopic": FilterExpression.tag()}, await_duration=0.3
-        ) as c:
-            if not extension:
-                c.connection.batch_extension = False
+        async with await _consumer(broker.endpoint, "AlongTopic", 100, extension=extension) as c:
             calls = _counting(c)
             seen: list[str] = []
             batch: list[ReceivedMessage] = []
@@ -69,13 +74,7 @@ def test_a_failed_acknowledgement_receives_nothing(start_broker: Any, extension:
     broker = start_broker(config=FAST)
 
     async def scenario() -> None:
-        async with Producer(broker.endpoint) as producer:
-            await producer.send_many([producer.message("FailTopic", f"{i}".encode()) for i in range(20)])
-        async with SimpleConsumer(
-            broker.endpoint, "fail", {"FailTopic": FilterExpression.tag()}, await_duration=0.3
-        ) as c:
-            if not extension:
-                c.connection.batch_extension = False
+        async with await _consumer(broker.endpoint, "FailTopic", 20, extension=extension) as c:
             first = await c.receive(10, 30)
             assert len(first) == 10
             await c.ack_many(first)
