@@ -29,10 +29,11 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-## test: lint, then the whole test suite, then the official client's and security's modules again through
+## test: lint, then the whole test suite, then the official client's, security's and AckAndReceive's modules again through
 ## two gRPC front-end processes (--workers 2; the suite's brokers serve gRPC in one process)
 FRONT_END_TESTS = tests/broker/test_official_client.py tests/security/test_auth_official_client.py \
-	tests/security/test_tls_and_protected_mode.py tests/security/test_telemetry_auth.py
+	tests/security/test_tls_and_protected_mode.py tests/security/test_telemetry_auth.py \
+	tests/client/test_ack_and_receive.py
 test: lint
 	$(BIN)/pytest -n 2 -q
 	SIFTMQ_TEST_WORKERS=2 $(BIN)/pytest -n 2 -q -p no:randomly $(FRONT_END_TESTS)
