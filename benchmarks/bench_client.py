@@ -4,8 +4,9 @@
   with four requests in flight, and ``send`` one message at a time;
 * filtered consume, 10% selective (tag ``Sel`` and property ``sel=1`` on every tenth message):
   ``PullConsumer.poll`` with TAG ``Sel`` and with SQL92 ``sel = 1``, and ``SimpleConsumer.receive`` +
-  ``ack_many`` with TAG ``Sel``. The consumers subscribe before the sends and the sends start once the
-  broker trusts the SQL92 subscription's bloom bits (``REGISTRATION_MARGIN_MS`` later);
+  ``ack_many`` and ``receive(ack=last batch)`` (one AckAndReceive call per batch) with TAG ``Sel``.
+  The consumers subscribe before the sends and the sends start once the broker trusts the SQL92
+  subscription's bloom bits (``REGISTRATION_MARGIN_MS`` later);
 * the official ``rocketmq-python-client`` against the same broker: send from 8 threads, and a TAG
   ``Sel`` SimpleConsumer acking each message (``--official 0`` skips it).
 
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from siftmq.client import FilterExpression, OutgoingMessage, Producer, PullConsumer, SimpleConsumer
 from siftmq.filter.registrations import REGISTRATION_MARGIN_MS
@@ -143,6 +145,9 @@ def consumers(endpoint: str) -> dict[str, PullConsumer | SimpleConsumer]:
         "SimpleConsumer.receive(64) + ack_many, TAG Sel": SimpleConsumer(
             endpoint, "bench-simple", {TOPIC: FilterExpression.tag("Sel")}, await_duration=1
         ),
+        "SimpleConsumer.receive(64, ack=last batch), TAG Sel": SimpleConsumer(
+            endpoint, "bench-simple-along", {TOPIC: FilterExpression.tag("Sel")}, await_duration=1
+        ),
     }
 
 
@@ -163,11 +168,14 @@ async def consume_cases(meter: Meter, started: dict[str, PullConsumer | SimpleCo
 
         async def drain(consumer: PullConsumer | SimpleConsumer = consumer) -> tuple[int, str]:
             got = 0
+            msgs: list[Any] = []
             while got < expected:
                 if isinstance(consumer, PullConsumer):
                     msgs = await consumer.poll(512, timeout=1.0)
                     if "commit" in consumer.group:
                         await consumer.commit()
+                elif consumer.group.endswith("along"):  # acks in the call that receives the next
+                    msgs = await consumer.receive(64, 60, ack=msgs)
                 else:
                     msgs = await consumer.receive(64, 60)
                     if msgs:
@@ -175,6 +183,8 @@ async def consume_cases(meter: Meter, started: dict[str, PullConsumer | SimpleCo
                 if not msgs:
                     break
                 got += len(msgs)
+            if isinstance(consumer, SimpleConsumer) and consumer.group.endswith("along") and msgs:
+                await consumer.ack_many(msgs)
             return got, f" matched ({got:,} of {expected:,}; {stored:,} entries)"
 
         try:
