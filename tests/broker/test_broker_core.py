@@ -583,7 +583,7 @@ def test_ack_many_answers_as_acks_one_by_one(
     for i in range(len(roles)):
         send(broker, tag, i=str(i))
     outcomes = {}
-    for side in ("one", "many"):
+    for side in ("one", "many", "try"):
         group = f"g{side}{n}"
         handles: dict[int, str] = {}
         for d in broker.receive(group, tag_sub(tag), batch_size=32, invisible_ms=600_000):
@@ -605,10 +605,10 @@ def test_ack_many_answers_as_acks_one_by_one(
                 except BadRequestError as exc:
                     got.append(exc.status + ": " + exc.message)
         else:
-            got = [
-                None if e is None else e.status + ": " + e.message
-                for e in broker.ack_many(group, TOPIC, texts)
-            ]
+            ack = broker.ack_many if side == "many" else broker.try_ack_many
+            errors = ack(group, TOPIC, texts)
+            assert errors is not None  # no lock is held elsewhere
+            got = [None if e is None else e.status + ": " + e.message for e in errors]
         in_flight = {
             (qid, offset)
             for qid in range(4)
@@ -616,7 +616,25 @@ def test_ack_many_answers_as_acks_one_by_one(
             for offset in prog.inflight
         }
         outcomes[side] = ([g and g.replace(group, "G") for g in got], in_flight)
-    assert outcomes["one"] == outcomes["many"]
+    assert outcomes["one"] == outcomes["many"] == outcomes["try"]
+
+
+def test_try_ack_many_does_nothing_while_a_queue_is_read(broker: Broker) -> None:
+    """try_ack_many (the event loop's) never waits: with one of the queues' locks held elsewhere it
+    acknowledges nothing, not even on the other queues, and answers None."""
+    for i in range(8):
+        send(broker, "L", i=str(i))
+    handles = [
+        d.receipt_handle for d in broker.receive("g-lock", tag_sub("L"), batch_size=8, invisible_ms=60_000)
+    ]
+    queues = sorted({ReceiptHandle.decode(h).queue_id for h in handles})
+    assert len(queues) > 1
+    busy = broker.consumers.get(("g-lock", TOPIC, queues[-1]))
+    assert busy is not None
+    with busy.lock:  # a receive reading that queue
+        assert broker.try_ack_many("g-lock", TOPIC, handles) is None
+    assert broker.try_ack_many("g-lock", TOPIC, handles) == [None] * 8  # all were still in flight
+    assert broker.receive("g-lock", tag_sub("L"), batch_size=8, invisible_ms=60_000) == []
 
 
 def test_ack_many_with_an_illegal_group_fails_every_entry(broker: Broker) -> None:

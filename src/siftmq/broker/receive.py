@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -40,6 +41,16 @@ _log = logging.getLogger(__name__)
 DLQ_RETRY_MS: Final = 1000
 #: A receipt handle's nonce: 48 random bits.
 NONCE_BYTES: Final = 6
+
+
+def _take_all(locks: Sequence[threading.Lock]) -> bool:
+    """Acquire every lock without waiting, or none of them (False)."""
+    for n, lock in enumerate(locks):
+        if not lock.acquire(blocking=False):
+            for taken in locks[:n]:
+                taken.release()
+            return False
+    return True
 
 
 def _handle_problem(item: InFlight | None, handle: ReceiptHandle, now_ms: int) -> BadRequestError | None:
@@ -310,6 +321,20 @@ class Receiving(Subscribing):
     ) -> list[BadRequestError | None]:
         """Acknowledge many deliveries: one outcome per handle, in order (None: acknowledged), as
         :meth:`ack` one by one would give; each queue's lock is taken once for all its handles."""
+        outcomes = self._ack_many(group, topic, handle_texts, client_id, wait=True)
+        assert outcomes is not None
+        return outcomes
+
+    def try_ack_many(
+        self, group: str, topic: str, handle_texts: Sequence[str], *, client_id: str = ""
+    ) -> list[BadRequestError | None] | None:
+        """:meth:`ack_many` that never waits for a lock, so an event loop may call it: when a queue's
+        lock is held elsewhere (a receive reading that queue) it acknowledges nothing: None."""
+        return self._ack_many(group, topic, handle_texts, client_id, wait=False)
+
+    def _ack_many(
+        self, group: str, topic: str, handle_texts: Sequence[str], client_id: str, *, wait: bool
+    ) -> list[BadRequestError | None] | None:
         try:
             check_group(group)
         except BadRequestError as exc:
@@ -324,9 +349,13 @@ class Receiving(Subscribing):
                 outcomes[n] = exc
                 continue
             by_queue.setdefault(handle.queue_id, (prog, []))[1].append((n, handle))
+        if not wait and not _take_all([prog.lock for prog, _ in by_queue.values()]):
+            return None
         acked = 0
         for prog, handles in by_queue.values():
-            with prog.lock:
+            if wait:
+                prog.lock.acquire()
+            try:
                 now = _now_ms()
                 for n, handle in handles:
                     item = prog.inflight.get(handle.queue_offset)
@@ -334,6 +363,8 @@ class Receiving(Subscribing):
                     if problem is None:
                         del prog.inflight[handle.queue_offset]
                         acked += 1
+            finally:
+                prog.lock.release()
         if acked:
             self.consumers.mark_dirty()
             self.stats.count(self.stats.acks, (group, topic), acked)

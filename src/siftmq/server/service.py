@@ -413,16 +413,25 @@ class MessagingService:
         topic = convert.topic_name(request.topic)
         client_id = _client_id(context)
 
-        def ack_all() -> list[pb.Status | None]:  # every entry in one worker-thread hop; None: acked
-            handles = [entry.receipt_handle for entry in request.entries]
+        handles = [entry.receipt_handle for entry in request.entries]
+
+        def ack_all(wait: bool) -> list[pb.Status | None] | None:  # None (an entry's): acked
+            ack = self.broker.ack_many if wait else self.broker.try_ack_many
             try:
-                outcomes = self.broker.ack_many(group, topic, handles, client_id=client_id)
+                outcomes = ack(group, topic, handles, client_id=client_id)
             except Exception as exc:
                 failed = status_of(exc, call="AckMessage")
                 return [failed] * len(handles)
+            if outcomes is None:
+                return None
             return [None if e is None else status_of(e, call="AckMessage") for e in outcomes]
 
-        errors = await self._acks.run(ack_all)  # with the other acks of this loop turn
+        # On the event loop while no receive holds the queues' locks (a hop to a thread and back
+        # costs ~75 us of CPU, more than most acks); else in one hop with the other acks of this turn
+        errors = ack_all(False)
+        if errors is None:
+            errors = await self._acks.run(functools.partial(ack_all, True))
+        assert errors is not None
         # entries as dicts (protobuf builds them in C): this runs once per acknowledged message
         entries = [
             {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": err or OK_FIELDS}
