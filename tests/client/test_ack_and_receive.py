@@ -12,6 +12,7 @@ import pytest
 
 from siftmq.client import FilterExpression, Producer, ReceivedMessage, SimpleConsumer
 from siftmq.errors import RemoteError
+from siftmq.protocol.service import MAX_ACK_ENTRIES
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,9 @@ async def _consumer(endpoint: str, topic: str, count: int, *, extension: bool) -
     """A consumer (to enter) of ``topic`` (group: the topic's name), after ``count`` messages were sent
     to it (bodies "0", "1", ...); ``extension=False`` as against a broker without siftmq's extension."""
     async with Producer(endpoint) as producer:
-        await producer.send_many([producer.message(topic, f"{i}".encode()) for i in range(count)])
+        for first in range(0, count, 256):
+            last = min(first + 256, count)
+            await producer.send_many([producer.message(topic, f"{i}".encode()) for i in range(first, last)])
     consumer = SimpleConsumer(endpoint, topic.lower(), {topic: FilterExpression.tag()}, await_duration=0.3)
     if not extension:
         consumer.connection.batch_extension = False
@@ -140,5 +143,28 @@ def test_a_broker_without_the_call_keeps_the_rest_of_the_extension(start_broker:
             assert calls == ["AckAndReceive", "AckMessage", "ReceiveMessages"]
             await c.receive(16, 30, ack=rest)
             assert calls[3:] == ["AckMessage", "ReceiveMessages"]  # remembered: not asked again
+
+    asyncio.run(scenario())
+
+
+def test_acks_are_bounded_per_request_and_the_client_splits_them(start_broker: Any) -> None:
+    """A broker takes at most MAX_ACK_ENTRIES acks in one request (more: BAD_REQUEST, none made);
+    ack_many and receive(ack=...) split a larger set into requests it takes."""
+    broker = start_broker(config=FAST)
+    total = MAX_ACK_ENTRIES + 76
+
+    async def scenario() -> None:
+        async with await _consumer(broker.endpoint, "ManyTopic", total, extension=True) as c:
+            got: list[ReceivedMessage] = []
+            while batch := await c.receive(64, INVISIBLE_S * 3):
+                got += batch
+            assert len(got) == total
+            with pytest.raises(RemoteError) as refused:
+                await c.connection.unary("AckMessage", c._ack_request("ManyTopic", got))
+            assert refused.value.status == "BAD_REQUEST"
+            assert f"at most {MAX_ACK_ENTRIES}" in str(refused.value)
+            assert await c.receive(64, INVISIBLE_S, ack=got) == []  # too many to ride along: two requests
+            await asyncio.sleep(INVISIBLE_S * 3 + 0.3)  # what was not acknowledged is visible again
+            assert await c.receive(64, INVISIBLE_S) == []
 
     asyncio.run(scenario())

@@ -21,6 +21,7 @@ from siftmq.client.connection import Connection, check
 from siftmq.client.model import FilterExpression, ReceivedMessage
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol.service import MAX_ACK_ENTRIES
 
 _log = logging.getLogger(__name__)
 HEARTBEAT_S = 10.0
@@ -171,6 +172,9 @@ class SimpleConsumer(_Consumer):
         if len(along) < len(ack):
             await self.ack_many([m for m in ack if m.topic != topic])
         both = None
+        if len(along) > MAX_ACK_ENTRIES:  # more than one request takes
+            await self.ack_many(along)
+            along = []
         if along:
             both = await self.connection.ack_and_receive(
                 self._ack_request(topic, along), request, timeout=timeout
@@ -199,8 +203,10 @@ class SimpleConsumer(_Consumer):
         for m in messages:
             by_topic.setdefault(m.topic, []).append(m)
         for topic, group in by_topic.items():
-            response = await self.connection.unary("AckMessage", self._ack_request(topic, group))
-            self._check_acked(response, len(group))
+            for at in range(0, len(group), MAX_ACK_ENTRIES):
+                part = group[at : at + MAX_ACK_ENTRIES]
+                response = await self.connection.unary("AckMessage", self._ack_request(topic, part))
+                self._check_acked(response, len(part))
 
     def _ack_request(self, topic: str, messages: Sequence[ReceivedMessage]) -> pb.AckMessageRequest:
         return pb.AckMessageRequest(

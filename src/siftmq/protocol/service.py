@@ -18,6 +18,9 @@ from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 
 SERVICE_NAME: Final = "apache.rocketmq.v2.MessagingService"
+#: Entries of one AckMessage (also the ack of an AckAndReceive) a siftmq broker takes: acks are
+#: made on the event loop when they can be, so their count is bounded like every other input.
+MAX_ACK_ENTRIES: Final = 1024
 BATCH_SERVICE_NAME: Final = "siftmq.v2.BatchMessagingService"
 
 Shape = Literal["unary_unary", "unary_stream", "stream_stream"]

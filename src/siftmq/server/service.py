@@ -29,6 +29,7 @@ from siftmq.broker.send import MAX_BATCH_MESSAGES
 from siftmq.errors import BadRequestError, StatusCode
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb
+from siftmq.protocol.service import MAX_ACK_ENTRIES
 from siftmq.server import convert
 from siftmq.server.status import OK_FIELDS, ok, status, status_of
 from siftmq.store import StoredMessage
@@ -413,6 +414,13 @@ class MessagingService:
         topic = convert.topic_name(request.topic)
         client_id = _client_id(context)
 
+        if len(request.entries) > MAX_ACK_ENTRIES:
+            return pb.AckMessageResponse(
+                status=status(
+                    StatusCode.BAD_REQUEST,
+                    f"AckMessage has {len(request.entries)} entries; at most {MAX_ACK_ENTRIES} are taken",
+                )
+            )
         handles = [entry.receipt_handle for entry in request.entries]
 
         def ack_all(wait: bool) -> list[pb.Status | None] | None:  # None (an entry's): acked
