@@ -43,6 +43,21 @@ DLQ_RETRY_MS: Final = 1000
 NONCE_BYTES: Final = 6
 
 
+def _ack_queue(
+    prog: QueueProgress, handles: list[tuple[int, ReceiptHandle]], outcomes: list[BadRequestError | None]
+) -> int:
+    """Acknowledge the handles (entry n, handle) of one queue, its lock held; how many were."""
+    acked = 0
+    now = _now_ms()
+    for n, handle in handles:
+        item = prog.inflight.get(handle.queue_offset)
+        outcomes[n] = problem = _handle_problem(item, handle, now)
+        if problem is None:
+            del prog.inflight[handle.queue_offset]
+            acked += 1
+    return acked
+
+
 def _take_all(locks: Sequence[threading.Lock]) -> bool:
     """Acquire every lock without waiting, or none of them (False)."""
     for n, lock in enumerate(locks):
@@ -349,22 +364,21 @@ class Receiving(Subscribing):
                 outcomes[n] = exc
                 continue
             by_queue.setdefault(handle.queue_id, (prog, []))[1].append((n, handle))
-        if not wait and not _take_all([prog.lock for prog, _ in by_queue.values()]):
-            return None
         acked = 0
-        for prog, handles in by_queue.values():
-            if wait:
-                prog.lock.acquire()
+        if wait:
+            for prog, handles in by_queue.values():
+                with prog.lock:
+                    acked += _ack_queue(prog, handles, outcomes)
+        else:
+            locks = [prog.lock for prog, _ in by_queue.values()]
+            if not _take_all(locks):
+                return None
             try:
-                now = _now_ms()
-                for n, handle in handles:
-                    item = prog.inflight.get(handle.queue_offset)
-                    outcomes[n] = problem = _handle_problem(item, handle, now)
-                    if problem is None:
-                        del prog.inflight[handle.queue_offset]
-                        acked += 1
+                for prog, handles in by_queue.values():
+                    acked += _ack_queue(prog, handles, outcomes)
             finally:
-                prog.lock.release()
+                for lock in locks:
+                    lock.release()
         if acked:
             self.consumers.mark_dirty()
             self.stats.count(self.stats.acks, (group, topic), acked)
