@@ -149,9 +149,10 @@ def test_a_broker_without_the_call_keeps_the_rest_of_the_extension(start_broker:
 
 def test_acks_are_bounded_per_request_and_the_client_splits_them(start_broker: Any) -> None:
     """A broker takes at most MAX_ACK_ENTRIES acks in one request (more: BAD_REQUEST, none made);
-    ack_many and receive(ack=...) split a larger set into requests it takes."""
+    ack_many and receive(ack=...) split a larger set into requests it takes, and an entry that
+    fails in one request keeps none of the others from being made."""
     broker = start_broker(config=FAST)
-    total = MAX_ACK_ENTRIES + 76
+    total = 2 * MAX_ACK_ENTRIES + 100
 
     async def scenario() -> None:
         async with await _consumer(broker.endpoint, "ManyTopic", total, extension=True) as c:
@@ -163,7 +164,13 @@ def test_acks_are_bounded_per_request_and_the_client_splits_them(start_broker: A
                 await c.connection.unary("AckMessage", c._ack_request("ManyTopic", got))
             assert refused.value.status == "BAD_REQUEST"
             assert f"at most {MAX_ACK_ENTRIES}" in str(refused.value)
-            assert await c.receive(64, INVISIBLE_S, ack=got) == []  # too many to ride along: two requests
+            await c.ack(got[0])
+            with pytest.raises(RemoteError) as one_failed:  # got[0] again, in the first of two requests
+                await c.ack_many(got[:1100])
+            assert "1 of 1100 acknowledgements failed" in str(one_failed.value)
+            rest = got[1100:]
+            assert len(rest) > MAX_ACK_ENTRIES
+            assert await c.receive(64, INVISIBLE_S, ack=rest) == []  # too many to ride along at once
             await asyncio.sleep(INVISIBLE_S * 3 + 0.3)  # what was not acknowledged is visible again
             assert await c.receive(64, INVISIBLE_S) == []
 

@@ -172,9 +172,9 @@ class SimpleConsumer(_Consumer):
         if len(along) < len(ack):
             await self.ack_many([m for m in ack if m.topic != topic])
         both = None
-        if len(along) > MAX_ACK_ENTRIES:  # more than one request takes
-            await self.ack_many(along)
-            along = []
+        if len(along) > MAX_ACK_ENTRIES:  # more than one request takes: the rest first
+            await self.ack_many(along[:-MAX_ACK_ENTRIES])
+            along = along[-MAX_ACK_ENTRIES:]
         if along:
             both = await self.connection.ack_and_receive(
                 self._ack_request(topic, along), request, timeout=timeout
@@ -198,15 +198,18 @@ class SimpleConsumer(_Consumer):
         await self.ack_many([message])
 
     async def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
-        """Acknowledge messages in one request per topic; raises if any entry failed."""
+        """Acknowledge messages in one request per topic (per 1,024 messages); raises, once every
+        request was made, if any entry failed."""
         by_topic: dict[str, list[ReceivedMessage]] = {}
         for m in messages:
             by_topic.setdefault(m.topic, []).append(m)
+        failed: list[pb.AckMessageResultEntry] = []
         for topic, group in by_topic.items():
             for at in range(0, len(group), MAX_ACK_ENTRIES):
                 part = group[at : at + MAX_ACK_ENTRIES]
                 response = await self.connection.unary("AckMessage", self._ack_request(topic, part))
-                self._check_acked(response, len(part))
+                failed += _failed_entries(response)
+        _raise_failed(failed, len(messages))
 
     def _ack_request(self, topic: str, messages: Sequence[ReceivedMessage]) -> pb.AckMessageRequest:
         return pb.AckMessageRequest(
@@ -220,12 +223,7 @@ class SimpleConsumer(_Consumer):
     @staticmethod
     def _check_acked(response: pb.AckMessageResponse, count: int) -> None:
         """Raise :class:`RemoteError` when any entry (or the whole request) failed."""
-        ok_code = pb.Code.OK
-        failed = [e for e in response.entries if e.status.code != ok_code]
-        if failed:  # MULTIPLE_RESULTS: some entries were acknowledged, these were not
-            first = failed[0]
-            text = f"{len(failed)} of {count} acknowledgements failed; {first.message_id}: "
-            check("AckMessage", pb.Status(code=first.status.code, message=text + first.status.message))
+        _raise_failed(_failed_entries(response), count)
         check("AckMessage", response.status)
 
     async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
@@ -619,3 +617,17 @@ class PullConsumer(_Consumer):
             else:
                 self._forget(qid)
                 del self._offsets[qid]  # rebalanced away: its new owner continues from the group's offset
+
+
+def _failed_entries(response: pb.AckMessageResponse) -> list[pb.AckMessageResultEntry]:
+    ok_code = pb.Code.OK
+    return [e for e in response.entries if e.status.code != ok_code]
+
+
+def _raise_failed(failed: Sequence[pb.AckMessageResultEntry], count: int) -> None:
+    """Raise :class:`RemoteError` naming the first of the acknowledgements that failed, if any (the
+    answer was MULTIPLE_RESULTS: the others were made)."""
+    if failed:
+        first = failed[0]
+        text = f"{len(failed)} of {count} acknowledgements failed; {first.message_id}: "
+        check("AckMessage", pb.Status(code=first.status.code, message=text + first.status.message))
