@@ -323,13 +323,9 @@ class Receiving(Subscribing):
 
     def ack(self, group: str, topic: str, handle_text: str, *, client_id: str = "") -> None:
         """Acknowledge one delivery (the message is done for the group)."""
-        prog, item = self._in_flight(group, topic, handle_text, client_id)
-        try:
-            del prog.inflight[item.queue_offset]
-            self.consumers.mark_dirty()
-        finally:
-            prog.lock.release()
-        self.stats.count(self.stats.acks, (group, topic))
+        [problem] = self.ack_many(group, topic, [handle_text], client_id=client_id)
+        if problem is not None:
+            raise problem
 
     def ack_many(
         self, group: str, topic: str, handle_texts: Sequence[str], *, client_id: str = ""
