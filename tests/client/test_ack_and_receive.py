@@ -12,6 +12,7 @@ import pytest
 
 from siftmq.client import FilterExpression, Producer, ReceivedMessage, SimpleConsumer
 from siftmq.errors import RemoteError
+from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import MAX_ACK_ENTRIES
 
 pytestmark = pytest.mark.integration
@@ -173,5 +174,53 @@ def test_acks_are_bounded_per_request_and_the_client_splits_them(start_broker: A
             assert await c.receive(64, INVISIBLE_S, ack=rest) == []  # too many to ride along at once
             await asyncio.sleep(INVISIBLE_S * 3 + 0.3)  # what was not acknowledged is visible again
             assert await c.receive(64, INVISIBLE_S) == []
+
+    asyncio.run(scenario())
+
+
+def test_the_answers_entries_only_when_an_acknowledgement_failed(start_broker: Any) -> None:
+    """AckAndReceive answers a wholly successful ack part with an OK status and no entries (the
+    receive follows); a part with a failure, an entry per acknowledgement and nothing received.
+    AckMessage, the standard call, answers every entry either way."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        async with await _consumer(broker.endpoint, "AnswerTopic", 12, extension=True) as c:
+            first = await c.receive(4, 30)
+            assert len(first) == 4
+
+            def receive_request() -> Any:
+                return pb.ReceiveMessageRequest(
+                    group=c.connection.resource(c.group),
+                    message_queue=pb.MessageQueue(topic=c.connection.resource("AnswerTopic"), id=-1),
+                    filter_expression=FilterExpression.tag().to_proto(),
+                    batch_size=4,
+                )
+
+            both = await c.connection.ack_and_receive(
+                c._ack_request("AnswerTopic", first[:2]), receive_request(), timeout=10
+            )
+            assert both is not None
+            ack, received = both
+            assert ack.status.code == pb.Code.OK and len(ack.entries) == 0
+            assert received.status.code == pb.Code.OK and len(received.messages) == 4
+
+            # first[1] was acknowledged just now, first[2] was not
+            both = await c.connection.ack_and_receive(
+                c._ack_request("AnswerTopic", first[1:3]), receive_request(), timeout=10
+            )
+            assert both is not None
+            ack, received = both
+            assert ack.status.code == pb.Code.MULTIPLE_RESULTS
+            codes = [e.status.code for e in ack.entries]
+            assert codes == [pb.Code.INVALID_RECEIPT_HANDLE, pb.Code.OK]
+            assert [e.receipt_handle for e in ack.entries] == [m.receipt_handle for m in first[1:3]]
+            assert received.status.code == pb.Code.BAD_REQUEST and not received.messages
+
+            answer = await c.connection.unary("AckMessage", c._ack_request("AnswerTopic", first[3:]))
+            assert answer.status.code == pb.Code.OK
+            assert [(e.message_id, e.status.code) for e in answer.entries] == [
+                (first[3].message_id, pb.Code.OK)
+            ]
 
     asyncio.run(scenario())
