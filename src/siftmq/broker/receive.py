@@ -355,11 +355,14 @@ class Receiving(Subscribing):
         for n, text in enumerate(handle_texts):
             try:
                 handle = ReceiptHandle.decode(text)
-                prog = self._progress_of(group, topic, handle, client_id)
+                mine = by_queue.get(handle.queue_id)
+                if mine is None or handle.topic != topic:  # the progress is looked up once per queue
+                    mine = (self._progress_of(group, topic, handle, client_id), [])
+                    by_queue[handle.queue_id] = mine
             except BadRequestError as exc:
                 outcomes[n] = exc
                 continue
-            by_queue.setdefault(handle.queue_id, (prog, []))[1].append((n, handle))
+            mine[1].append((n, handle))
         acked = 0
         if wait:
             for prog, handles in by_queue.values():
