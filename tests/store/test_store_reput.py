@@ -21,9 +21,11 @@ S = GetMessageStatus
 
 
 def _idle_reput_store(cfg: StoreConfig) -> MessageStore:
-    """A store whose reput thread never runs: only reads, flush and close dispatch."""
+    """A store whose reput thread never runs and whose appends dispatch nothing themselves: only
+    reads, flush and close dispatch."""
     store = MessageStore(cfg)
     store.reput_service._loop = lambda: None  # type: ignore[method-assign]
+    store.reput_service.dispatch_or_wake = store.reput_service.wake  # type: ignore[method-assign]
     store.start()
     return store
 
@@ -46,7 +48,9 @@ def _bodies(store: MessageStore, topic: str, queue_id: int) -> list[bytes]:
         offset = res.next_begin_offset
 
 
-def test_reput_thread_dispatches_in_the_background(tmp_path: Path) -> None:
+def test_small_puts_dispatch_themselves_and_the_thread_takes_the_rest(tmp_path: Path) -> None:
+    """A put leaving a small backlog is indexed by the appending thread before the put returns; a
+    larger one, or one made while the dispatch lock is held, by the reput thread in the background."""
     store = MessageStore.open(small_config(tmp_path))
     try:
         arrived = threading.Event()
@@ -54,15 +58,50 @@ def test_reput_thread_dispatches_in_the_background(tmp_path: Path) -> None:
 
         def listener(topic: str, queue_id: int, max_offset: int) -> None:
             calls.append((topic, queue_id, max_offset, threading.current_thread().name))
-            if max_offset == 10:
+            if max_offset in (20, 21):
                 arrived.set()
 
         store.add_message_arriving_listener(listener)
         results = store.put_messages([msg(body=str(i).encode()) for i in range(10)])
         assert [r.queue_offset for r in results] == list(range(10))  # assigned at append time
-        assert arrived.wait(10)  # no read was made: the reput thread did it
-        assert calls[-1] == ("T", 0, 10, "siftmq-store-reput")
+        assert store.dispatch_behind_bytes() == 0  # no read was made: the put indexed itself
+        assert calls == [("T", 0, 10, threading.current_thread().name)]
+
+        store.put_messages([msg(body=bytes(8000)) for _ in range(10)])  # more than a small backlog
+        assert arrived.wait(10)
+        assert calls[-1] == ("T", 0, 20, "siftmq-store-reput")
+
+        arrived.clear()
+        with store._dispatch_lock:  # as if a reader were catching up: the put leaves it to the thread
+            store.put_message(msg(body=b"late"))
+            assert store.dispatch_behind_bytes() > 0
+        assert arrived.wait(10)
+        assert calls[-1] == ("T", 0, 21, "siftmq-store-reput")
         assert store.dispatch_behind_bytes() == 0
+    finally:
+        store.close()
+
+
+def test_a_failed_dispatch_by_the_appender_leaves_the_put_done_and_the_thread_retries(
+    tmp_path: Path,
+) -> None:
+    store = MessageStore.open(small_config(tmp_path))
+    try:
+        real = store._reput.dispatch_appended
+        failures = [OSError(28, "No space left on device")]
+
+        def flaky(records: Any, properties: Any) -> Any:
+            if failures:
+                raise failures.pop()
+            return real(records, properties)
+
+        store._reput.dispatch_appended = flaky  # type: ignore[method-assign]
+        [result] = store.put_messages([msg(body=b"1")])  # the append stands; its indexing failed once
+        assert result.queue_offset == 0 and not failures
+        assert store.wait_dispatched(timeout=10)
+        assert _bodies(store, "T", 0) == [b"1"]
+        assert store.put_message(msg(body=b"2")).queue_offset == 1
+        assert _bodies(store, "T", 0) == [b"1", b"2"]
     finally:
         store.close()
 
@@ -195,6 +234,7 @@ _PENDING_WRITER = textwrap.dedent(
                       consume_queue_entries_per_file=16, flush_mode=sys.argv[2])
     store = MessageStore(cfg)
     store.reput_service._loop = lambda: None  # type: ignore[method-assign]  # never catches up
+    store.reput_service.dispatch_or_wake = store.reput_service.wake  # nor do the appends
     store.start()
     store.put_messages([Message("T", b"early-%d" % i, queue_id=i % 2) for i in range(10)])
     store.flush()  # these are indexed and the checkpoint says so

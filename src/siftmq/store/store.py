@@ -19,9 +19,10 @@ Threads and guarantees:
   fdatasync'ed (group commit), in ``"async"`` mode right after the write.
 * Indexing (ConsumeQueue, ConsumeQueueExt, bitmaps, registered dispatchers) is done by the
   reput thread (:mod:`siftmq.store.reput`, RocketMQ's ReputMessageService), in CommitLog order
-  and in batches, under a second lock. Appends wake it; it lets a small backlog grow for up to
-  1 ms into a batch, so the indexes trail the appends by about a millisecond. In ``"sync"`` mode only durable
-  records are dispatched.
+  and in batches, under a second lock; a put leaving only a small backlog is dispatched by the
+  appending thread itself when that lock is free. Other appends wake the thread; it lets a small
+  backlog grow for up to 1 ms into a batch, so the indexes trail the appends by about a
+  millisecond. In ``"sync"`` mode only durable records are dispatched, by the thread.
 * Read-your-writes: every read of the ConsumeQueues (:meth:`MessageStore.get_messages`, the
   queue offset getters, :meth:`MessageStore.find_consume_queue`, :meth:`MessageStore.queues`)
   first makes sure that every record whose ``put_message`` returned before the read began is
@@ -421,7 +422,7 @@ class MessageStore:
             else:
                 results = self.commit_log.append(prepared, now)
                 properties = [p.properties for p in prepared]
-            self.reput_service.add(results, properties, wake=not self._sync)
+            self.reput_service.add(results, properties)
             end = self.reput_service.appended_offset
             if not self._sync and self.key_index is not None:
                 self.key_index.add_appended(results, properties)
@@ -431,6 +432,8 @@ class MessageStore:
                 self.key_index.add_appended(results, properties)
         elif end - self.reput_service.dispatched_offset > _MAX_DISPATCH_LAG:
             self.reput_service.dispatch_all(None)  # the reput thread lags far behind: help it
+        else:
+            self.reput_service.dispatch_or_wake()
         return results
 
     def _group_commit(self, end: int) -> None:
