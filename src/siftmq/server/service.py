@@ -119,6 +119,15 @@ def _same_receipt_handle(request: Any, st: pb.Status) -> dict[str, Any]:
     return {"receipt_handle": request.receipt_handle}
 
 
+def _each_ack_failed(request: Any, st: pb.Status) -> dict[str, Any]:
+    entries = request.entries[:MAX_ACK_ENTRIES]
+    return {
+        "entries": [
+            {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": st} for e in entries
+        ]
+    }
+
+
 class MessagingService:
     """One instance per server; ``notifier`` drives long polling."""
 
@@ -413,6 +422,7 @@ class MessagingService:
         received = await self._receive_batch(request.receive, context)
         return batch_pb.AckAndReceiveResponse(status=received["status"], ack=acked, receive=received)
 
+    @answering(pb.AckMessageResponse, on_error=_each_ack_failed)
     async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
         top, entries = await self._ack(request, context)
         if entries is None:  # every entry acknowledged; AckMessage answers each one all the same
