@@ -5,7 +5,7 @@ a background thread dispatches them — ConsumeQueue and ext entries, bitmaps, t
 dispatchers, via :class:`~siftmq.store.dispatch.Reput` — in CommitLog order, under :attr:`lock`
 (the dispatch lock). A put that leaves a small backlog is dispatched by the appending thread itself
 when the dispatch lock is free (:meth:`ReputService.dispatch_or_wake`): waking the thread and the
-GIL hand-offs that follow cost more CPU than indexing a few records (~30 us per single send,
+GIL hand-offs that follow cost more CPU than indexing a few records (~20-30 us per single send,
 measured). Other puts wake the thread; it lets a small backlog grow for up to 1 ms into a
 batch, since dispatching costs mostly per batch (a write per queue). Readers that must see every
 record appended before they started call :meth:`catch_up`, which dispatches what the thread has
