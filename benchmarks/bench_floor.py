@@ -1,11 +1,12 @@
 """The gRPC floor, and the broker's CPU per standard call as a ratio to it, in the same run.
 
 The floor is a trivial ``grpc.aio`` server process with the broker's server options and the same
-message types: SendMessage, ReceiveMessage (one message in the stream) and AckMessage handlers
-that decode the request and answer a constant. The load is the official client's shape, one
-message per call, with its metadata (client id, language, protocol, request id, date): 8 threads of
-sync stubs. Against the floor server and against a broker (async flush), in alternating rounds,
-it reports the server process's CPU per call and the ratio broker / floor.
+message types: SendMessage, ReceiveMessage (the frames a broker must send: status, one message,
+the delivery timestamp) and AckMessage handlers that decode the request and answer a constant.
+The load is the official client's shape, one message per call, with its metadata (client id,
+language, protocol, request id, date): 8 threads of sync stubs. Against the floor server and
+against a broker (async flush), in alternating rounds, it reports the server process's CPU per call
+and the ratio broker / floor.
 
 Run: ``.venv/bin/python benchmarks/bench_floor.py [--calls N] [--rounds R]``. With
 ``--profile`` it also records the broker under the send load with py-spy (if installed) and prints
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import RPCS, SERVICE_NAME
@@ -62,13 +64,16 @@ def serve_floor() -> None:
         system_properties=pb.SystemProperties(message_id="01AB", receipt_handle="h"),
     )
     acked = pb.AckMessageResponse(status=ok, entries=[pb.AckMessageResultEntry(status=ok)])
+    delivered = Timestamp(seconds=1_764_000_000)
 
     async def send(request: Any, context: Any) -> Any:
         return sent
 
     async def receive(request: Any, context: Any) -> Any:
+        # the frames a broker must send: the official PushConsumer needs the trailing timestamp
         yield pb.ReceiveMessageResponse(status=ok)
         yield pb.ReceiveMessageResponse(message=message)
+        yield pb.ReceiveMessageResponse(delivery_timestamp=delivered)
 
     async def ack(request: Any, context: Any) -> Any:
         return acked
