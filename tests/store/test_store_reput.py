@@ -37,6 +37,20 @@ def idle_store(tmp_path: Path) -> Iterator[MessageStore]:
     store.close()
 
 
+def _fail_dispatch_once(store: MessageStore) -> list[OSError]:
+    """Make the store's next dispatch round fail (a full disk); the list empties when it has."""
+    real = store._reput.dispatch_appended
+    failures = [OSError(28, "No space left on device")]
+
+    def flaky(records: Any, properties: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real(records, properties)
+
+    store._reput.dispatch_appended = flaky  # type: ignore[method-assign]
+    return failures
+
+
 def _bodies(store: MessageStore, topic: str, queue_id: int) -> list[bytes]:
     out: list[bytes] = []
     offset = 0
@@ -87,15 +101,7 @@ def test_a_failed_dispatch_by_the_appender_leaves_the_put_done_and_the_thread_re
 ) -> None:
     store = MessageStore.open(small_config(tmp_path))
     try:
-        real = store._reput.dispatch_appended
-        failures = [OSError(28, "No space left on device")]
-
-        def flaky(records: Any, properties: Any) -> Any:
-            if failures:
-                raise failures.pop()
-            return real(records, properties)
-
-        store._reput.dispatch_appended = flaky  # type: ignore[method-assign]
+        failures = _fail_dispatch_once(store)
         [result] = store.put_messages([msg(body=b"1")])  # the append stands; its indexing failed once
         assert result.queue_offset == 0 and not failures
         assert store.wait_dispatched(timeout=10)
@@ -188,15 +194,7 @@ def test_close_drains_pending_dispatch(tmp_path: Path) -> None:
 
 def test_failed_dispatch_is_retried_and_reported(idle_store: MessageStore) -> None:
     store = idle_store
-    real = store._reput.dispatch_appended
-    failures = [OSError(28, "No space left on device")]
-
-    def flaky(records: Any, properties: Any) -> Any:
-        if failures:
-            raise failures.pop()
-        return real(records, properties)
-
-    store._reput.dispatch_appended = flaky  # type: ignore[method-assign]
+    _fail_dispatch_once(store)
     store.put_messages([msg(body=b"1"), msg(body=b"2")])
     with pytest.raises(StoreError, match="consume queue"):
         store.get_messages("g", "T", 0, 0, 32)
