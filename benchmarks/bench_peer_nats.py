@@ -10,6 +10,10 @@ temporary directory; every row reports msg/s and the server's CPU per message.
   selected (TAG ``Sel`` / subject ``bench.sel``). siftmq: ``SimpleConsumer.receive(64, ack=batch)``,
   each batch acknowledged (and confirmed) in the call that receives the next; NATS: a pull consumer
   filtered on ``bench.sel``, ``fetch(64)`` and an ``ack()`` per message (sent, not confirmed).
+* **10% filtered pull with offset commits**: the same stream, read in the pull model. siftmq:
+  ``PullConsumer.poll(512)`` and ``commit()`` after each poll (one confirmed UpdateOffsets call);
+  NATS: a pull consumer with ``AckPolicy.ALL`` on ``bench.sel``, ``fetch(512)`` and the last message
+  of each fetch acknowledged with ``ack_sync()`` (confirmed; it acknowledges everything before it).
 * **single publish**: the official ``rocketmq-python-client`` (8 threads, one message per call)
   against nats-py awaiting each acknowledged publish (8 concurrent tasks).
 
@@ -30,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from siftmq.client import FilterExpression, Producer, ReceivedMessage, SimpleConsumer
+from siftmq.client import FilterExpression, Producer, PullConsumer, ReceivedMessage, SimpleConsumer
 from siftmq.testing import running_broker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -38,6 +42,7 @@ from bench_client import cpu_seconds, send_windowed
 
 BODY = os.urandom(1024)
 WINDOW = 256
+PULL_BATCH = 512
 
 
 def free_port() -> int:
@@ -83,6 +88,19 @@ async def siftmq_consume(endpoint: str, topic: str, group: str, expected: int) -
     return got
 
 
+async def siftmq_pull(endpoint: str, topic: str, group: str, expected: int) -> int:
+    """poll(512), committing the offsets after each poll (one call, confirmed)."""
+    got = 0
+    async with PullConsumer(endpoint, group, topic, FilterExpression.tag("Sel")) as c:
+        while got < expected:
+            batch = await c.poll(PULL_BATCH, timeout=2.0)
+            if not batch:
+                break
+            got += len(batch)
+            await c.commit()
+    return got
+
+
 # ----------------------------------------------------------------------------------------- NATS
 
 
@@ -118,6 +136,30 @@ async def nats_consume(url: str, stream: str, durable: str, expected: int) -> in
                 break
             for m in msgs:
                 await m.ack()
+            got += len(msgs)
+    finally:
+        await nc.close()
+    return got
+
+
+async def nats_pull(url: str, stream: str, durable: str, expected: int) -> int:
+    import nats
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    got = 0
+    try:
+        sub = await js.pull_subscribe(
+            f"{stream}.sel", durable=durable, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.ALL)
+        )
+        while got < expected:
+            try:
+                msgs = await sub.fetch(PULL_BATCH, timeout=2)
+            except NatsTimeout:
+                break
+            await msgs[-1].ack_sync()  # with AckPolicy.ALL: this one and every one before it
             got += len(msgs)
     finally:
         await nc.close()
@@ -192,6 +234,14 @@ def main() -> None:
                         )
                         rows.setdefault(f"10% filtered consume with acks, {side}", []).append(
                             asyncio.run(measure(pid, lambda c=consume: c))  # type: ignore[misc]
+                        )
+                        pull = (
+                            siftmq_pull(broker.endpoint, topic, f"peer-pull-{r}", expected)
+                            if side == "siftmq"
+                            else nats_pull(url, stream, f"peerpull{r}", expected)
+                        )
+                        rows.setdefault(f"10% filtered pull with offset commits, {side}", []).append(
+                            asyncio.run(measure(pid, lambda p=pull: p))  # type: ignore[misc]
                         )
                     for label, results in rows.items():
                         rate, cpu = results[-1]
