@@ -219,8 +219,8 @@ def test_the_answers_entries_only_when_an_acknowledgement_failed(start_broker: A
 
             answer = await c.connection.unary("AckMessage", c._ack_request("AnswerTopic", first[3:]))
             assert answer.status.code == pb.Code.OK
-            assert [(e.message_id, e.status.code) for e in answer.entries] == [
-                (first[3].message_id, pb.Code.OK)
+            assert [(e.message_id, e.receipt_handle, e.status.code) for e in answer.entries] == [
+                (first[3].message_id, first[3].receipt_handle, pb.Code.OK)
             ]
 
     asyncio.run(scenario())

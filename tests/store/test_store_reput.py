@@ -101,13 +101,42 @@ def test_a_failed_dispatch_by_the_appender_leaves_the_put_done_and_the_thread_re
 ) -> None:
     store = MessageStore.open(small_config(tmp_path))
     try:
+        indexed_by: list[str] = []
+        arrived = threading.Event()
+
+        def listener(topic: str, queue_id: int, max_offset: int) -> None:
+            indexed_by.append(threading.current_thread().name)
+            arrived.set()
+
+        store.add_message_arriving_listener(listener)
         failures = _fail_dispatch_once(store)
         [result] = store.put_messages([msg(body=b"1")])  # the append stands; its indexing failed once
         assert result.queue_offset == 0 and not failures
-        assert store.wait_dispatched(timeout=10)
+        assert arrived.wait(10)  # no read was made: the reput thread indexed it
+        assert indexed_by == ["siftmq-store-reput"]
+        assert store.dispatch_behind_bytes() == 0
         assert _bodies(store, "T", 0) == [b"1"]
         assert store.put_message(msg(body=b"2")).queue_offset == 1
         assert _bodies(store, "T", 0) == [b"1", b"2"]
+    finally:
+        store.close()
+
+
+def test_a_put_batch_left_unindexed_is_indexed_by_index_appended(tmp_path: Path) -> None:
+    """``put_batch(..., index=False)``: the caller indexes after releasing its own locks; reads in
+    between still see the records (they catch up)."""
+    store = MessageStore(small_config(tmp_path))
+    store.reput_service._loop = lambda: None  # type: ignore[method-assign]  # no background indexing
+    store.start()
+    try:
+        host = b"\x7f\x00\x00\x01\x00\x00\x00\x01"
+        entries = [(b"a", {"UNIQ_KEY": "a"}, 0, host), (b"b", {"UNIQ_KEY": "b"}, 0, host)]
+        store.put_batch("T", 0, entries, index=False)
+        assert store.dispatch_behind_bytes() > 0
+        store.index_appended()
+        assert store.dispatch_behind_bytes() == 0
+        store.put_batch("T", 0, [(b"c", {"UNIQ_KEY": "c"}, 0, host)], index=False)
+        assert _bodies(store, "T", 0) == [b"a", b"b", b"c"]  # read-your-writes all the same
     finally:
         store.close()
 

@@ -145,7 +145,8 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
             listener({topic})
 
     def add_arrival_listener(self, listener: Callable[[set[str]], None]) -> None:
-        """``listener(topics)`` is called (from the dispatch thread) when messages become readable."""
+        """``listener(topics)`` is called when messages become readable, from the thread that indexed
+        them (the store's reput thread, a reader, or the appending thread: often the event loop)."""
         self._arrival_listeners.append(listener)
 
     def _housekeeping(self) -> None:

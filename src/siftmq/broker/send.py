@@ -117,7 +117,9 @@ class Sending(BrokerParts):
             if fresh:
                 queue_id = next(self._queue_cursor) % topic.queue_nums
                 stored = entries if len(fresh) == count else [entries[i] for i in fresh]
-                records = self.store.put_batch(topic.name, queue_id, stored)
+                # indexed below, once the send locks are released: a send waiting for a stripe
+                # (maybe on the event loop) waits for the append alone
+                records = self.store.put_batch(topic.name, queue_id, stored, index=False)
                 for i, record in zip(fresh, records, strict=True):
                     results[i] = SendResult(message_ids[i], record.queue_id, record.queue_offset)
                 self.stats.count(self.stats.sends, topic.name, len(fresh))
@@ -125,6 +127,7 @@ class Sending(BrokerParts):
         finally:
             for k in reversed(stripes):
                 self._send_locks[k].release()
+            self.store.index_appended()
         return [r for r in results if r is not None]
 
     def _prepare(self, batch: ProducedBatch) -> list[BatchEntry]:

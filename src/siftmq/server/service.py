@@ -2,7 +2,7 @@
 
 Every handler answers with a status (never a bare gRPC error) so the official clients always get
 a response they understand: unary handlers through one edge, :func:`answering`; streams and
-per-entry answers (Telemetry, Receive, Pull, Ack) map each failure where it happens. The mapping of
+per-entry answers (Telemetry, Receive, Pull, each Ack entry) map each failure where it happens. The mapping of
 errors to codes is :mod:`siftmq.server.status`; undecodable requests never reach a handler
 (:mod:`siftmq.server.decoding`).
 """
@@ -120,7 +120,9 @@ def _same_receipt_handle(request: Any, st: pb.Status) -> dict[str, Any]:
 
 
 def _each_ack_failed(request: Any, st: pb.Status) -> dict[str, Any]:
-    entries = request.entries[:MAX_ACK_ENTRIES]
+    if len(request.entries) > MAX_ACK_ENTRIES:  # refused as a whole, as AckMessage answers it
+        return {}
+    entries = request.entries
     return {
         "entries": [
             {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": st} for e in entries

@@ -94,14 +94,17 @@ class ReputService:
         """After a put (outside the append lock): dispatch the pending records on this thread when
         they are few and nobody holds the dispatch lock, else wake the dispatch thread. A failure
         here is left to the thread, which retries it and reports it (the put itself succeeded)."""
+        end = self.appended_offset  # what is dispatched here: later puts see to their own records
         if (
             self.error is None
-            and self.appended_offset - self.dispatched_offset <= INLINE_BACKLOG_BYTES
+            and end - self.dispatched_offset <= INLINE_BACKLOG_BYTES
             and self.lock.acquire(blocking=False)
         ):
             try:
-                arrivals, _ = self._dispatch_locked(self._limit())
+                limit = self._limit()
+                arrivals, _ = self._dispatch_locked(end if limit is None else min(limit, end))
             except Exception:
+                _log.debug("dispatch on the appending thread failed; left to the reput thread", exc_info=True)
                 arrivals = None
             finally:
                 self.lock.release()

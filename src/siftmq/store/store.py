@@ -275,8 +275,9 @@ class MessageStore:
     def add_dispatcher(self, dispatcher: CommitLogDispatcher) -> None:
         """Register a dispatcher for records appended from now on.
 
-        It is called under the dispatch lock from the reput thread (or from a reader catching
-        up), after the batch's ConsumeQueue entries are written, never by ``put_message``.
+        It is called under the dispatch lock from whichever thread dispatches (the reput thread,
+        a reader catching up, or in async mode the appending thread after a small put, which in
+        the broker is often its event loop), after the batch's ConsumeQueue entries are written.
         """
         self.reput_service.dispatch_all(
             self._dispatch_limit(), then=lambda: self._reput.dispatchers.append(dispatcher)
@@ -294,11 +295,11 @@ class MessageStore:
         """Call ``listener(topic, queue_id, max_offset)`` whenever entries were dispatched to a queue.
 
         It is called once per queue and dispatch batch, after the entries are readable, outside
-        the store's locks, from whichever thread dispatched (the reput thread, or a reader
-        catching up): it must be quick and must not block (hand over to an event loop with
-        ``call_soon_threadsafe``). Calls for one queue from two threads may arrive out of
-        order, so treat ``max_offset`` as "at least this much is readable". Exceptions are
-        logged and ignored.
+        the store's locks, from whichever thread dispatched (the reput thread, a reader catching
+        up, or in async mode the appending thread after a small put): it must be quick and must
+        not block (hand over to an event loop with ``call_soon_threadsafe``). Calls for one queue
+        from two threads may arrive out of order, so treat ``max_offset`` as "at least this much
+        is readable". Exceptions are logged and ignored.
         """
         self.reput_service.add_listener(listener)
 
@@ -361,8 +362,9 @@ class MessageStore:
 
         Each result carries the record's queue offset and CommitLog offset. On return the
         messages are durable (sync mode) or written to the page cache (async mode), and visible
-        to every index read that starts afterwards (see the module doc); the reput thread
-        indexes them in the background.
+        to every index read that starts afterwards (see the module doc); a small put in async mode
+        is indexed before it returns when the dispatch lock is free, anything else by the reput
+        thread in the background.
 
         Raises ``ValueError`` for a malformed message, :class:`MessageTooLargeError` over the
         limits (nothing of the batch is stored then), :class:`StoreClosedError` after close, and
@@ -375,7 +377,7 @@ class MessageStore:
         return self._append(prepared)
 
     def put_batch(
-        self, topic: str, queue_id: int, entries: Sequence[codec.BatchEntry]
+        self, topic: str, queue_id: int, entries: Sequence[codec.BatchEntry], *, index: bool = True
     ) -> list[AppendedRecord]:
         """:meth:`put_messages` for messages of one topic and queue, given as plain tuples.
 
@@ -384,22 +386,35 @@ class MessageStore:
         does not set them. The batch is encoded into one buffer
         without a :class:`Message` per entry, which is what a broker's send path wants. The
         properties dicts become the store's: the caller must not change them afterwards.
+
+        ``index=False``: the caller calls :meth:`index_appended` itself once it has released its
+        own locks (a small put is indexed on the appending thread, which need not hold them then).
         """
         if not entries:
             return []
-        return self._append(codec.prepare_batch(topic, queue_id, entries, max_body_size=self._max_body_size))
+        prepared = codec.prepare_batch(topic, queue_id, entries, max_body_size=self._max_body_size)
+        return self._append(prepared, index=index)
 
-    def _append(self, prepared: Sequence[codec.EncodedParts] | codec.EncodedBatch) -> list[AppendedRecord]:
+    def index_appended(self) -> None:
+        """After ``put_batch(..., index=False)``: index what is pending on this thread when it is
+        little and the dispatch lock is free, else leave it to the reput thread (async mode; in
+        sync mode the reput thread indexes what is durable)."""
+        if not self._sync:
+            self.reput_service.dispatch_or_wake()
+
+    def _append(
+        self, prepared: Sequence[codec.EncodedParts] | codec.EncodedBatch, *, index: bool = True
+    ) -> list[AppendedRecord]:
         self.disk.check()
         try:
-            return self._append_checked(prepared)
+            return self._append_checked(prepared, index)
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
             raise self.disk.refused_by_os() from exc
 
     def _append_checked(
-        self, prepared: Sequence[codec.EncodedParts] | codec.EncodedBatch
+        self, prepared: Sequence[codec.EncodedParts] | codec.EncodedBatch, index: bool
     ) -> list[AppendedRecord]:
         with self._append_lock:
             if not self._running:
@@ -425,14 +440,18 @@ class MessageStore:
             self.reput_service.add(results, properties)
             end = self.reput_service.appended_offset
             if not self._sync and self.key_index is not None:
-                self.key_index.add_appended(results, properties)
+                try:
+                    self.key_index.add_appended(results, properties)
+                except BaseException:
+                    self.reput_service.wake()  # the records are pending all the same
+                    raise
         if self._sync:
             self._group_commit(end)
             if self.key_index is not None:  # durable now
                 self.key_index.add_appended(results, properties)
         elif end - self.reput_service.dispatched_offset > _MAX_DISPATCH_LAG:
             self.reput_service.dispatch_all(None)  # the reput thread lags far behind: help it
-        else:
+        elif index:
             self.reput_service.dispatch_or_wake()
         return results
 
