@@ -227,22 +227,19 @@ def main() -> None:
                         rows.setdefault(f"publish with acks, {side}", []).append(
                             asyncio.run(measure(pid, lambda p=publish: p))  # type: ignore[misc]
                         )
-                        consume = (
-                            siftmq_consume(broker.endpoint, topic, f"peer-{r}", expected)
-                            if side == "siftmq"
-                            else nats_consume(url, stream, f"peer{r}", expected)
+                        reads = (  # (row, siftmq's reader, NATS's reader, the consumer's name)
+                            ("10% filtered consume with acks", siftmq_consume, nats_consume, "peer"),
+                            ("10% filtered pull with offset commits", siftmq_pull, nats_pull, "peerpull"),
                         )
-                        rows.setdefault(f"10% filtered consume with acks, {side}", []).append(
-                            asyncio.run(measure(pid, lambda c=consume: c))  # type: ignore[misc]
-                        )
-                        pull = (
-                            siftmq_pull(broker.endpoint, topic, f"peer-pull-{r}", expected)
-                            if side == "siftmq"
-                            else nats_pull(url, stream, f"peerpull{r}", expected)
-                        )
-                        rows.setdefault(f"10% filtered pull with offset commits, {side}", []).append(
-                            asyncio.run(measure(pid, lambda p=pull: p))  # type: ignore[misc]
-                        )
+                        for label, ours, theirs, name in reads:
+                            read = (
+                                ours(broker.endpoint, topic, f"{name}-{r}", expected)
+                                if side == "siftmq"
+                                else theirs(url, stream, f"{name}{r}", expected)
+                            )
+                            rows.setdefault(f"{label}, {side}", []).append(
+                                asyncio.run(measure(pid, lambda c=read: c))  # type: ignore[misc]
+                            )
                     for label, results in rows.items():
                         rate, cpu = results[-1]
                         print(
