@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -119,15 +119,19 @@ def _same_receipt_handle(request: Any, st: pb.Status) -> dict[str, Any]:
     return {"receipt_handle": request.receipt_handle}
 
 
+def _ack_entries(entries: Any, statuses: Sequence[Any]) -> list[dict[str, Any]]:
+    """An AckMessage answer's entries, one per request entry with its status (dicts: protobuf builds
+    them in C)."""
+    return [
+        {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": st}
+        for e, st in zip(entries, statuses, strict=True)
+    ]
+
+
 def _each_ack_failed(request: Any, st: pb.Status) -> dict[str, Any]:
     if len(request.entries) > MAX_ACK_ENTRIES:  # refused as a whole, as AckMessage answers it
         return {}
-    entries = request.entries
-    return {
-        "entries": [
-            {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": st} for e in entries
-        ]
-    }
+    return {"entries": _ack_entries(request.entries, [st] * len(request.entries))}
 
 
 class MessagingService:
@@ -428,10 +432,7 @@ class MessagingService:
     async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
         top, entries = await self._ack(request, context)
         if entries is None:  # every entry acknowledged; AckMessage answers each one all the same
-            entries = [
-                {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": OK_FIELDS}
-                for e in request.entries
-            ]
+            entries = _ack_entries(request.entries, [OK_FIELDS] * len(request.entries))
         return pb.AckMessageResponse(status=top, entries=entries)
 
     async def _ack(
@@ -472,11 +473,7 @@ class MessagingService:
         failed = [err for err in errors if err is not None]
         if not failed:
             return OK_FIELDS, None
-        # entries as dicts (protobuf builds them in C)
-        entries = [
-            {"message_id": e.message_id, "receipt_handle": e.receipt_handle, "status": err or OK_FIELDS}
-            for e, err in zip(request.entries, errors, strict=True)
-        ]
+        entries = _ack_entries(request.entries, [err or OK_FIELDS for err in errors])
         if len(failed) < len(errors):
             some = status(StatusCode.MULTIPLE_RESULTS, "some entries failed; see each entry's status")
             return some, entries
