@@ -5,7 +5,10 @@ one with both off, one with both on (a Normal user whose ACL allows the topics).
   (off, on, on, off, ...), with the broker's CPU time per message;
 * the official client's send (8 threads, signing every call), on each broker;
 * a good client's send latency (one message at a time) alone, then while other threads send
-  ``--bad`` calls with wrong signatures as fast as they can.
+  ``--bad`` calls with wrong signatures as fast as they can;
+* with ``--workers N`` (default 2; 0 skips it), a broker of N gRPC front-ends: what a flood of bad
+  signatures, and of well-signed calls, costs the core process and the front-ends per call (the
+  front-ends refuse a bad signature themselves and report it to the core).
 
 Run: ``.venv/bin/python benchmarks/bench_auth_e2e.py [--messages N] [--rounds R] [--bad N]``.
 """
@@ -101,6 +104,29 @@ def flood(endpoint: str, total: int, threads: int, bad: bool = True) -> float:
     return elapsed
 
 
+def front_end_flood(tmp: Path, secured: dict[str, object], workers: int, total: int) -> None:
+    """CPU per call of the core and of the front-ends while calls arrive from 4 threads."""
+    from bench_workers import children
+
+    broker = BrokerProcess(tmp / "workers", config={**secured, "workers": workers}).start()
+    try:
+        assert broker.proc is not None
+        core = broker.proc.pid
+        fronts = children(core)
+        for bad in (True, False, True, False):
+            before = cpu_seconds(core), sum(cpu_seconds(p) for p in fronts)
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                took = pool.apply(flood, (broker.endpoint, total, 4, bad))
+            core_us = (cpu_seconds(core) - before[0]) * 1e6 / total
+            front_us = (sum(cpu_seconds(p) for p in fronts) - before[1]) * 1e6 / total
+            kind = "bad signatures" if bad else "well-signed route lookups"
+            rate = f"{total:,} {kind} in {took:.2f} s ({total / took:,.0f}/s) from 4 threads"
+            print(f"--workers {workers}: {rate}: core CPU {core_us:.1f} us per call, "
+                  f"front-ends {front_us:.0f} us", flush=True)  # fmt: skip
+    finally:
+        broker.stop()
+
+
 def summary(values: list[float]) -> str:
     q = statistics.quantiles(values, n=100)
     return f"p50 {q[49]:.2f} ms, p99 {q[98]:.2f} ms"
@@ -113,12 +139,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--official", type=int, default=4_000)
     parser.add_argument("--bad", type=int, default=1_000)
+    parser.add_argument(
+        "--workers", type=int, default=2, help="front-ends of the flood's last part (0: skip)"
+    )
+    parser.add_argument("--flood-only", action="store_true", help="only the --workers flood")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="siftmq-bench-") as tmp:
         auth_file = Path(tmp) / "auth.json"
         auth_file.write_text(json.dumps(AUTH))
         auth_file.chmod(0o600)
         secured = {"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(auth_file)}
+        if args.flood_only:
+            front_end_flood(Path(tmp), secured, args.workers or 2, args.bad)
+            return
         brokers = {
             False: BrokerProcess(Path(tmp) / "off").start(),
             True: BrokerProcess(Path(tmp) / "on", config=secured).start(),
@@ -181,6 +214,8 @@ def main() -> None:
         finally:
             for b in brokers.values():
                 b.stop()
+        if args.workers:
+            front_end_flood(Path(tmp), secured, args.workers, args.bad)
 
 
 if __name__ == "__main__":

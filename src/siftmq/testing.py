@@ -178,6 +178,18 @@ class BrokerProcess:
     def log(self) -> str:
         return "\n".join(self.output)
 
+    def metrics_with(self, *wanted: str, auth: Any = None, timeout: float = 10) -> str:
+        """The admin API's ``/metrics`` once it holds every ``wanted`` text (or ``timeout`` passed:
+        the caller asserts). With ``--workers`` the front-ends report refusals every 0.1 s."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            text = httpx.get(f"{self.admin_url}/metrics", auth=auth, timeout=10).text
+            if all(w in text for w in wanted) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
+
 
 def broker_starter(tmp_path: Path) -> Iterator[object]:
     """``start_broker(**kw)`` starts a broker (stopped at the end of the test)."""

@@ -84,3 +84,42 @@ def test_an_admin_api_on_the_network_without_tls_is_warned_about() -> None:
     warnings = _check_protected_mode(exposed, "127.0.0.1")
     assert warnings and "without TLS" in warnings[0]
     assert _check_protected_mode(BrokerConfig(authentication_enabled=True), "127.0.0.1") == []
+
+
+class Claimed(Context):
+    """A call a front-end passed on: who it says signed it, against which users' generation."""
+
+    def __init__(self, name: str, generation: int, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self.signed_by = (name, generation)
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+def test_a_front_ends_claim_counts_only_against_the_users_in_force() -> None:
+    import time
+
+    from siftmq.auth import manage
+    from siftmq.auth.signature import DATE_HEADER, SCHEME, sign
+
+    g = gate()
+    assert g.authenticated("SendMessage", Claimed("alice", g.generation)) == (TABLE.users["alice"], None)
+    # a table put in force since (a changed password): the claim is checked again, here unsigned
+    heard: list[int] = []
+    g.on_change.append(lambda: heard.append(g.generation))
+    g._install(manage.update_user(g.table, "alice", password="N3w-alice-s3cret"))
+    assert heard == [g.generation]
+    user, refused = g.authenticated("SendMessage", Claimed("alice", g.generation - 1))
+    assert user is None and refused is not None and refused.code == pb.Code.UNAUTHORIZED
+    # ... and taken when the call's own signature is good under the new table
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    header = (
+        f"{SCHEME} Credential=alice, SignedHeaders={DATE_HEADER}, Signature={sign('N3w-alice-s3cret', stamp)}"
+    )
+    signed = Claimed("alice", g.generation - 1, ((DATE_HEADER, stamp), ("authorization", header)))
+    assert g.authenticated("SendMessage", signed)[0] == g.table.users["alice"]
+    # a user the table no longer has is not taken on a claim either
+    g._install(manage.remove_user(g.table, "alice"))
+    assert g.authenticated("SendMessage", Claimed("alice", g.generation))[0] is None
+    assert g.failures == {"unsigned": 2}

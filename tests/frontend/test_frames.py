@@ -5,6 +5,7 @@ stream's requests are bounded by the credit the core gives."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -32,10 +33,33 @@ metadata = st.lists(
     peer=st.text(max_size=80),
     headers=metadata,
     request=st.binary(max_size=300),
+    signed_by=st.text(max_size=40),
+    generation=st.integers(0, 2**32 - 1),
 )
-def test_a_call_round_trips(method: int, timeout_ms: int, peer: str, headers: Any, request: bytes) -> None:
-    payload = frames.encode_call(method, timeout_ms, peer, headers, request)
-    assert frames.decode_call(payload) == (method, timeout_ms, peer, tuple(headers), request)
+def test_a_call_round_trips(
+    method: int, timeout_ms: int, peer: str, headers: Any, request: bytes, *, signed_by: str, generation: int
+) -> None:
+    payload = frames.encode_call(
+        method, timeout_ms, peer, headers, request, signed_by=signed_by, generation=generation
+    )
+    call = frames.decode_call(payload)
+    assert call == (method, timeout_ms, peer, tuple(headers), request, signed_by, generation)
+
+
+def test_users_and_refusals_round_trip_and_bad_ones_are_frame_errors() -> None:
+    payload = frames.encode_users(7, 900.0, {"alice": "s3cret", "bob": "x"})
+    assert frames.decode_users(payload) == (7, 900.0, {"alice": "s3cret", "bob": "x"})
+    many = [(4, "invalid", "ipv4:1.2.3.4:5", f"client-{i}", "x" * 5000, 3) for i in range(100)]
+    refused = frames.decode_refused(frames.encode_refused(many))
+    assert len(refused) == frames.MAX_REFUSED_ENTRIES  # bounded: the caller sends the rest apart
+    assert refused[0] == (4, "invalid", "ipv4:1.2.3.4:5", "client-0", "x" * frames.MAX_REFUSED_FIELD, 3)
+    for bad in (b"", b"{", b"[]", b'{"generation": 1}', b'{"generation": "a", "skew_s": 1, "secrets": {}}'):
+        with pytest.raises(frames.FrameError):
+            frames.decode_users(bad)
+    too_many = json.dumps([[0, "invalid", "", "", "", 1]] * (frames.MAX_REFUSED_ENTRIES + 1)).encode()
+    for bad in (b"", b"[1, 2]", b'{"a": 1}', b'[["x", "a", "b", "c", "d", 1]]', b"[[1, 2]]", too_many):
+        with pytest.raises(frames.FrameError):
+            frames.decode_refused(bad)
 
 
 def test_a_call_cut_short_is_a_frame_error() -> None:
@@ -136,10 +160,10 @@ def test_call_ids_wrap_at_32_bits_and_skip_open_calls() -> None:
         link = Link(1 << 20)
         link.protocol, _, wire = _protocol()
         link._next_id = frames.MAX_CALL_ID - 2
-        first, _ = link.open_unary(0, _Context(), b"")  # type: ignore[arg-type]
+        first, _ = link.open_unary(0, _Context(), b"", "")  # type: ignore[arg-type]
         assert first == frames.MAX_CALL_ID - 1
         link._next_id = frames.MAX_CALL_ID - 2  # the next would be the open call's id: skipped
-        ids = [link.open_unary(0, _Context(), b"")[0] for _ in range(3)]  # type: ignore[arg-type]
+        ids = [link.open_unary(0, _Context(), b"", "")[0] for _ in range(3)]  # type: ignore[arg-type]
         assert ids == [frames.MAX_CALL_ID, 1, 2]
         await asyncio.sleep(0)
         assert len(wire.written) > 0  # every id fitted its frame header

@@ -2,9 +2,12 @@
 a call's CPU) and passes every call to the core process as frames, without decoding it.
 
 ``siftmq broker --workers N`` runs N of these on one port (``SO_REUSEPORT``: the kernel spreads
-the clients' connections over them); the core decodes, authenticates, authorizes and answers, so
-there is one table of users and one state. A front-end holds no state worth keeping: when it
-dies its clients reconnect to another, and the core starts a new one. It dies with the core.
+the clients' connections over them). With authentication on, a front-end checks each call's
+signature against the users the core sent it and answers a bad one itself (``UNAUTHORIZED``,
+reported to the core for its metrics and audit log), so unauthenticated calls cost the one core
+process nothing but a small frame; the core decodes, authorizes and answers the rest, so there is
+one table of users and one state. A front-end holds no state worth keeping: when it dies its
+clients reconnect to another, and the core starts a new one. It dies with the core.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
+from siftmq.auth.signature import SignatureError, Verifier, signature_headers
 from siftmq.frontend import frames
+from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 
 _log = logging.getLogger("siftmq.frontend")
@@ -33,6 +38,11 @@ SHUTDOWN_GRACE_S: Final = 3.0
 ALL_RPCS: Final[tuple[Rpc, ...]] = RPCS + BATCH_RPCS
 _CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
 PR_SET_PDEATHSIG: Final = 1
+MAX_STATUS_MESSAGE: Final = 4096
+MAX_CLIENT_ID: Final = 128  # characters of a refused call's client id reported to the core
+#: Refusals are reported to the core together, at most this often: under a flood of bad
+#: signatures the core reads one small frame per interval, not one per call.
+REPORT_INTERVAL_S: Final = 0.1
 _T = TypeVar("_T")
 
 
@@ -62,6 +72,11 @@ class Link:
         # a client stream's requests the core has room for (CREDIT frames add to it)
         self.credits: dict[int, asyncio.Semaphore] = {}
         self.lost = asyncio.Event()
+        # with authentication on: the users' secrets the core sent, and which table they are
+        self.verifier: Verifier | None = None
+        self.generation = 0
+        # refusals not yet reported, by (method, reason, client, answer): [first address, count]
+        self._refusals: dict[tuple[int, str, str, str], list[Any]] = {}
 
     async def connect(self, path: str, token: bytes) -> None:
         loop = asyncio.get_running_loop()
@@ -72,6 +87,10 @@ class Link:
         protocol.send(frames.HELLO, 0, token)
 
     def _on_frame(self, kind: int, call_id: int, payload: bytes) -> None:
+        if kind == frames.USERS:
+            self.generation, skew_s, secrets = frames.decode_users(payload)
+            self.verifier = Verifier(secrets, skew_s)
+            return
         if kind == frames.CREDIT:
             credit = self.credits.get(call_id)
             if credit is not None:
@@ -88,8 +107,44 @@ class Link:
         for deliver in list(self._calls.values()):
             deliver(gone)
 
+    def signer(self, method: int, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """Who signed the call ("" with authentication off); raises :class:`SignatureError` after
+        reporting the refusal to the core."""
+        if self.verifier is None:
+            return ""
+        metadata = [(m.key, m.value) for m in context.invocation_metadata() or ()]
+        try:
+            return self.verifier.who(*signature_headers(metadata))
+        except SignatureError as exc:
+            client = next((str(v) for k, v in metadata if k == "x-mq-client-id"), "-")[:MAX_CLIENT_ID]
+            self._refused((method, exc.reason, client, str(exc)), str(context.peer() or ""))
+            raise
+
+    def _refused(self, key: tuple[int, str, str, str], peer: str) -> None:
+        refusals = self._refusals
+        if not refusals:
+            asyncio.get_running_loop().call_later(REPORT_INTERVAL_S, self._report)
+        entry = refusals.get(key)
+        if entry is None:
+            if len(refusals) >= frames.MAX_REFUSED_ENTRIES:  # many clients: counted without their ids
+                key = (key[0], key[1], "-", key[3])
+                entry = refusals.setdefault(key, [peer, 0])
+            else:
+                entry = refusals[key] = [peer, 0]
+        entry[1] += 1
+
+    def _report(self) -> None:
+        refusals, self._refusals = self._refusals, {}
+        entries = [
+            (method, reason, peer, client, answer, count)
+            for (method, reason, client, answer), (peer, count) in refusals.items()
+        ]
+        for at in range(0, len(entries), frames.MAX_REFUSED_ENTRIES):
+            chunk = entries[at : at + frames.MAX_REFUSED_ENTRIES]
+            self.send(frames.REFUSED, 0, frames.encode_refused(chunk))
+
     def open_unary(
-        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes
+        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes, signed_by: str
     ) -> tuple[int, asyncio.Future[tuple[int, bytes]]]:
         """A unary call: its one answer (REPLY or ABORT) completes the future."""
         answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
@@ -98,20 +153,21 @@ class Link:
             if not answer.done():
                 answer.set_result(frame)
 
-        return self._open(method, context, request, deliver), answer
+        return self._open(method, context, request, signed_by, deliver), answer
 
     def open_stream(
-        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes
+        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes, signed_by: str
     ) -> tuple[int, asyncio.Queue[tuple[int, bytes]]]:
         """A streaming call: its REPLY frames, then END or ABORT, in order on the queue."""
         frames_in: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
-        return self._open(method, context, request, frames_in.put_nowait), frames_in
+        return self._open(method, context, request, signed_by, frames_in.put_nowait), frames_in
 
     def _open(
         self,
         method: int,
         context: grpc.aio.ServicerContext[Any, Any],
         request: bytes,
+        signed_by: str,
         deliver: Callable[[tuple[int, bytes]], None],
     ) -> int:
         if self.protocol is None or self.lost.is_set():
@@ -119,7 +175,16 @@ class Link:
         remaining = context.time_remaining()
         timeout_ms = -1 if remaining is None else max(0, min(int(remaining * 1000), 2**31 - 1))
         metadata = [(m.key, m.value) for m in context.invocation_metadata() or ()]
-        call = frames.encode_call(method, timeout_ms, str(context.peer() or ""), metadata, request)
+        # self.generation is the table the signer was checked against: nothing ran in between
+        call = frames.encode_call(
+            method,
+            timeout_ms,
+            str(context.peer() or ""),
+            metadata,
+            request,
+            signed_by=signed_by,
+            generation=self.generation if signed_by else 0,
+        )
         call_id = self._new_id()
         self._calls[call_id] = deliver
         self.protocol.send(frames.CALL, call_id, call)
@@ -148,11 +213,25 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], payload: bytes) ->
     await context.abort(_CODES.get(code, grpc.StatusCode.UNKNOWN), details)
 
 
+def _refusal(rpc: Rpc, exc: SignatureError) -> bytes:
+    """``rpc``'s answer refusing an unauthenticated call, as the core's gate answers it."""
+    st = pb.Status(code=pb.Code.UNAUTHORIZED, message=f"{rpc.name}: {exc}"[:MAX_STATUS_MESSAGE])
+    if rpc.response is pb.SendMessageResponse:  # the official client reads the entry's status
+        return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)]).SerializeToString()
+    return bytes(rpc.response(status=st).SerializeToString())
+
+
 def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
-    """The method's handler: bytes in, bytes out (no serializers: the core decodes and encodes)."""
+    """The method's handler: bytes in, bytes out (no serializers: the core decodes and encodes).
+    A call's signature is checked when it opens (a Telemetry stream's once), before anything of it
+    reaches the core."""
 
     async def unary(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-        call_id, answer = await _opened(link.open_unary, index, context, request)
+        try:
+            signed_by = link.signer(index, context)
+        except SignatureError as exc:
+            return _refusal(rpc, exc)
+        call_id, answer = await _opened(link.open_unary, index, context, request, signed_by)
         done = False
         try:
             kind, payload = await answer
@@ -182,7 +261,12 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     async def server_stream(
         request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        call_id, frames_in = await _opened(link.open_stream, index, context, request)
+        try:
+            signed_by = link.signer(index, context)
+        except SignatureError as exc:
+            yield _refusal(rpc, exc)
+            return
+        call_id, frames_in = await _opened(link.open_stream, index, context, request, signed_by)
         # closed at once when the client goes (not when collected): the core hears CANCEL now
         async with contextlib.aclosing(answers(call_id, frames_in, context)) as stream:
             async for answer in stream:
@@ -191,7 +275,12 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     async def bidi(
         requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        call_id, frames_in = await _opened(link.open_stream, index, context, b"")
+        try:
+            signed_by = link.signer(index, context)
+        except SignatureError as exc:
+            yield _refusal(rpc, exc)
+            return
+        call_id, frames_in = await _opened(link.open_stream, index, context, b"", signed_by)
         # gRPC's flow control, carried over: the next request is read from the client only when
         # the core has room for it (one process reads a request when the handler asks for one)
         credit = link.credits[call_id] = asyncio.Semaphore(frames.STREAM_CREDIT)
@@ -223,10 +312,14 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
 
 
 async def _opened(
-    open_call: Callable[..., _T], index: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes
+    open_call: Callable[..., _T],
+    index: int,
+    context: grpc.aio.ServicerContext[Any, Any],
+    request: bytes,
+    signed_by: str,
 ) -> _T:
     try:
-        return open_call(index, context, request)
+        return open_call(index, context, request, signed_by)
     except _CoreGone:
         # the core is gone: this process exits soon, and the client retries on another
         await context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is restarting")

@@ -11,10 +11,11 @@ socket per call).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import struct
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, NamedTuple
 
 _log = logging.getLogger(__name__)
 
@@ -27,11 +28,13 @@ CALL: Final = 3  # a call opens: see encode_call
 MESSAGE: Final = 4  # one more request of a client stream
 HALF_CLOSE: Final = 5  # the client sends no more requests
 CANCEL: Final = 6  # the client went away (or its deadline passed): stop the call
+REFUSED: Final = 7  # calls the front-end refused unauthenticated (for the core's metrics and audit log)
 # core -> front-end
 CREDIT: Final = 9  # the core took one request of a client stream: the front-end may send one more
 REPLY: Final = 10  # a response (unary: the answer; streams: one item)
 END: Final = 11  # a stream's last frame
 ABORT: Final = 12  # payload: status code (u8) and details: the call ends with that gRPC status
+USERS: Final = 13  # the users' secrets in force (see encode_users): the front-end checks signatures
 
 MAX_CALL_ID: Final = 2**32 - 1
 #: Requests of one client stream sent to the core before it has taken them (then one per CREDIT).
@@ -39,22 +42,48 @@ STREAM_CREDIT: Final = 4
 #: Bytes a CALL frame may add to the largest gRPC message (metadata, address, header).
 CALL_ROOM: Final = 64 * 1024
 
-_CALL_HEAD: Final = struct.Struct("<HiHH")  # method, timeout ms (-1: none), peer length, headers
+# method, timeout ms (-1: none), peer length, headers, users' generation, signer's name length
+_CALL_HEAD: Final = struct.Struct("<HiHHIH")
 _HEADER_LENGTHS: Final = struct.Struct("<HI")
 _ABORT_HEAD: Final = struct.Struct("<B")
+#: Characters of a refused call's address, client id and reason a REFUSED frame carries at most.
+MAX_REFUSED_FIELD: Final = 512
+#: Kinds of refusal one REFUSED frame reports at most.
+MAX_REFUSED_ENTRIES: Final = 64
 
 
 class FrameError(Exception):
     """A frame that breaks the protocol (too long, cut short): the connection is closed."""
 
 
+class Call(NamedTuple):
+    method: int
+    timeout_ms: int
+    peer: str
+    metadata: tuple[tuple[str, str | bytes], ...]
+    request: bytes
+    #: who signed the call, checked by the front-end against the users of ``generation`` ("": not checked)
+    signed_by: str = ""
+    generation: int = 0
+
+
 def encode_call(
-    method: int, timeout_ms: int, peer: str, metadata: Sequence[tuple[str, str | bytes]], request: bytes
+    method: int,
+    timeout_ms: int,
+    peer: str,
+    metadata: Sequence[tuple[str, str | bytes]],
+    request: bytes,
+    *,
+    signed_by: str = "",
+    generation: int = 0,
 ) -> bytes:
-    """A CALL payload: the method's index, the client's time left, its address and metadata, and the
-    request as the client sent it (empty for a client stream; its requests follow as MESSAGEs)."""
+    """A CALL payload: the method's index, the client's time left, its address and metadata, who
+    signed it (when the front-end checked), and the request as the client sent it (empty for a
+    client stream; its requests follow as MESSAGEs)."""
     peer_bytes = peer.encode()
-    parts = [_CALL_HEAD.pack(method, timeout_ms, len(peer_bytes), len(metadata)), peer_bytes]
+    signer = signed_by.encode()
+    head = _CALL_HEAD.pack(method, timeout_ms, len(peer_bytes), len(metadata), generation, len(signer))
+    parts = [head, peer_bytes, signer]
     for key, value in metadata:
         key_bytes = key.encode()
         value_bytes = value if isinstance(value, bytes) else value.encode()
@@ -63,13 +92,15 @@ def encode_call(
     return b"".join(parts)
 
 
-def decode_call(payload: bytes) -> tuple[int, int, str, tuple[tuple[str, str | bytes], ...], bytes]:
+def decode_call(payload: bytes) -> Call:
     """The parts of a CALL payload (raises FrameError when it is cut short)."""
     try:
-        method, timeout_ms, peer_length, count = _CALL_HEAD.unpack_from(payload)
+        method, timeout_ms, peer_length, count, generation, signer_length = _CALL_HEAD.unpack_from(payload)
         at = _CALL_HEAD.size
         peer = payload[at : at + peer_length].decode()
         at += peer_length
+        signed_by = payload[at : at + signer_length].decode()
+        at += signer_length
         metadata: list[tuple[str, str | bytes]] = []
         for _ in range(count):
             key_length, value_length = _HEADER_LENGTHS.unpack_from(payload, at)
@@ -84,7 +115,52 @@ def decode_call(payload: bytes) -> tuple[int, int, str, tuple[tuple[str, str | b
             raise FrameError("a CALL frame is cut short")
     except (struct.error, UnicodeDecodeError) as exc:
         raise FrameError(f"a CALL frame is malformed: {exc}") from exc
-    return method, timeout_ms, peer, tuple(metadata), payload[at:]
+    return Call(method, timeout_ms, peer, tuple(metadata), payload[at:], signed_by, generation)
+
+
+def encode_users(generation: int, skew_s: float, secrets: Mapping[str, str]) -> bytes:
+    """A USERS payload: what a front-end needs to check signatures (the socket is the core's own,
+    in a directory only its user can enter; the payload is never logged)."""
+    return json.dumps({"generation": generation, "skew_s": skew_s, "secrets": dict(secrets)}).encode()
+
+
+def decode_users(payload: bytes) -> tuple[int, float, dict[str, str]]:
+    try:
+        data = json.loads(payload)
+        return (
+            int(data["generation"]),
+            float(data["skew_s"]),
+            {str(k): str(v) for k, v in data["secrets"].items()},
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise FrameError(f"a USERS frame is malformed: {type(exc).__name__}") from exc
+
+
+Refusal = tuple[int, str, str, str, str, int]
+"""Calls refused alike: the method's index, the reason, the first one's address, the client id,
+what the client was told, and how many."""
+
+
+def encode_refused(refusals: Sequence[Refusal]) -> bytes:
+    """A REFUSED payload: the front-end's refusals since its last report."""
+    entries = [
+        [method, *(text[:MAX_REFUSED_FIELD] for text in (reason, peer, client, message)), count]
+        for method, reason, peer, client, message, count in refusals[:MAX_REFUSED_ENTRIES]
+    ]
+    return json.dumps(entries).encode()
+
+
+def decode_refused(payload: bytes) -> list[Refusal]:
+    try:
+        entries = json.loads(payload)
+        if not isinstance(entries, list) or len(entries) > MAX_REFUSED_ENTRIES:
+            raise ValueError("not a list of at most MAX_REFUSED_ENTRIES")
+        return [
+            (int(method), str(reason), str(peer), str(client), str(message), max(1, int(count)))
+            for method, reason, peer, client, message, count in entries
+        ]
+    except (ValueError, TypeError) as exc:
+        raise FrameError(f"a REFUSED frame is malformed: {type(exc).__name__}") from exc
 
 
 def encode_abort(code: int, details: str) -> bytes:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from siftmq.auth.acl import Action, User
-from siftmq.server.auth import UNKNOWN_USER_SECRET, Gate
+from siftmq.auth.signature import UNKNOWN_USER_SECRET
+from siftmq.server.auth import Gate
 
 OPEN_PATHS: Final = frozenset({"/healthz"})
 SUPER_PATHS: Final = ("users", "acls")  # first path parts only Super users may touch

@@ -169,7 +169,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
         credentials = _tls_credentials(config)  # unreadable files refuse the start either way
         edge: _InProcessEdge | FrontEnds
         if config.workers > 1:
-            edge = FrontEnds(config, config.workers, behaviour_table(table), frame_limit)
+            edge = FrontEnds(config, config.workers, behaviour_table(table), frame_limit, gate)
         else:
             edge = _InProcessEdge(table, frame_limit, credentials)
         try:

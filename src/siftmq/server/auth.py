@@ -11,7 +11,6 @@ answers ``FORBIDDEN`` (40300) naming the resource and the action.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
 from collections import Counter
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from siftmq.auth.acl import Action, AuthTable, User, dump_auth_file, parse_auth_file
-from siftmq.auth.signature import DATE_HEADER, INVALID, SignatureError, parse, sign, verify
+from siftmq.auth.signature import SignatureError, Verifier, signature_headers
 from siftmq.errors import BadRequestError, ConfigError, StatusCode, UnsupportedError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import Rpc
@@ -32,11 +31,7 @@ _log = logging.getLogger(__name__)
 
 #: One audit line per this many seconds at most (the rest are counted into the next line).
 AUDIT_INTERVAL_S: Final = 10.0
-#: checked against what an unknown user sent, so that it costs what a known user costs
-UNKNOWN_USER_SECRET: Final = "siftmq-unknown-user"
-#: How long a verified signature is taken again without checking (its date is to the second).
-SIGNED_CACHE_S: Final = 1.0
-CACHE_SIZE: Final = 4096  # remembered signatures and decisions (cleared when full)
+CACHE_SIZE: Final = 4096  # remembered decisions (cleared when full)
 
 Need = tuple[tuple[str, Action], ...]
 """Resource/action pairs a request needs, all of them."""
@@ -128,14 +123,21 @@ class Gate:
     denials: Counter[str] = field(default_factory=Counter)
     # per kind of audit line (failure, denial): when it was last written, and how many since
     _audited: dict[str, tuple[float, int]] = field(default_factory=dict)
-    # verified (authorization, date) pairs and the user, until when; and decisions
-    _signed: dict[tuple[str, str], tuple[User, float]] = field(default_factory=dict)
     _decided: dict[tuple[str, str, Action, str | None], bool] = field(default_factory=dict)
 
     path: Path | None = None
     _loaded_mtime: tuple[int, int, int] = (0, 0, 0)
     #: with topic auto-creation on: whether a topic does not exist yet (calling on it creates it)
     missing_topic: Callable[[str], bool] | None = None
+    #: which users table is in force (each one put in force counts one up): a front-end names the
+    #: one it checked a signature against, and a claim made against an older one is checked again
+    generation: int = 0
+    #: called (on the event loop) after each new table is put in force: the front-ends hear of it
+    on_change: list[Callable[[], None]] = field(default_factory=list)
+    verifier: Verifier = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._install(self.table)
 
     @classmethod
     def load(cls, path: Path, *, authenticate: bool, authorize: bool, skew_s: float) -> Gate:
@@ -181,33 +183,29 @@ class Gate:
 
     def _install(self, table: AuthTable) -> None:
         self.table = table
-        self._signed.clear()
+        self.verifier = Verifier(self.secrets(), self.skew_s)
         self._decided.clear()
+        self.generation += 1
+        for listener in list(self.on_change):
+            listener()
+
+    def secrets(self) -> dict[str, str]:
+        """Each user's secret key: what checking a signature needs."""
+        return {name: user.secret for name, user in self.table.users.items()}
 
     def who(self, context: Any) -> User:
         """The user who signed the call; raises :class:`SignatureError`.
 
-        A client signs every call of one second with the same date and signature, so a verified
-        pair is remembered for :data:`SIGNED_CACHE_S` (successes only): the HMAC and the date
-        parsing are paid once a second per client, not once a call.
+        A call a front-end passed on names who signed it, checked there against the users of a
+        generation: taken when that is the table in force, checked again here otherwise.
         """
-        metadata = {k: v for k, v in context.invocation_metadata() or ()}
-        authorization, stamp = metadata.get("authorization"), metadata.get(DATE_HEADER)
-        key = (authorization or "", stamp or "")
-        now = time.monotonic()
-        hit = self._signed.get(key)
-        if hit is not None and hit[1] > now:
-            return hit[0]
-        request = parse(authorization, stamp)
-        user = self.table.users.get(request.access_key)
-        if user is None:
-            sign(UNKNOWN_USER_SECRET, request.date_time)
-            raise SignatureError(INVALID, "invalid")
-        verify(request, user.secret, now=dt.datetime.now(dt.UTC), skew_s=self.skew_s)
-        if len(self._signed) >= CACHE_SIZE:
-            self._signed.clear()
-        self._signed[key] = (user, now + SIGNED_CACHE_S)
-        return user
+        claim = getattr(context, "signed_by", None)
+        if claim is not None and claim[1] == self.generation:
+            user = self.table.users.get(claim[0])
+            if user is not None:
+                return user
+        name = self.verifier.who(*signature_headers(context.invocation_metadata()))
+        return self.table.users[name]
 
     def allowed(self, user: User, resource: str, action: Action, peer: str | None) -> bool:
         """:meth:`AuthTable.decide`, remembered until the table is reloaded.
@@ -237,10 +235,14 @@ class Gate:
         try:
             return self.who(context), None
         except SignatureError as exc:
-            self.failures[exc.reason] += 1
-            line = "authentication failed for %s from %s (client %s): %s"
-            self.audit("failure", line, rpc, _peer(context), _client(context), exc)
+            self.failed(rpc, _peer(context), _client(context), exc.reason, str(exc))
             return None, status(StatusCode.UNAUTHORIZED, f"{rpc}: {exc}")
+
+    def failed(self, rpc: str, peer: str, client: str, reason: str, message: str, *, count: int = 1) -> None:
+        """Count and audit ``count`` calls refused unauthenticated alike (here, or by a front-end)."""
+        self.failures[reason] += count
+        line = "authentication failed for %s from %s (client %s): %s"
+        self.audit("failure", line, rpc, peer, client, message, count=count)
 
     def authorized(self, user: User, rpc: str, request: Any, context: Any) -> Any:
         """The FORBIDDEN status when ``user`` may not make ``request`` (a Telemetry stream's command
@@ -274,16 +276,16 @@ class Gate:
         self.audit("denial", line, rpc, user.name, action, resource, _peer(context), _client(context))
         return status(StatusCode.FORBIDDEN, f"{rpc}: user {user.name} may not {action} {resource}")
 
-    def audit(self, kind: str, message: str, *args: object) -> None:
-        """Log an audit line of ``kind``, at most one per :data:`AUDIT_INTERVAL_S` (the lines held
-        back are counted into the next one)."""
+    def audit(self, kind: str, message: str, *args: object, count: int = 1) -> None:
+        """Log an audit line of ``kind`` (for ``count`` events alike), at most one per
+        :data:`AUDIT_INTERVAL_S` (the lines held back are counted into the next one)."""
         now = time.monotonic()
         at, unwritten = self._audited.get(kind, (-AUDIT_INTERVAL_S, 0))
         if now - at < AUDIT_INTERVAL_S:
-            self._audited[kind] = (at, unwritten + 1)
+            self._audited[kind] = (at, unwritten + count)
             return
         more = f" (+{unwritten} more since the last line)" if unwritten else ""
-        self._audited[kind] = (now, 0)
+        self._audited[kind] = (now, count - 1)
         _log.warning(message + more, *args)
 
 

@@ -1,6 +1,12 @@
 """The core process's side of the front-ends' Unix socket: each CALL frame runs the same handler
 stack a gRPC call does in a single process (decoding guard, authentication and authorization,
 :class:`~siftmq.server.service.MessagingService`), with a context made of what the front-end sent.
+
+With authentication on, the front-ends hold the users' secrets (a USERS frame, sent again whenever
+the table changes) and refuse a bad signature themselves, reporting it here (REFUSED) for the
+metrics and the audit log: a flood of unauthenticated calls costs the core a small frame each. A
+call they pass on names its signer and the table it was checked against; authorization stays
+here, with the state it needs.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from typing import Any
 
 import grpc
 
+from siftmq.auth.signature import REASONS
 from siftmq.frontend import frames
 from siftmq.frontend.edge import ALL_RPCS
 from siftmq.protocol.service import Rpc
+from siftmq.server.auth import Gate
 
 _log = logging.getLogger(__name__)
 
@@ -43,12 +51,15 @@ class Aborted(Exception):
 class CallContext:
     """The parts of ``grpc.aio.ServicerContext`` the handlers use, from the CALL frame."""
 
-    __slots__ = ("_deadline", "_metadata", "_peer")
+    __slots__ = ("_deadline", "_metadata", "_peer", "signed_by")
 
-    def __init__(self, metadata: tuple[tuple[str, str | bytes], ...], peer: str, timeout_ms: int) -> None:
-        self._metadata = metadata
-        self._peer = peer
+    def __init__(self, call: frames.Call) -> None:
+        self._metadata = call.metadata
+        self._peer = call.peer
+        timeout_ms = call.timeout_ms
         self._deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+        #: who signed the call and the users' generation the front-end checked it against
+        self.signed_by = (call.signed_by, call.generation) if call.signed_by else None
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return self._metadata
@@ -107,6 +118,7 @@ class FrontEndConnection:
             if kind != frames.HELLO or not hmac.compare_digest(payload, self._token):
                 raise frames.FrameError("a connection did not open with the front-ends' token")
             self._hello = True
+            self._links.joined(self)
             return
         if kind == frames.CALL:
             self._open(call_id, payload)
@@ -122,13 +134,16 @@ class FrontEndConnection:
             task = self._tasks.get(call_id)
             if task is not None:
                 task.cancel()
+        elif kind == frames.REFUSED:
+            self._links.refused(payload)
         elif kind == frames.READY:
             self._links.front_end_ready()
         else:
             raise frames.FrameError(f"unknown frame kind {kind}")
 
     def _open(self, call_id: int, payload: bytes) -> None:
-        method, timeout_ms, peer, metadata, request = frames.decode_call(payload)
+        call = frames.decode_call(payload)
+        method, request = call.method, call.request
         behaviour = self._table[method] if method < len(self._table) else None
         if behaviour is None:
             self.protocol.send(
@@ -137,7 +152,7 @@ class FrontEndConnection:
                 frames.encode_abort(grpc.StatusCode.UNIMPLEMENTED.value[0], "method not served"),
             )
             return
-        context = CallContext(metadata, peer, timeout_ms)
+        context = CallContext(call)
         shape = behaviour.rpc.shape
         if shape == "unary_unary":
             work = self._unary(call_id, behaviour, behaviour.deserialize(request), context)
@@ -187,6 +202,7 @@ class FrontEndConnection:
         self.protocol.send(frames.ABORT, call_id, frames.encode_abort(code.value[0], details))
 
     def _on_lost(self, exc: Exception | None) -> None:
+        self._links.left(self)
         for task in list(self._tasks.values()):
             task.cancel()  # the front-end is gone and so are its clients' calls
 
@@ -194,13 +210,48 @@ class FrontEndConnection:
 class CoreLink:
     """The Unix socket the front-ends connect to."""
 
-    def __init__(self, table: Sequence[Behaviour | None], token: bytes, max_frame: int) -> None:
+    def __init__(
+        self, table: Sequence[Behaviour | None], token: bytes, max_frame: int, gate: Gate | None = None
+    ) -> None:
         self._table = table
         self._token = token
         self._max_frame = max_frame
         self._server: asyncio.AbstractServer | None = None
         self._readied = asyncio.Event()
         self.ready_count = 0
+        self._connections: set[FrontEndConnection] = set()
+        # with authentication on, the front-ends check signatures against the users in force
+        self._gate = gate if gate is not None and gate.authenticate else None
+        if self._gate is not None:
+            self._gate.on_change.append(self._users_changed)
+
+    def joined(self, connection: FrontEndConnection) -> None:
+        """A front-end said the token: it gets the users before anything else."""
+        self._connections.add(connection)
+        if self._gate is not None:
+            connection.protocol.send(frames.USERS, 0, self._users())
+
+    def left(self, connection: FrontEndConnection) -> None:
+        self._connections.discard(connection)
+
+    def _users(self) -> bytes:
+        assert self._gate is not None
+        return frames.encode_users(self._gate.generation, self._gate.skew_s, self._gate.secrets())
+
+    def _users_changed(self) -> None:
+        payload = self._users()
+        for connection in self._connections:
+            connection.protocol.send(frames.USERS, 0, payload)
+
+    def refused(self, payload: bytes) -> None:
+        """A front-end refused calls unauthenticated: counted and audited as if refused here."""
+        if self._gate is None:
+            raise frames.FrameError("a REFUSED frame with authentication off")
+        for method, reason, peer, client, message, count in frames.decode_refused(payload):
+            if method >= len(ALL_RPCS):
+                raise frames.FrameError(f"a REFUSED frame names method {method}")
+            known = reason if reason in REASONS else "malformed"  # the metric's labels stay few
+            self._gate.failed(ALL_RPCS[method].name, peer, client, known, message, count=count)
 
     async def start(self, path: str) -> None:
         loop = asyncio.get_running_loop()
@@ -219,6 +270,8 @@ class CoreLink:
             await self._readied.wait()
 
     async def stop(self) -> None:
+        if self._gate is not None:
+            self._gate.on_change.remove(self._users_changed)
         if self._server is not None:
             self._server.close()
 

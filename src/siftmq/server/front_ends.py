@@ -24,6 +24,7 @@ from siftmq.broker.config import BrokerConfig
 from siftmq.errors import SiftError
 from siftmq.frontend import frames
 from siftmq.frontend.edge import TOKEN_ENV
+from siftmq.server.auth import Gate
 from siftmq.server.core_link import Behaviour, CoreLink
 
 _log = logging.getLogger(__name__)
@@ -64,13 +65,18 @@ class FrontEnds:
     """The front-end processes and the socket they reach the core on."""
 
     def __init__(
-        self, config: BrokerConfig, count: int, behaviours: Sequence[Behaviour | None], frame_limit: int
+        self,
+        config: BrokerConfig,
+        count: int,
+        behaviours: Sequence[Behaviour | None],
+        frame_limit: int,
+        gate: Gate | None = None,
     ) -> None:
         self._config = config
         self._count = count
         self._frame_limit = frame_limit
         self._token = secrets.token_hex(32)
-        self._link = CoreLink(behaviours, self._token.encode(), frame_limit + frames.CALL_ROOM)
+        self._link = CoreLink(behaviours, self._token.encode(), frame_limit + frames.CALL_ROOM, gate)
         _remove_stale_dirs()
         # 0700: only this user connects; named after this process, so a later core can tell a
         # directory left by a core killed with -9
