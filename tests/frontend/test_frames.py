@@ -43,7 +43,9 @@ def test_a_call_round_trips(
         method, timeout_ms, peer, headers, request, signed_by=signed_by, generation=generation
     )
     call = frames.decode_call(payload)
-    assert call == (method, timeout_ms, peer, tuple(headers), request, signed_by, generation)
+    assert (call.method, call.timeout_ms, call.peer, call.request) == (method, timeout_ms, peer, request)
+    assert (call.signed_by, call.generation) == (signed_by, generation)
+    assert frames.decode_headers(call.headers, call.header_count) == tuple(headers)
 
 
 def test_users_and_refusals_round_trip_and_bad_ones_are_frame_errors() -> None:
@@ -67,6 +69,10 @@ def test_a_call_cut_short_is_a_frame_error() -> None:
     for cut in (1, 8, len(payload) - 1):
         with pytest.raises(frames.FrameError):
             frames.decode_call(payload[:cut])
+    call = frames.decode_call(payload)
+    for block, count in ((call.headers[:-1], 1), (call.headers, 2), (call.headers + b"x", 1)):
+        with pytest.raises(frames.FrameError):  # cut short, fewer pairs than said, bytes left over
+            frames.decode_headers(block, count)
 
 
 class _Transport(asyncio.Transport):

@@ -42,8 +42,9 @@ STREAM_CREDIT: Final = 4
 #: Bytes a CALL frame may add to the largest gRPC message (metadata, address, header).
 CALL_ROOM: Final = 64 * 1024
 
-# method, timeout ms (-1: none), peer length, headers, users' generation, signer's name length
-_CALL_HEAD: Final = struct.Struct("<HiHHIH")
+# method, timeout ms (-1: none), peer length, headers, users' generation, signer's name length,
+# the headers' bytes (so that the core reads them only when a handler asks: a send never does)
+_CALL_HEAD: Final = struct.Struct("<HiHHIHI")
 _HEADER_LENGTHS: Final = struct.Struct("<HI")
 _ABORT_HEAD: Final = struct.Struct("<B")
 #: Characters of a refused call's address, client id and reason a REFUSED frame carries at most.
@@ -60,11 +61,13 @@ class Call(NamedTuple):
     method: int
     timeout_ms: int
     peer: str
-    metadata: tuple[tuple[str, str | bytes], ...]
+    #: the metadata, still encoded: :func:`decode_headers` reads it
+    headers: bytes
+    header_count: int
     request: bytes
     #: who signed the call, checked by the front-end against the users of ``generation`` ("": not checked)
-    signed_by: str = ""
-    generation: int = 0
+    signed_by: str
+    generation: int
 
 
 def encode_call(
@@ -82,40 +85,58 @@ def encode_call(
     client stream; its requests follow as MESSAGEs)."""
     peer_bytes = peer.encode()
     signer = signed_by.encode()
-    head = _CALL_HEAD.pack(method, timeout_ms, len(peer_bytes), len(metadata), generation, len(signer))
-    parts = [head, peer_bytes, signer]
+    parts: list[bytes] = []
     for key, value in metadata:
         key_bytes = key.encode()
         value_bytes = value if isinstance(value, bytes) else value.encode()
         parts += [_HEADER_LENGTHS.pack(len(key_bytes), len(value_bytes)), key_bytes, value_bytes]
-    parts.append(request)
-    return b"".join(parts)
+    headers = b"".join(parts)
+    head = _CALL_HEAD.pack(
+        method, timeout_ms, len(peer_bytes), len(metadata), generation, len(signer), len(headers)
+    )
+    return b"".join((head, peer_bytes, signer, headers, request))
 
 
 def decode_call(payload: bytes) -> Call:
-    """The parts of a CALL payload (raises FrameError when it is cut short)."""
+    """The parts of a CALL payload (raises FrameError when it is cut short); the metadata stays
+    encoded until :func:`decode_headers`."""
     try:
-        method, timeout_ms, peer_length, count, generation, signer_length = _CALL_HEAD.unpack_from(payload)
+        method, timeout_ms, peer_length, count, generation, signer_length, headers_length = (
+            _CALL_HEAD.unpack_from(payload)
+        )
         at = _CALL_HEAD.size
         peer = payload[at : at + peer_length].decode()
         at += peer_length
         signed_by = payload[at : at + signer_length].decode()
         at += signer_length
-        metadata: list[tuple[str, str | bytes]] = []
-        for _ in range(count):
-            key_length, value_length = _HEADER_LENGTHS.unpack_from(payload, at)
-            at += _HEADER_LENGTHS.size
-            key = payload[at : at + key_length].decode()
-            at += key_length
-            raw = payload[at : at + value_length]
-            at += value_length
-            # gRPC's binary headers end in -bin and stay bytes; the others are text
-            metadata.append((key, raw if key.endswith("-bin") else raw.decode()))
+        headers = payload[at : at + headers_length]
+        at += headers_length
         if at > len(payload):
             raise FrameError("a CALL frame is cut short")
     except (struct.error, UnicodeDecodeError) as exc:
         raise FrameError(f"a CALL frame is malformed: {exc}") from exc
-    return Call(method, timeout_ms, peer, tuple(metadata), payload[at:], signed_by, generation)
+    return Call(method, timeout_ms, peer, headers, count, payload[at:], signed_by, generation)
+
+
+def decode_headers(block: bytes, count: int) -> tuple[tuple[str, str | bytes], ...]:
+    """A CALL's metadata: ``count`` (key, value) pairs (raises FrameError when malformed)."""
+    metadata: list[tuple[str, str | bytes]] = []
+    at = 0
+    try:
+        for _ in range(count):
+            key_length, value_length = _HEADER_LENGTHS.unpack_from(block, at)
+            at += _HEADER_LENGTHS.size
+            key = block[at : at + key_length].decode()
+            at += key_length
+            raw = block[at : at + value_length]
+            at += value_length
+            # gRPC's binary headers end in -bin and stay bytes; the others are text
+            metadata.append((key, raw if key.endswith("-bin") else raw.decode()))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise FrameError(f"a CALL frame's metadata is malformed: {exc}") from exc
+    if at != len(block):
+        raise FrameError("a CALL frame's metadata does not fill its length")
+    return tuple(metadata)
 
 
 def encode_users(generation: int, skew_s: float, secrets: Mapping[str, str]) -> bytes:

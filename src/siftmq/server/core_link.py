@@ -51,10 +51,14 @@ class Aborted(Exception):
 class CallContext:
     """The parts of ``grpc.aio.ServicerContext`` the handlers use, from the CALL frame."""
 
-    __slots__ = ("_deadline", "_metadata", "_peer", "signed_by")
+    __slots__ = ("_deadline", "_header_count", "_headers", "_metadata", "_peer", "signed_by")
 
     def __init__(self, call: frames.Call) -> None:
-        self._metadata = call.metadata
+        # decoded when first asked for: a send's handlers never ask (with authentication on, the
+        # front-end's claim stands in for the signature headers)
+        self._headers = call.headers
+        self._header_count = call.header_count
+        self._metadata: tuple[tuple[str, str | bytes], ...] | None = None
         self._peer = call.peer
         timeout_ms = call.timeout_ms
         self._deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
@@ -62,6 +66,8 @@ class CallContext:
         self.signed_by = (call.signed_by, call.generation) if call.signed_by else None
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        if self._metadata is None:
+            self._metadata = frames.decode_headers(self._headers, self._header_count)
         return self._metadata
 
     def peer(self) -> str:
