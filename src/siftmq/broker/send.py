@@ -102,9 +102,9 @@ class Sending(BrokerParts):
         stripes = sorted({hash(m) % len(self._send_locks) for m in message_ids})
         for k in stripes:
             self._send_locks[k].acquire()
+        fresh: list[int] = []
         try:
             results: list[SendResult | None] = [None] * count
-            fresh: list[int] = []
             for i, message_id in enumerate(message_ids):
                 existing = self.store.query_message_by_uniq_key(message_id)
                 if existing is not None and existing.topic == topic.name:
@@ -127,7 +127,8 @@ class Sending(BrokerParts):
         finally:
             for k in reversed(stripes):
                 self._send_locks[k].release()
-            self.store.index_appended()
+            if fresh:  # duplicates alone append nothing to index
+                self.store.index_appended()
         return [r for r in results if r is not None]
 
     def _prepare(self, batch: ProducedBatch) -> list[BatchEntry]:
