@@ -123,3 +123,19 @@ def test_a_front_ends_claim_counts_only_against_the_users_in_force() -> None:
     g._install(manage.remove_user(g.table, "alice"))
     assert g.authenticated("SendMessage", Claimed("alice", g.generation))[0] is None
     assert g.failures == {"unsigned": 2}
+    # generations fit a frame's 32 bits: past the last comes the first again
+    from siftmq.server.auth import MAX_GENERATION
+
+    g.generation = MAX_GENERATION
+    g._install(g.table)
+    assert g.generation == 1
+
+
+def test_alike_refusals_reported_together_are_audited_as_one_line_with_their_count(caplog: Any) -> None:
+    g = gate()
+    with caplog.at_level("WARNING", logger="siftmq.server.auth"):
+        g.failed("SendMessage", "ipv4:10.0.0.1:5", "c1", "invalid", "bad", count=5)
+        g.failed("SendMessage", "ipv4:10.0.0.1:6", "c1", "invalid", "bad", count=3)  # held back
+    assert g.failures == {"invalid": 8}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].endswith("(+4 more since the last line)")

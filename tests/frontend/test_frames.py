@@ -55,11 +55,27 @@ def test_users_and_refusals_round_trip_and_bad_ones_are_frame_errors() -> None:
     refused = frames.decode_refused(frames.encode_refused(many))
     assert len(refused) == frames.MAX_REFUSED_ENTRIES  # bounded: the caller sends the rest apart
     assert refused[0] == (4, "invalid", "ipv4:1.2.3.4:5", "client-0", "x" * frames.MAX_REFUSED_FIELD, 3)
-    for bad in (b"", b"{", b"[]", b'{"generation": 1}', b'{"generation": "a", "skew_s": 1, "secrets": {}}'):
+    for bad in (
+        b"",
+        b"{",
+        b"[]",
+        b'{"generation": 1}',
+        b'{"generation": "a", "skew_s": 1, "secrets": {}}',
+        b'{"generation": 1e999, "skew_s": 1, "secrets": {}}',
+    ):
         with pytest.raises(frames.FrameError):
             frames.decode_users(bad)
     too_many = json.dumps([[0, "invalid", "", "", "", 1]] * (frames.MAX_REFUSED_ENTRIES + 1)).encode()
-    for bad in (b"", b"[1, 2]", b'{"a": 1}', b'[["x", "a", "b", "c", "d", 1]]', b"[[1, 2]]", too_many):
+    overflow = b'[[0, "invalid", "", "", "", 1e999]]'
+    for bad in (
+        b"",
+        b"[1, 2]",
+        b'{"a": 1}',
+        b'[["x", "a", "b", "c", "d", 1]]',
+        b"[[1, 2]]",
+        too_many,
+        overflow,
+    ):
         with pytest.raises(frames.FrameError):
             frames.decode_refused(bad)
 

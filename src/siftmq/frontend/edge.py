@@ -90,6 +90,7 @@ class Link:
         if kind == frames.USERS:
             self.generation, skew_s, secrets = frames.decode_users(payload)
             self.verifier = Verifier(secrets, skew_s)
+            self.send(frames.USERS_TAKEN, self.generation)  # a live change answers after this
             return
         if kind == frames.CREDIT:
             credit = self.credits.get(call_id)
@@ -132,6 +133,11 @@ class Link:
             else:
                 entry = refusals[key] = [peer, 0]
         entry[1] += 1
+
+    def report_refusals(self) -> None:
+        """Report the refusals not yet reported now (before this process stops)."""
+        if self._refusals:
+            self._report()
 
     def _report(self) -> None:
         refusals, self._refusals = self._refusals, {}
@@ -380,6 +386,8 @@ async def serve(args: argparse.Namespace) -> int:
     if core_gone:
         _log.error("front-end %s: the core process went away; stopping", args.index)
     await server.stop(0 if core_gone else SHUTDOWN_GRACE_S)
+    link.report_refusals()
+    await asyncio.sleep(0.01)  # the last frames leave (the socket writes on the next turn)
     return 1 if core_gone else 0
 
 

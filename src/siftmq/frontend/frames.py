@@ -29,6 +29,7 @@ MESSAGE: Final = 4  # one more request of a client stream
 HALF_CLOSE: Final = 5  # the client sends no more requests
 CANCEL: Final = 6  # the client went away (or its deadline passed): stop the call
 REFUSED: Final = 7  # calls the front-end refused unauthenticated (for the core's metrics and audit log)
+USERS_TAKEN: Final = 8  # the front-end checks signatures against the users of this generation (the call id)
 # core -> front-end
 CREDIT: Final = 9  # the core took one request of a client stream: the front-end may send one more
 REPLY: Final = 10  # a response (unary: the answer; streams: one item)
@@ -153,7 +154,7 @@ def decode_users(payload: bytes) -> tuple[int, float, dict[str, str]]:
             float(data["skew_s"]),
             {str(k): str(v) for k, v in data["secrets"].items()},
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         raise FrameError(f"a USERS frame is malformed: {type(exc).__name__}") from exc
 
 
@@ -180,7 +181,7 @@ def decode_refused(payload: bytes) -> list[Refusal]:
             (int(method), str(reason), str(peer), str(client), str(message), max(1, int(count)))
             for method, reason, peer, client, message, count in entries
         ]
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, ArithmeticError) as exc:
         raise FrameError(f"a REFUSED frame is malformed: {type(exc).__name__}") from exc
 
 

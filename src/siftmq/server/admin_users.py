@@ -120,7 +120,9 @@ def users_router(gate: Gate | None, tokens: Tokens | None) -> APIRouter:
     async def create_user(body: UserCreate, request: Request) -> dict[str, Any]:
         g = in_force()
         password = body.password if body.password is not None else manage.generate_secret()
-        g.change(manage.add_user(g.table, body.username, password, super_user=body.userType == "Super"))
+        await g.change_everywhere(
+            manage.add_user(g.table, body.username, password, super_user=body.userType == "Super")
+        )
         _log.info("user %s (%s) created by %s", body.username, body.userType, who(request))
         answer = _user_json(g.table, body.username)
         if body.password is None:
@@ -134,7 +136,7 @@ def users_router(gate: Gate | None, tokens: Tokens | None) -> APIRouter:
             raise BadRequestError("give a password or ask for a generated one, not both")
         password = manage.generate_secret() if body.generatePassword else body.password
         super_user = None if body.userType is None else body.userType == "Super"
-        g.change(manage.update_user(g.table, name, password=password, super_user=super_user))
+        await g.change_everywhere(manage.update_user(g.table, name, password=password, super_user=super_user))
         _log.info("user %s updated by %s%s", name, who(request), " (new password)" if password else "")
         answer = _user_json(g.table, name)
         if body.generatePassword:
@@ -144,7 +146,7 @@ def users_router(gate: Gate | None, tokens: Tokens | None) -> APIRouter:
     @router.delete("/users/{name}", status_code=204)
     async def delete_user(name: str, request: Request) -> Response:
         g = in_force()
-        g.change(manage.remove_user(g.table, name))
+        await g.change_everywhere(manage.remove_user(g.table, name))
         _log.info("user %s and its ACL deleted by %s", name, who(request))
         return Response(status_code=204)
 
@@ -162,21 +164,21 @@ def users_router(gate: Gate | None, tokens: Tokens | None) -> APIRouter:
     @router.post("/acls", status_code=201)
     async def add_acl(body: AclBody, request: Request) -> dict[str, Any]:
         g, name = in_force(), _subject(body.subject)
-        g.change(manage.add_entries(g.table, name, _entries(body.policies)))
+        await g.change_everywhere(manage.add_entries(g.table, name, _entries(body.policies)))
         _log.info("ACL of %s extended by %s", name, who(request))
         return _acl_json(g.table, name)
 
     @router.put("/acls/{subject}")
     async def replace_acl(subject: str, body: AclReplace, request: Request) -> dict[str, Any]:
         g, name = in_force(), _subject(subject)
-        g.change(manage.add_entries(g.table, name, _entries(body.policies), replace=True))
+        await g.change_everywhere(manage.add_entries(g.table, name, _entries(body.policies), replace=True))
         _log.info("ACL of %s replaced by %s", name, who(request))
         return _acl_json(g.table, name)
 
     @router.delete("/acls/{subject}", status_code=204)
     async def delete_acl(subject: str, request: Request, resource: str | None = None) -> Response:
         g, name = in_force(), _subject(subject)
-        g.change(manage.remove_entries(g.table, name, resource))
+        await g.change_everywhere(manage.remove_entries(g.table, name, resource))
         _log.info("ACL of %s: %s deleted by %s", name, resource or "every entry", who(request))
         return Response(status_code=204)
 

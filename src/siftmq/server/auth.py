@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -31,6 +31,8 @@ _log = logging.getLogger(__name__)
 
 #: One audit line per this many seconds at most (the rest are counted into the next line).
 AUDIT_INTERVAL_S: Final = 10.0
+#: Generations of the users table count 1 to this and round again (a frame holds 32 bits).
+MAX_GENERATION: Final = 2**32 - 1
 CACHE_SIZE: Final = 4096  # remembered decisions (cleared when full)
 
 Need = tuple[tuple[str, Action], ...]
@@ -134,6 +136,8 @@ class Gate:
     generation: int = 0
     #: called (on the event loop) after each new table is put in force: the front-ends hear of it
     on_change: list[Callable[[], None]] = field(default_factory=list)
+    #: with front-ends: until every one of them checks signatures against the table in force
+    delivered: Callable[[], Awaitable[None]] | None = None
     verifier: Verifier = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -185,9 +189,16 @@ class Gate:
         self.table = table
         self.verifier = Verifier(self.secrets(), self.skew_s)
         self._decided.clear()
-        self.generation += 1
+        self.generation = self.generation % MAX_GENERATION + 1
         for listener in list(self.on_change):
             listener()
+
+    async def change_everywhere(self, table: AuthTable) -> None:
+        """:meth:`change`, returning once the front-ends have the new users too: the next call,
+        whichever process it reaches, meets the change (a new password works, an old one fails)."""
+        self.change(table)
+        if self.delivered is not None:
+            await self.delivered()
 
     def secrets(self) -> dict[str, str]:
         """Each user's secret key: what checking a signature needs."""
@@ -284,9 +295,9 @@ class Gate:
         if now - at < AUDIT_INTERVAL_S:
             self._audited[kind] = (at, unwritten + count)
             return
-        more = f" (+{unwritten} more since the last line)" if unwritten else ""
-        self._audited[kind] = (now, count - 1)
-        _log.warning(message + more, *args)
+        more = unwritten + count - 1  # held back since the last line, and this line's alike
+        self._audited[kind] = (now, 0)
+        _log.warning(message + (f" (+{more} more since the last line)" if more else ""), *args)
 
 
 def _read_table(path: Path) -> AuthTable:

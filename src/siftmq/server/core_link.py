@@ -12,6 +12,7 @@ here, with the state it needs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import logging
@@ -29,6 +30,9 @@ from siftmq.protocol.service import Rpc
 from siftmq.server.auth import Gate
 
 _log = logging.getLogger(__name__)
+
+#: How long a live change of the users waits for the front-ends to take it.
+USERS_DELIVERY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,7 @@ class FrontEndConnection:
         self._hello = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._streams: dict[int, _Requests] = {}
+        self.users_generation = 0  # the users table this front-end said it checks against
         self.protocol = frames.FrameProtocol(self._on_frame, self._on_lost, max_frame)
 
     def _on_frame(self, kind: int, call_id: int, payload: bytes) -> None:
@@ -142,6 +147,9 @@ class FrontEndConnection:
                 task.cancel()
         elif kind == frames.REFUSED:
             self._links.refused(payload)
+        elif kind == frames.USERS_TAKEN:
+            self.users_generation = call_id
+            self._links.users_taken()
         elif kind == frames.READY:
             self._links.front_end_ready()
         else:
@@ -228,8 +236,10 @@ class CoreLink:
         self._connections: set[FrontEndConnection] = set()
         # with authentication on, the front-ends check signatures against the users in force
         self._gate = gate if gate is not None and gate.authenticate else None
+        self._users_taken = asyncio.Event()
         if self._gate is not None:
             self._gate.on_change.append(self._users_changed)
+            self._gate.delivered = self.users_delivered
 
     def joined(self, connection: FrontEndConnection) -> None:
         """A front-end said the token: it gets the users before anything else."""
@@ -249,12 +259,33 @@ class CoreLink:
         for connection in self._connections:
             connection.protocol.send(frames.USERS, 0, payload)
 
+    def users_taken(self) -> None:
+        self._users_taken.set()
+
+    async def users_delivered(self) -> None:
+        """Until every connected front-end checks signatures against the users in force (a live
+        change answers after this); one that has not said so in :data:`USERS_DELIVERY_S` is logged."""
+        assert self._gate is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + USERS_DELIVERY_S
+        while any(c.users_generation != self._gate.generation for c in self._connections):
+            if loop.time() >= deadline:
+                _log.warning(
+                    "a front-end has not taken the changed users in %.0f s; it checks calls against "
+                    "the previous ones until it does",
+                    USERS_DELIVERY_S,
+                )
+                return
+            self._users_taken.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._users_taken.wait(), deadline - loop.time())
+
     def refused(self, payload: bytes) -> None:
         """A front-end refused calls unauthenticated: counted and audited as if refused here."""
         if self._gate is None:
             raise frames.FrameError("a REFUSED frame with authentication off")
         for method, reason, peer, client, message, count in frames.decode_refused(payload):
-            if method >= len(ALL_RPCS):
+            if not 0 <= method < len(ALL_RPCS):
                 raise frames.FrameError(f"a REFUSED frame names method {method}")
             known = reason if reason in REASONS else "malformed"  # the metric's labels stay few
             self._gate.failed(ALL_RPCS[method].name, peer, client, known, message, count=count)
@@ -278,6 +309,7 @@ class CoreLink:
     async def stop(self) -> None:
         if self._gate is not None:
             self._gate.on_change.remove(self._users_changed)
+            self._gate.delivered = None
         if self._server is not None:
             self._server.close()
 
