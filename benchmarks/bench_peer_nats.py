@@ -17,6 +17,8 @@ temporary directory; every row reports msg/s and the server's CPU per message.
 * **single publish**: the official ``rocketmq-python-client`` (8 threads, one message per call)
   against nats-py awaiting each acknowledged publish (8 concurrent tasks).
 
+Each read row starts once its server is idle (the publish's deferred work done, on either side).
+
 Run: ``.venv/bin/python benchmarks/bench_peer_nats.py [--messages N] [--rounds R] [--single N]``.
 """
 
@@ -49,6 +51,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def settle(pid: int, window_s: float = 0.5, limit_s: float = 15.0) -> None:
+    """Wait until the server is idle (at most one CPU tick in ``window_s``): a read row's figures
+    must not carry the publish's deferred work (dispatch, page writeback), on either side."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pid)
+        time.sleep(window_s)
+        if cpu_seconds(pid) - before <= 0.011:
+            return
 
 
 async def measure(pid: int, count_of: Callable[[], Awaitable[int]]) -> tuple[float, float]:
@@ -232,6 +245,7 @@ def main() -> None:
                             ("10% filtered pull with offset commits", siftmq_pull, nats_pull, "peerpull"),
                         )
                         for label, ours, theirs, name in reads:
+                            settle(pid)
                             read = (
                                 ours(broker.endpoint, topic, f"{name}-{r}", expected)
                                 if side == "siftmq"
