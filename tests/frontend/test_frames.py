@@ -182,10 +182,10 @@ def test_call_ids_wrap_at_32_bits_and_skip_open_calls() -> None:
         link = Link(1 << 20)
         link.protocol, _, wire = _protocol()
         link._next_id = frames.MAX_CALL_ID - 2
-        first, _ = link.open_unary(0, _Context(), b"", "")  # type: ignore[arg-type]
+        first, _ = link.open_unary(0, _Context(), b"", ([], ""))  # type: ignore[arg-type]
         assert first == frames.MAX_CALL_ID - 1
         link._next_id = frames.MAX_CALL_ID - 2  # the next would be the open call's id: skipped
-        ids = [link.open_unary(0, _Context(), b"", "")[0] for _ in range(3)]  # type: ignore[arg-type]
+        ids = [link.open_unary(0, _Context(), b"", ([], ""))[0] for _ in range(3)]  # type: ignore[arg-type]
         assert ids == [frames.MAX_CALL_ID, 1, 2]
         await asyncio.sleep(0)
         assert len(wire.written) > 0  # every id fitted its frame header

@@ -44,6 +44,9 @@ MAX_CLIENT_ID: Final = 128  # characters of a refused call's client id reported 
 #: signatures the core reads one small frame per interval, not one per call.
 REPORT_INTERVAL_S: Final = 0.1
 _T = TypeVar("_T")
+Metadata = list[tuple[str, str | bytes]]
+Signed = tuple[Metadata, str]
+"""A call's metadata, and who signed it ("" when not checked)."""
 
 
 def tls_credentials(cert_file: str, key_file: str, client_ca_file: str = "") -> grpc.ServerCredentials:
@@ -108,12 +111,11 @@ class Link:
         for deliver in list(self._calls.values()):
             deliver(gone)
 
-    def signer(self, method: int, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    def signer(self, method: int, context: grpc.aio.ServicerContext[Any, Any], metadata: Metadata) -> str:
         """Who signed the call ("" with authentication off); raises :class:`SignatureError` after
         reporting the refusal to the core."""
         if self.verifier is None:
             return ""
-        metadata = [(m.key, m.value) for m in context.invocation_metadata() or ()]
         try:
             return self.verifier.who(*signature_headers(metadata))
         except SignatureError as exc:
@@ -150,7 +152,7 @@ class Link:
             self.send(frames.REFUSED, 0, frames.encode_refused(chunk))
 
     def open_unary(
-        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes, signed_by: str
+        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes, signed: Signed
     ) -> tuple[int, asyncio.Future[tuple[int, bytes]]]:
         """A unary call: its one answer (REPLY or ABORT) completes the future."""
         answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
@@ -159,28 +161,28 @@ class Link:
             if not answer.done():
                 answer.set_result(frame)
 
-        return self._open(method, context, request, signed_by, deliver), answer
+        return self._open(method, context, request, signed, deliver), answer
 
     def open_stream(
-        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes, signed_by: str
+        self, method: int, context: grpc.aio.ServicerContext[Any, Any], request: bytes, signed: Signed
     ) -> tuple[int, asyncio.Queue[tuple[int, bytes]]]:
         """A streaming call: its REPLY frames, then END or ABORT, in order on the queue."""
         frames_in: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
-        return self._open(method, context, request, signed_by, frames_in.put_nowait), frames_in
+        return self._open(method, context, request, signed, frames_in.put_nowait), frames_in
 
     def _open(
         self,
         method: int,
         context: grpc.aio.ServicerContext[Any, Any],
         request: bytes,
-        signed_by: str,
+        signed: Signed,
         deliver: Callable[[tuple[int, bytes]], None],
     ) -> int:
         if self.protocol is None or self.lost.is_set():
             raise _CoreGone
         remaining = context.time_remaining()
         timeout_ms = -1 if remaining is None else max(0, min(int(remaining * 1000), 2**31 - 1))
-        metadata = [(m.key, m.value) for m in context.invocation_metadata() or ()]
+        metadata, signed_by = signed
         # self.generation is the table the signer was checked against: nothing ran in between
         call = frames.encode_call(
             method,
@@ -219,6 +221,10 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], payload: bytes) ->
     await context.abort(_CODES.get(code, grpc.StatusCode.UNKNOWN), details)
 
 
+def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> Metadata:
+    return [(m.key, m.value) for m in context.invocation_metadata() or ()]
+
+
 def _refusal(rpc: Rpc, exc: SignatureError) -> bytes:
     """``rpc``'s answer refusing an unauthenticated call, as the core's gate answers it."""
     st = pb.Status(code=pb.Code.UNAUTHORIZED, message=f"{rpc.name}: {exc}"[:MAX_STATUS_MESSAGE])
@@ -233,11 +239,12 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     reaches the core."""
 
     async def unary(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        metadata = _metadata(context)
         try:
-            signed_by = link.signer(index, context)
+            signed = metadata, link.signer(index, context, metadata)
         except SignatureError as exc:
             return _refusal(rpc, exc)
-        call_id, answer = await _opened(link.open_unary, index, context, request, signed_by)
+        call_id, answer = await _opened(link.open_unary, index, context, request, signed)
         done = False
         try:
             kind, payload = await answer
@@ -267,12 +274,13 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     async def server_stream(
         request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
+        metadata = _metadata(context)
         try:
-            signed_by = link.signer(index, context)
+            signed = metadata, link.signer(index, context, metadata)
         except SignatureError as exc:
             yield _refusal(rpc, exc)
             return
-        call_id, frames_in = await _opened(link.open_stream, index, context, request, signed_by)
+        call_id, frames_in = await _opened(link.open_stream, index, context, request, signed)
         # closed at once when the client goes (not when collected): the core hears CANCEL now
         async with contextlib.aclosing(answers(call_id, frames_in, context)) as stream:
             async for answer in stream:
@@ -281,12 +289,13 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     async def bidi(
         requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
+        metadata = _metadata(context)
         try:
-            signed_by = link.signer(index, context)
+            signed = metadata, link.signer(index, context, metadata)
         except SignatureError as exc:
             yield _refusal(rpc, exc)
             return
-        call_id, frames_in = await _opened(link.open_stream, index, context, b"", signed_by)
+        call_id, frames_in = await _opened(link.open_stream, index, context, b"", signed)
         # gRPC's flow control, carried over: the next request is read from the client only when
         # the core has room for it (one process reads a request when the handler asks for one)
         credit = link.credits[call_id] = asyncio.Semaphore(frames.STREAM_CREDIT)
@@ -322,10 +331,10 @@ async def _opened(
     index: int,
     context: grpc.aio.ServicerContext[Any, Any],
     request: bytes,
-    signed_by: str,
+    signed: Signed,
 ) -> _T:
     try:
-        return open_call(index, context, request, signed_by)
+        return open_call(index, context, request, signed)
     except _CoreGone:
         # the core is gone: this process exits soon, and the client retries on another
         await context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is restarting")
