@@ -139,3 +139,46 @@ def test_alike_refusals_reported_together_are_audited_as_one_line_with_their_cou
     assert g.failures == {"invalid": 8}
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].endswith("(+4 more since the last line)")
+
+
+class _FrontEnd:
+    """A front-end's connection as the core sees it: what it was sent, which table it took."""
+
+    def __init__(self) -> None:
+        self.users_generation = 0
+        self.sent: list[int] = []
+        self.protocol = self
+
+    def send(self, kind: int, call_id: int, payload: bytes = b"") -> None:
+        self.sent.append(kind)
+
+
+def test_a_live_change_waits_for_every_front_end_but_not_for_one_that_left() -> None:
+    import asyncio
+
+    from siftmq.frontend import frames
+    from siftmq.server.core_link import CoreLink
+
+    async def run() -> float:
+        g = gate()
+        link = CoreLink([], b"token", 1 << 20, g)
+        taking, leaving = _FrontEnd(), _FrontEnd()
+        link.joined(taking)  # type: ignore[arg-type]
+        link.joined(leaving)  # type: ignore[arg-type]
+        g._install(g.table)  # a change: every front-end is sent the users again
+        assert taking.sent == leaving.sent == [frames.USERS, frames.USERS]
+        assert g.delivered is not None
+        loop = asyncio.get_running_loop()
+
+        def took() -> None:
+            taking.users_generation = g.generation
+            link.users_taken()
+
+        loop.call_later(0.05, took)
+        loop.call_later(0.1, link.left, leaving)  # type: ignore[arg-type]
+        start = loop.time()
+        await g.delivered()
+        return loop.time() - start
+
+    waited = asyncio.run(run())
+    assert 0.09 < waited < 1.0  # until the one left; not the 2 s a silent front-end would cost

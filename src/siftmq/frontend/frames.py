@@ -55,7 +55,8 @@ MAX_REFUSED_ENTRIES: Final = 64
 
 
 class FrameError(Exception):
-    """A frame that breaks the protocol (too long, cut short): the connection is closed."""
+    """A frame that breaks the protocol (too long, cut short): the connection is closed. A CALL's
+    metadata is read later (:func:`decode_headers`): when that fails, the call alone fails."""
 
 
 class Call(NamedTuple):

@@ -120,11 +120,11 @@ def users_router(gate: Gate | None, tokens: Tokens | None) -> APIRouter:
     async def create_user(body: UserCreate, request: Request) -> dict[str, Any]:
         g = in_force()
         password = body.password if body.password is not None else manage.generate_secret()
-        await g.change_everywhere(
-            manage.add_user(g.table, body.username, password, super_user=body.userType == "Super")
-        )
+        # the answer is made of the table this request put in force (another may follow during the wait)
+        table = manage.add_user(g.table, body.username, password, super_user=body.userType == "Super")
+        await g.change_everywhere(table)
         _log.info("user %s (%s) created by %s", body.username, body.userType, who(request))
-        answer = _user_json(g.table, body.username)
+        answer = _user_json(table, body.username)
         if body.password is None:
             answer["password"] = password  # generated: shown this once
         return answer
@@ -136,9 +136,10 @@ def users_router(gate: Gate | None, tokens: Tokens | None) -> APIRouter:
             raise BadRequestError("give a password or ask for a generated one, not both")
         password = manage.generate_secret() if body.generatePassword else body.password
         super_user = None if body.userType is None else body.userType == "Super"
-        await g.change_everywhere(manage.update_user(g.table, name, password=password, super_user=super_user))
+        table = manage.update_user(g.table, name, password=password, super_user=super_user)
+        await g.change_everywhere(table)
         _log.info("user %s updated by %s%s", name, who(request), " (new password)" if password else "")
-        answer = _user_json(g.table, name)
+        answer = _user_json(table, name)
         if body.generatePassword:
             answer["password"] = password
         return answer
@@ -164,16 +165,18 @@ def users_router(gate: Gate | None, tokens: Tokens | None) -> APIRouter:
     @router.post("/acls", status_code=201)
     async def add_acl(body: AclBody, request: Request) -> dict[str, Any]:
         g, name = in_force(), _subject(body.subject)
-        await g.change_everywhere(manage.add_entries(g.table, name, _entries(body.policies)))
+        table = manage.add_entries(g.table, name, _entries(body.policies))
+        await g.change_everywhere(table)
         _log.info("ACL of %s extended by %s", name, who(request))
-        return _acl_json(g.table, name)
+        return _acl_json(table, name)
 
     @router.put("/acls/{subject}")
     async def replace_acl(subject: str, body: AclReplace, request: Request) -> dict[str, Any]:
         g, name = in_force(), _subject(subject)
-        await g.change_everywhere(manage.add_entries(g.table, name, _entries(body.policies), replace=True))
+        table = manage.add_entries(g.table, name, _entries(body.policies), replace=True)
+        await g.change_everywhere(table)
         _log.info("ACL of %s replaced by %s", name, who(request))
-        return _acl_json(g.table, name)
+        return _acl_json(table, name)
 
     @router.delete("/acls/{subject}", status_code=204)
     async def delete_acl(subject: str, request: Request, resource: str | None = None) -> Response:

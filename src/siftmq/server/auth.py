@@ -195,7 +195,9 @@ class Gate:
 
     async def change_everywhere(self, table: AuthTable) -> None:
         """:meth:`change`, returning once the front-ends have the new users too: the next call,
-        whichever process it reaches, meets the change (a new password works, an old one fails)."""
+        whichever process it reaches, meets the change (a new password works, an old one fails).
+        A front-end that has not confirmed it within ``USERS_DELIVERY_S`` is logged and not waited
+        for (the core still refuses an old password it passes on)."""
         self.change(table)
         if self.delivered is not None:
             await self.delivered()

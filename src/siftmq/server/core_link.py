@@ -236,7 +236,7 @@ class CoreLink:
         self._connections: set[FrontEndConnection] = set()
         # with authentication on, the front-ends check signatures against the users in force
         self._gate = gate if gate is not None and gate.authenticate else None
-        self._users_taken = asyncio.Event()
+        self._users_news = asyncio.Event()  # a front-end confirmed a users table, or left
         if self._gate is not None:
             self._gate.on_change.append(self._users_changed)
             self._gate.delivered = self.users_delivered
@@ -249,6 +249,7 @@ class CoreLink:
 
     def left(self, connection: FrontEndConnection) -> None:
         self._connections.discard(connection)
+        self._users_news.set()  # a change waiting for it waits no more
 
     def _users(self) -> bytes:
         assert self._gate is not None
@@ -260,7 +261,7 @@ class CoreLink:
             connection.protocol.send(frames.USERS, 0, payload)
 
     def users_taken(self) -> None:
-        self._users_taken.set()
+        self._users_news.set()
 
     async def users_delivered(self) -> None:
         """Until every connected front-end checks signatures against the users in force (a live
@@ -268,17 +269,19 @@ class CoreLink:
         assert self._gate is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + USERS_DELIVERY_S
-        while any(c.users_generation != self._gate.generation for c in self._connections):
+        while lagging := [c for c in self._connections if c.users_generation != self._gate.generation]:
             if loop.time() >= deadline:
                 _log.warning(
-                    "a front-end has not taken the changed users in %.0f s; it checks calls against "
-                    "the previous ones until it does",
+                    "%d front-end(s) have not taken users table %d in %.0f s; they check calls against "
+                    "an older one until they do",
+                    len(lagging),
+                    self._gate.generation,
                     USERS_DELIVERY_S,
                 )
                 return
-            self._users_taken.clear()
+            self._users_news.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._users_taken.wait(), deadline - loop.time())
+                await asyncio.wait_for(self._users_news.wait(), deadline - loop.time())
 
     def refused(self, payload: bytes) -> None:
         """A front-end refused calls unauthenticated: counted and audited as if refused here."""
@@ -309,7 +312,8 @@ class CoreLink:
     async def stop(self) -> None:
         if self._gate is not None:
             self._gate.on_change.remove(self._users_changed)
-            self._gate.delivered = None
+            if self._gate.delivered == self.users_delivered:
+                self._gate.delivered = None
         if self._server is not None:
             self._server.close()
 
