@@ -85,10 +85,20 @@ def test_a_call_cut_short_is_a_frame_error() -> None:
     for cut in (1, 8, len(payload) - 1):
         with pytest.raises(frames.FrameError):
             frames.decode_call(payload[:cut])
-    call = frames.decode_call(payload)
-    for block, count in ((call.headers[:-1], 1), (call.headers, 2), (call.headers + b"x", 1)):
-        with pytest.raises(frames.FrameError):  # cut short, fewer pairs than said, bytes left over
+    text = frames.decode_call(payload)  # text metadata: NUL-joined
+    binary = frames.decode_call(frames.encode_call(3, 100, "", [("x-id-bin", b"\x00\x01")], b""))
+    for block, count in (
+        (text.headers, 2),  # fewer pairs than said
+        (text.headers + b"\x00x", 1),  # more
+        (b"\xff\x00x", 1),  # not UTF-8
+        (binary.headers[:-1], binary.header_count),  # cut short
+        (binary.headers + b"x", binary.header_count),  # bytes left over
+    ):
+        with pytest.raises(frames.FrameError):
             frames.decode_headers(block, count)
+    assert frames.decode_headers(binary.headers, binary.header_count) == (("x-id-bin", b"\x00\x01"),)
+    with pytest.raises(frames.FrameError):
+        frames.encode_call(3, 100, "", [("k", "v")] * (frames.MAX_HEADERS + 1), b"")
 
 
 class _Transport(asyncio.Transport):
