@@ -308,6 +308,9 @@ def test_a_front_end_killed_is_started_again_and_nothing_acknowledged_is_lost(br
             t.join(60)
     assert broker.proc.poll() is None  # the core never went down
     assert any("restarting" in line or "starting it again" in line for line in broker.output)
+    wanted = ('siftmq_front_ends{state="configured"} 2.0', 'siftmq_front_ends{state="connected"} 2.0')
+    metrics = broker.metrics_with(*wanted)
+    assert all(w in metrics for w in wanted) and "siftmq_front_end_restarts_total 3.0" in metrics
     got = _receive_all(broker.endpoint, set(acked), "g-after-kills")
     missing = set(acked) - got
     assert not missing, f"{len(missing)} of {len(acked)} acknowledged sends lost ({len(errors)} failed sends)"

@@ -63,13 +63,19 @@ class SubscriptionSet(BaseModel):
     expression: str = Field(default="*", max_length=65_536)
 
 
-def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | None = None) -> FastAPI:
+def create_app(
+    broker: Broker,
+    gate: Gate | None = None,
+    warnings: list[str] | None = None,
+    front_ends: Callable[[], dict[str, int]] | None = None,
+) -> FastAPI:
     """The admin application for ``broker``; ``warnings`` (an exposed broker without authentication)
-    are shown by ``/healthz``."""
+    are shown by ``/healthz``; ``front_ends`` counts the gRPC front-ends (``--workers``) for the
+    metrics."""
     app = FastAPI(title="siftmq admin", version="1", docs_url="/docs", redoc_url=None)
     history = app.state.history = History(broker)  # sampled by the admin server's task
     registry = CollectorRegistry()
-    registry.register(BrokerCollector(broker, gate))
+    registry.register(BrokerCollector(broker, gate, front_ends))
 
     async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(functools.partial(fn, **kwargs), *args)
@@ -296,9 +302,12 @@ def create_app(broker: Broker, gate: Gate | None = None, warnings: list[str] | N
 class BrokerCollector(Collector):
     """Reads the broker's counters at scrape time."""
 
-    def __init__(self, broker: Broker, gate: Gate | None = None) -> None:
+    def __init__(
+        self, broker: Broker, gate: Gate | None = None, front_ends: Callable[[], dict[str, int]] | None = None
+    ) -> None:
         self.broker = broker
         self.gate = gate
+        self.front_ends = front_ends
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.broker.stats
@@ -376,6 +385,20 @@ class BrokerCollector(Collector):
         yield from (sends, sent_bytes, dups, deliveries, delivered_bytes, acks, dlq, work)
         yield from (inconsistent, lag, store, clients, deleted, disk_used, disk_refusing, damaged)
         yield from self._programs()
+        if self.front_ends is not None:
+            counts = self.front_ends()
+            processes = GaugeMetricFamily(
+                "siftmq_front_ends",
+                "gRPC front-end processes (--workers): configured, and connected to the core now",
+                labels=["state"],
+            )
+            processes.add_metric(["configured"], counts["configured"])
+            processes.add_metric(["connected"], counts["connected"])
+            restarts = CounterMetricFamily(
+                "siftmq_front_end_restarts", "Front-end processes started again after they died"
+            )
+            restarts.add_metric([], counts["restarts"])
+            yield from (processes, restarts)
         if self.gate is not None:
             failures = CounterMetricFamily(
                 "siftmq_auth_failures", "Calls refused as not authenticated", labels=["reason"]

@@ -175,7 +175,15 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
         try:
             port = await edge.start(host, listen_port)
             await _serve_until_stopped(
-                config, broker, gate, warnings, host=host, port=port, ready=ready, on_stop=edge.stopping
+                config,
+                broker,
+                gate,
+                warnings,
+                host=host,
+                port=port,
+                ready=ready,
+                on_stop=edge.stopping,
+                front_ends=edge.counts if isinstance(edge, FrontEnds) else None,
             )
         finally:
             await edge.stop()
@@ -196,10 +204,13 @@ async def _serve_until_stopped(
     port: int,
     ready: Any,
     on_stop: Callable[[], None],
+    front_ends: Callable[[], dict[str, int]] | None = None,
 ) -> None:
     """The admin API, the ready line, and the wait for SIGTERM/SIGINT (SIGHUP reloads the users)."""
     loop = asyncio.get_running_loop()
-    admin = _AdminServer(broker, config.admin_listen, gate, warnings) if config.admin_listen else None
+    admin = None
+    if config.admin_listen:
+        admin = _AdminServer(broker, config.admin_listen, gate, warnings, front_ends)
     admin_text = ""
     if admin is not None:
         await admin.start()
@@ -277,7 +288,12 @@ class _AdminServer:
     """uvicorn serving the admin API on the broker's event loop (signals stay the broker's)."""
 
     def __init__(
-        self, broker: Broker, listen: str, gate: Gate | None = None, warnings: list[str] | None = None
+        self,
+        broker: Broker,
+        listen: str,
+        gate: Gate | None = None,
+        warnings: list[str] | None = None,
+        front_ends: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         import uvicorn
 
@@ -297,7 +313,7 @@ class _AdminServer:
             self._sock.close()
             raise BindError(f"cannot listen on {listen} for the admin API: {exc}") from exc
         self.address = f"{host}:{self._sock.getsockname()[1]}"
-        app = create_app(broker, gate, warnings or [])
+        app = create_app(broker, gate, warnings or [], front_ends)
         self._history = app.state.history
         self._server = _Quiet(
             uvicorn.Config(

@@ -241,6 +241,11 @@ class CoreLink:
             self._gate.on_change.append(self._users_changed)
             self._gate.delivered = self.users_delivered
 
+    @property
+    def connected(self) -> int:
+        """Front-ends connected now (that said the token)."""
+        return len(self._connections)
+
     def joined(self, connection: FrontEndConnection) -> None:
         """A front-end said the token: it gets the users before anything else."""
         self._connections.add(connection)

@@ -86,6 +86,7 @@ class FrontEnds:
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
         self.listen = ""
+        self.restarts = 0  # front-ends started again after they died
 
     async def start(self, host: str, port: int) -> int:
         """Start the front-ends on ``host:port``; returns the port once every one listens."""
@@ -153,6 +154,7 @@ class FrontEnds:
             if self._stopping:
                 return
             failures = 1 if loop.time() - started > HEALTHY_AFTER_S else failures + 1
+            self.restarts += 1
             pause = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S)) - 1]
             _log.warning("front-end %d exited (%s); starting it again in %.1f s", index, code, pause)
             while True:
@@ -167,6 +169,10 @@ class FrontEnds:
                     _log.error(
                         "front-end %d cannot be started: %s; trying again in %.1f s", index, exc, pause
                     )
+
+    def counts(self) -> dict[str, int]:
+        """For the metrics: front-ends configured, connected to the core now, and started again."""
+        return {"configured": self._count, "connected": self._link.connected, "restarts": self.restarts}
 
     def stopping(self) -> None:
         """The broker is stopping: front-ends that exit from now on are not started again (a
