@@ -238,12 +238,18 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     A call's signature is checked when it opens (a Telemetry stream's once), before anything of it
     reaches the core."""
 
-    async def unary(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+    def checked(context: grpc.aio.ServicerContext[Any, Any]) -> Signed | bytes:
+        """The call's metadata and signer, or the answer refusing it unauthenticated."""
         metadata = _metadata(context)
         try:
-            signed = metadata, link.signer(index, context, metadata)
+            return metadata, link.signer(index, context, metadata)
         except SignatureError as exc:
             return _refusal(rpc, exc)
+
+    async def unary(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        signed = checked(context)
+        if isinstance(signed, bytes):
+            return signed
         call_id, answer = await _opened(link.open_unary, index, context, request, signed)
         done = False
         try:
@@ -274,11 +280,9 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     async def server_stream(
         request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        metadata = _metadata(context)
-        try:
-            signed = metadata, link.signer(index, context, metadata)
-        except SignatureError as exc:
-            yield _refusal(rpc, exc)
+        signed = checked(context)
+        if isinstance(signed, bytes):
+            yield signed
             return
         call_id, frames_in = await _opened(link.open_stream, index, context, request, signed)
         # closed at once when the client goes (not when collected): the core hears CANCEL now
@@ -289,11 +293,9 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
     async def bidi(
         requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        metadata = _metadata(context)
-        try:
-            signed = metadata, link.signer(index, context, metadata)
-        except SignatureError as exc:
-            yield _refusal(rpc, exc)
+        signed = checked(context)
+        if isinstance(signed, bytes):
+            yield signed
             return
         call_id, frames_in = await _opened(link.open_stream, index, context, b"", signed)
         # gRPC's flow control, carried over: the next request is read from the client only when
