@@ -44,7 +44,6 @@ _UNWRITTEN_CHECK = 64 * 1024  # zeros after a zero header that make it the end o
 _pack_positions = struct.Struct(">qq").pack_into  # queue_offset, physical_offset at 24
 _pack_timestamp = struct.Struct(">q").pack_into  # store_timestamp at 60
 _pack_crc = struct.Struct(">I").pack_into  # record_crc at 8, of bytes [12, total_size)
-_unpack_timestamp = struct.Struct(">q").unpack_from
 _STAMP_AT: Final = 60  # store_timestamp
 _STAMP_END: Final = _STAMP_AT + 8
 _crc32 = zlib.crc32
@@ -455,7 +454,8 @@ class CommitLog:
         would leave the queue offset of the first one without a record. Such a tail is: a record
         without its magic code, at most one record long, then intact records that all carry the
         store timestamp of that one write (every record of an append gets the same one, which the
-        first record holds too unless that part of it was not written yet), then at most a record
+        first record holds too, as far as it was written: a copy the kill interrupted leaves any of
+        its bytes unwritten, zero, not only the first 8; seen after a kill -9), then at most a record
         the write did not finish, and nothing after it but the unwritten rest of the segment or its
         blank marker. Damage in the middle of the log is followed by other writes, and is kept.
         """
@@ -466,9 +466,8 @@ class CommitLog:
             or resume - pos > self.max_record_size
         ):
             return False
+        first = head[_STAMP_AT:_STAMP_END]  # the first record's stamp, maybe partly written
         stamps = set()
-        if len(head) == _STAMP_END and (first := _unpack_timestamp(head, _STAMP_AT)[0]):
-            stamps.add(first)
         at = resume
         while at < seg.length:
             head = seg.read(at, codec.BLANK_MARKER_SIZE)
@@ -487,11 +486,14 @@ class CommitLog:
                 if next_intact(seg, at, self.max_record_size) is not None:
                     return False
                 break
-            stamps.add(_unpack_timestamp(data, _STAMP_AT)[0])
+            stamps.add(data[_STAMP_AT:_STAMP_END])
             if len(stamps) > 1:
                 return False
             at += total_size
-        return len(stamps) == 1
+        if not stamps:  # only a blank marker followed: the first record's own stamp must be there
+            return len(first) == _STAMP_END - _STAMP_AT and any(first)
+        (stamp,) = stamps
+        return all(b in (0, s) for b, s in zip(first, stamp, strict=False))
 
     @staticmethod
     def _unwritten(seg: Segment, pos: int) -> bool:
