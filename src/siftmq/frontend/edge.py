@@ -228,9 +228,7 @@ def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> Metadata:
 def _refusal(rpc: Rpc, exc: SignatureError) -> bytes:
     """``rpc``'s answer refusing an unauthenticated call, as the core's gate answers it."""
     st = pb.Status(code=pb.Code.UNAUTHORIZED, message=f"{rpc.name}: {exc}"[:MAX_STATUS_MESSAGE])
-    if rpc.response is pb.SendMessageResponse:  # the official client reads the entry's status
-        return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)]).SerializeToString()
-    return bytes(rpc.response(status=st).SerializeToString())
+    return rpc.status_answer(st).SerializeToString()
 
 
 def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:

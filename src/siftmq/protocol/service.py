@@ -38,6 +38,13 @@ class Rpc:
     def path(self) -> str:
         return f"/{self.service}/{self.name}"
 
+    def status_answer(self, status: pb.Status) -> Message:
+        """This RPC's answer carrying only ``status`` (a refused call's): SendMessage's in its one
+        entry too, since the official client reads the entry's status."""
+        if self.response is pb.SendMessageResponse:
+            return pb.SendMessageResponse(status=status, entries=[pb.SendResultEntry(status=status)])
+        return self.response(status=status)
+
 
 RPCS: Final[tuple[Rpc, ...]] = (
     Rpc("QueryRoute", "unary_unary", pb.QueryRouteRequest, pb.QueryRouteResponse),

@@ -22,7 +22,6 @@ from typing import Any, Final
 from siftmq.auth.acl import Action, AuthTable, User, dump_auth_file, parse_auth_file
 from siftmq.auth.signature import SignatureError, Verifier, signature_headers
 from siftmq.errors import BadRequestError, ConfigError, StatusCode, UnsupportedError
-from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import Rpc
 from siftmq.server.status import status
 from siftmq.store.segment import write_atomically
@@ -354,17 +353,12 @@ def _peer_ip(context: Any) -> str:
 def guard(behaviour: Any, rpc: Rpc, gate: Gate) -> Any:
     """``behaviour`` behind the gate: a refused call gets ``rpc``'s answer carrying the status."""
 
-    def answer(st: Any) -> Any:
-        if rpc.response is pb.SendMessageResponse:  # the official client reads the entry's status
-            return pb.SendMessageResponse(status=st, entries=[pb.SendResultEntry(status=st)])
-        return rpc.response(status=st)
-
     if rpc.shape == "unary_unary":
 
         async def unary(request: Any, context: Any) -> Any:
             refused = gate.refusal(rpc.name, request, context)
             if refused is not None:
-                return answer(refused)
+                return rpc.status_answer(refused)
             return await behaviour(request, context)
 
         return unary
@@ -373,7 +367,7 @@ def guard(behaviour: Any, rpc: Rpc, gate: Gate) -> Any:
         async def server_stream(request: Any, context: Any) -> AsyncIterator[Any]:
             refused = gate.refusal(rpc.name, request, context)
             if refused is not None:
-                yield answer(refused)
+                yield rpc.status_answer(refused)
                 return
             async for item in behaviour(request, context):
                 yield item
@@ -383,7 +377,7 @@ def guard(behaviour: Any, rpc: Rpc, gate: Gate) -> Any:
     async def bidi(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         user, refused = gate.authenticated(rpc.name, context)  # once, when it opens
         if refused is not None:
-            yield answer(refused)
+            yield rpc.status_answer(refused)
             return
         if user is None or not gate.authorize:
             async for item in behaviour(requests, context):
@@ -410,7 +404,7 @@ def guard(behaviour: Any, rpc: Rpc, gate: Gate) -> Any:
         async for item in behaviour(checked(), context):
             yield item
         if denied:
-            yield answer(denied[0])
+            yield rpc.status_answer(denied[0])
 
     return bidi
 
