@@ -141,57 +141,89 @@ class GroupManager:
         written by heartbeats).
         """
         with self._lock:
-            info = self._ensure(group)
-            current = info.subscriptions.get(topic)
-            if current is not None:
-                current.holders &= live | {client_id}
-            same = current is not None and (current.kind, current.expression) == (kind, expression)
-            restored = current is not None and current.restored_until > time.monotonic()
-            unheld = (
-                current is not None
-                and not current.pinned
-                and not restored
-                and not (current.holders - {client_id})
+            return self._claim_locked(
+                group,
+                client_id,
+                topic,
+                kind=kind,
+                expression=expression,
+                live=live,
+                from_settings=from_settings,
             )
-            if current is None or same or unheld:
-                if not same:
-                    version = current.version + 1 if current is not None else 1
-                    current = info.subscriptions[topic] = GroupSubscription(topic, kind, expression, version)
-                    self._save_locked()
-                assert current is not None
-                current.holders.add(client_id)
-                return current
-            others = sorted(current.holders - {client_id})
-            if current.pinned:
-                holder_text = "set through the admin API"
-            elif others:
-                holder_text = f"held by {', '.join(others)}"
-            else:
-                holder_text = (
-                    "held by its members from before the broker restarted, who have not come back yet"
-                )
-            what = (
-                f"group {group!r} subscribes topic {topic!r} with {current.describe()} ({holder_text}), "
-                f"but client {client_id or '<anonymous>'} asks for {kind} {expression!r}"
+
+    def claim_held(
+        self, group: str, client_id: str, topic: str, *, kind: str, expression: str, live: set[str]
+    ) -> GroupSubscription | None:
+        """A request's :meth:`claim` of the subscription the group holds on ``topic`` already, or
+        None (nothing done) when it holds another or none: such a claim records nothing, so it
+        writes no file (what an event loop may call)."""
+        with self._lock:
+            info = self._groups.get(group)
+            held = info.subscriptions.get(topic) if info is not None else None
+            if held is None or (held.kind, held.expression) != (kind, expression):
+                return None
+            return self._claim_locked(
+                group, client_id, topic, kind=kind, expression=expression, live=live, from_settings=False
             )
-            if info.consistency == "strict":
-                raise SubscriptionConflictError(
-                    f"inconsistent subscription: {what}. Members of one group must subscribe alike; "
-                    "use another group, stop the other members, or set the group to compat"
-                )
-            if info.last_inconsistency != what:
-                info.inconsistencies += 1
-                info.last_inconsistency = what
-                _log.warning(
-                    "compat group %s: one subscription per group, messages may be lost: %s", group, what
-                )
-            if from_settings and not current.pinned:  # RocketMQ: the newest heartbeat wins
-                holders = current.holders | {client_id}
-                current = info.subscriptions[topic] = GroupSubscription(
-                    topic, kind, expression, current.version + 1, holders
-                )
+
+    def _claim_locked(
+        self,
+        group: str,
+        client_id: str,
+        topic: str,
+        *,
+        kind: str,
+        expression: str,
+        live: set[str],
+        from_settings: bool,
+    ) -> GroupSubscription:
+        info = self._ensure(group)
+        current = info.subscriptions.get(topic)
+        if current is not None:
+            current.holders &= live | {client_id}
+        same = current is not None and (current.kind, current.expression) == (kind, expression)
+        restored = current is not None and current.restored_until > time.monotonic()
+        unheld = (
+            current is not None
+            and not current.pinned
+            and not restored
+            and not (current.holders - {client_id})
+        )
+        if current is None or same or unheld:
+            if not same:
+                version = current.version + 1 if current is not None else 1
+                current = info.subscriptions[topic] = GroupSubscription(topic, kind, expression, version)
                 self._save_locked()
+            assert current is not None
+            current.holders.add(client_id)
             return current
+        others = sorted(current.holders - {client_id})
+        if current.pinned:
+            holder_text = "set through the admin API"
+        elif others:
+            holder_text = f"held by {', '.join(others)}"
+        else:
+            holder_text = "held by its members from before the broker restarted, who have not come back yet"
+        what = (
+            f"group {group!r} subscribes topic {topic!r} with {current.describe()} ({holder_text}), "
+            f"but client {client_id or '<anonymous>'} asks for {kind} {expression!r}"
+        )
+        if info.consistency == "strict":
+            raise SubscriptionConflictError(
+                f"inconsistent subscription: {what}. Members of one group must subscribe alike; "
+                "use another group, stop the other members, or set the group to compat"
+            )
+        if info.last_inconsistency != what:
+            info.inconsistencies += 1
+            info.last_inconsistency = what
+            _log.warning("compat group %s: one subscription per group, messages may be lost: %s", group, what)
+        if from_settings and not current.pinned:  # RocketMQ: the newest heartbeat wins
+            holders = current.holders | {client_id}
+            current = info.subscriptions[topic] = GroupSubscription(
+                topic, kind, expression, current.version + 1, holders
+            )
+            self._save_locked()
+        return current
 
     def check_topics(
         self, group: str, client_id: str, topics: set[str], members: dict[str, set[str]]

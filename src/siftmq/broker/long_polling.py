@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from siftmq.broker.broker import Broker
 from siftmq.broker.model import Delivery, PullResult, Subscription
@@ -90,17 +90,21 @@ async def _long_poll(
     done: Callable[[T], bool],
     next_due_ms: Callable[[], int | None] | None = None,
     executor: Executor | None = None,
+    try_inline: Callable[[], T | None] | None = None,
 ) -> T:
     """Run ``attempt`` (in ``executor``, else the loop's default) until ``done`` or ``hold_s`` has passed.
 
-    Between attempts it sleeps until a message arrives on ``topic`` or, with ``next_due_ms``,
-    until the earliest redelivery falls due.
+    With ``try_inline``, each attempt is first tried on the loop, and made in ``executor`` only
+    when that answers None. Between attempts it sleeps until a message arrives on ``topic`` or,
+    with ``next_due_ms``, until the earliest redelivery falls due.
     """
     deadline = time.monotonic() + max(hold_s, 0.0)
     loop = asyncio.get_running_loop()
     while True:
         seen = notifier.version(topic)
-        result = await loop.run_in_executor(executor, attempt)
+        result = try_inline() if try_inline is not None else None
+        if result is None:
+            result = await loop.run_in_executor(executor, attempt)
         remaining = deadline - time.monotonic()
         if done(result) or remaining <= 0:
             return result
@@ -124,19 +128,26 @@ async def receive_long_polling(
     client_id: str = "",
     executor: Executor | None = None,
 ) -> list[Delivery]:
-    """:meth:`Broker.receive`, waiting up to ``hold_s`` seconds for something to deliver."""
-    receive = functools.partial(
-        broker.receive,
-        group,
-        subscription,
-        client_id=client_id,
-        queue_id=queue_id,
-        batch_size=batch_size,
-        invisible_ms=invisible_ms,
-    )
+    """:meth:`Broker.receive`, waiting up to ``hold_s`` seconds for something to deliver; on the
+    loop when :meth:`Broker.try_receive` can serve it, else in ``executor``."""
+    asked: dict[str, Any] = {
+        "client_id": client_id,
+        "queue_id": queue_id,
+        "batch_size": batch_size,
+        "invisible_ms": invisible_ms,
+    }
+    receive = functools.partial(broker.receive, group, subscription, **asked)
+    try_receive = functools.partial(broker.try_receive, group, subscription, **asked)
     next_due = functools.partial(broker.next_redelivery_ms, group, subscription.topic, client_id)
     return await _long_poll(
-        notifier, subscription.topic, hold_s, receive, done=bool, next_due_ms=next_due, executor=executor
+        notifier,
+        subscription.topic,
+        hold_s,
+        receive,
+        done=bool,
+        next_due_ms=next_due,
+        executor=executor,
+        try_inline=try_receive,
     )
 
 

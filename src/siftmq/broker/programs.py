@@ -198,6 +198,10 @@ class ProgramRegistry:
 
     # ---------------------------------------------------------------------------------- reads
 
+    def holds(self, group: str, topic: str) -> bool:
+        """Whether ``group`` has a program on ``topic``."""
+        return (group, topic) in self._programs
+
     def read_size(self, group: str, topic: str, want: int) -> int | None:
         """How many messages to read for ``want`` deliverable ones through the group's program:
         more, by the share it has been keeping (None: the group has no program on ``topic``)."""

@@ -169,6 +169,30 @@ class Subscribing(ProgramReads):
             live=self.clients.live_ids(group),
             from_settings=False,
         )
+        return self._filters_of(group, client_id, entry, compiled)
+
+    def _resolve_held(
+        self, group: str, client_id: str, subscription: Subscription
+    ) -> tuple[MessageFilter | None, CompiledFilter | None] | None:
+        """:meth:`_resolve` of a subscription the group holds already, else None, having recorded
+        nothing: what an event loop may call."""
+        compiled = self._compile(subscription)
+        self.clients.touch(client_id, group=group)
+        entry = self.groups.claim_held(
+            group,
+            client_id,
+            subscription.topic,
+            kind=compiled.kind,
+            expression=compiled.normalized,
+            live=self.clients.live_ids(group),
+        )
+        if entry is None:
+            return None
+        return self._filters_of(group, client_id, entry, compiled)
+
+    def _filters_of(
+        self, group: str, client_id: str, entry: GroupSubscription, compiled: CompiledFilter
+    ) -> tuple[MessageFilter | None, CompiledFilter | None]:
         if (entry.kind, entry.expression) == (compiled.kind, compiled.normalized):
             self._mark_refused(client_id, None)  # the group accepts it now
             return self._entry_filter(group, entry), None
