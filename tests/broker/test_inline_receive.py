@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from siftmq.broker import Broker, ProducedMessage, Subscription
 from siftmq.broker import parts as parts_module
+from siftmq.broker.consumer_state import DUE_SLACK
 from siftmq.broker.receive import INLINE_SCAN
 from siftmq.testing import SteppedClock
 from siftmq.testing import open_broker as make_broker
@@ -162,6 +163,25 @@ def test_a_long_stretch_of_other_messages_is_scanned_in_part_then_left_to_a_thre
         assert passed is not None and INLINE_SCAN <= passed - start < INLINE_SCAN + 2001
         [found] = broker.receive(GROUP, tag_sub("A"))
         assert found.message.tags == "A" and found.message.queue_offset == start + INLINE_SCAN + 2000
+    finally:
+        broker.close()
+
+
+def test_acknowledged_deliveries_do_not_pile_up_in_the_due_heap(tmp_path: Path) -> None:
+    """A receive takes no lock of a queue with nothing due, yet still has the due-heap rebuilt
+    when acks left it large (their entries stay until they come due: an hour here)."""
+    broker = make_broker(tmp_path / "d", default_queue_nums=1)
+    try:
+        steady(broker)
+        send(broker, ["A"] * 3000)
+        for n in range(300):
+            receive = broker.try_receive if n % 2 else broker.receive
+            got = receive(GROUP, tag_sub("A"), batch_size=10, invisible_ms=3_600_000)
+            assert got is not None and len(got) == 10
+            assert broker.ack_many(GROUP, TOPIC, [d.receipt_handle for d in got]) == [None] * 10
+        prog = broker.consumers.get((GROUP, TOPIC, 0))
+        assert prog is not None and not prog.inflight
+        assert len(prog._due) <= DUE_SLACK + 10
     finally:
         broker.close()
 

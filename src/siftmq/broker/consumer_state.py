@@ -76,6 +76,18 @@ class QueueProgress:
             taken += 1
             yield item
 
+    def may_have_due(self, now_ms: int) -> bool:
+        """Whether :meth:`pop_due` has work: the due-heap's top entry has come due (maybe one
+        acknowledged since, which it passes over), or the heap wants rebuilding. A look without
+        ``lock``, so a receive need not take the locks of queues with nothing due."""
+        due = self._due
+        if len(due) > 2 * len(self.inflight) + DUE_SLACK:
+            return True
+        try:
+            return due[0][0] <= now_ms
+        except IndexError:  # empty (or emptied by another thread meanwhile)
+            return False
+
     def next_due_ms(self) -> int | None:
         while self._due:
             _, offset, nonce = self._due[0]

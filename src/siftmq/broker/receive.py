@@ -10,7 +10,7 @@ import secrets
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, overload
 
 from siftmq.broker.consumer_state import InFlight, QueueProgress
 from siftmq.broker.model import (
@@ -194,7 +194,9 @@ class Receiving(Subscribing):
             rp.inline, rp.scan_left = True, INLINE_SCAN
         try:
             for qid in queues:  # redeliveries first, across queues
-                prog = self._locked_progress(rp, qid)
+                prog = self._locked_progress(rp, qid, only_due=True)
+                if prog is None:
+                    continue
                 try:
                     self._take_due(rp, qid, prog)
                 finally:
@@ -267,17 +269,27 @@ class Receiving(Subscribing):
             self.consumers.save()
         return prog
 
-    def _locked_progress(self, rp: _ReceivePass, qid: int) -> QueueProgress:
+    @overload
+    def _locked_progress(self, rp: _ReceivePass, qid: int) -> QueueProgress: ...
+    @overload
+    def _locked_progress(self, rp: _ReceivePass, qid: int, *, only_due: bool) -> QueueProgress | None: ...
+
+    def _locked_progress(self, rp: _ReceivePass, qid: int, *, only_due: bool = False) -> QueueProgress | None:
         """The queue's progress with its lock held (the caller releases it); inline, without
-        waiting for the lock or creating the progress (a new one may be saved to disk)."""
+        waiting for the lock or creating the progress (a new one may be saved to disk).
+        ``only_due``: None, no lock taken, when nothing of the queue has come due."""
         if not rp.inline:
             prog = self._progress(rp.pgroup, rp.topic, qid)
-            prog.lock.acquire()
-            return prog
-        found = self.consumers.get((rp.pgroup, rp.topic, qid))
-        if found is None or not found.lock.acquire(blocking=False):
+        else:
+            found = self.consumers.get((rp.pgroup, rp.topic, qid))
+            if found is None:
+                raise _Busy
+            prog = found
+        if only_due and not prog.may_have_due(rp.now):
+            return None
+        if not prog.lock.acquire(blocking=not rp.inline):
             raise _Busy
-        return found
+        return prog
 
     def _take_due(self, rp: _ReceivePass, qid: int, prog: QueueProgress) -> None:
         limit = rp.batch_size - len(rp.out)
