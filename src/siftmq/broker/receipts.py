@@ -24,7 +24,7 @@ class ReceiptHandle(NamedTuple):
     nonce: int
 
     def encode(self) -> str:
-        return f"{_VERSION}:{self.queue_id}:{self.queue_offset}:{self.nonce:x}:{self.topic}"
+        return encode_handle(self.topic, self.queue_id, self.queue_offset, self.nonce)
 
     @classmethod
     def decode(cls, text: str) -> ReceiptHandle:
@@ -45,3 +45,8 @@ class ReceiptHandle(NamedTuple):
                 f"malformed receipt handle {text[:100]!r}", status=StatusCode.INVALID_RECEIPT_HANDLE
             ) from None
         return cls(parts[4], qid, offset, nonce)
+
+
+def encode_handle(topic: str, queue_id: int, queue_offset: int, nonce: int) -> str:
+    """``ReceiptHandle(...).encode()`` without building the handle (once per message received)."""
+    return f"{_VERSION}:{queue_id}:{queue_offset}:{nonce:x}:{topic}"

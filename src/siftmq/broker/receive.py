@@ -18,7 +18,7 @@ from siftmq.broker.model import (
     Subscription,
 )
 from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, _now_ms, _positive_batch
-from siftmq.broker.receipts import ReceiptHandle
+from siftmq.broker.receipts import ReceiptHandle, encode_handle
 from siftmq.broker.subscriptions import Subscribing
 from siftmq.broker.validation import (
     check_group,
@@ -30,6 +30,7 @@ from siftmq.errors import (
     DiskFullError,
     StatusCode,
 )
+from siftmq.slots import frozen_slots_constructor
 from siftmq.store import (
     GetMessageStatus,
     MessageFilter,
@@ -37,6 +38,7 @@ from siftmq.store import (
 )
 
 _log = logging.getLogger(__name__)
+_new_delivery = frozen_slots_constructor(Delivery)  # one per message received
 
 #: A dead-letter move refused for disk space is tried again this much later (ms).
 DLQ_RETRY_MS: Final = 1000
@@ -376,8 +378,8 @@ class Receiving(Subscribing):
             )
         )
         self.consumers.mark_dirty()
-        handle = ReceiptHandle(rp.topic, qid, msg.queue_offset, nonce).encode()
-        return Delivery(msg, handle, attempt, rp.invisible_ms)
+        handle = encode_handle(rp.topic, qid, msg.queue_offset, nonce)
+        return _new_delivery((msg, handle, attempt, rp.invisible_ms))
 
     def _load(self, item: InFlight, topic: str, queue_id: int) -> StoredMessage | None:
         """The in-flight message, or None when its record is gone (retention) or is not it any more.
