@@ -177,13 +177,10 @@ class Receiving(Subscribing):
             raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
         invisible = self._invisible_ms(invisible_ms)
         batch_size = min(_positive_batch(batch_size), self.config.max_batch_size)
-        if not inline:
-            message_filter, own = self._resolve(group, client_id, subscription)
-        else:
-            held = self._resolve_held(group, client_id, subscription)
-            if held is None:
-                return None  # a subscription to record first
-            message_filter, own = held
+        resolved = self._resolve(group, client_id, subscription, held_only=inline)
+        if resolved is None:
+            return None  # (inline only) a subscription to record first
+        message_filter, own = resolved
         pgroup = self.progress_group(group, client_id)
         queues = list(range(topic.queue_nums))
         if 0 <= queue_id < topic.queue_nums:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from siftmq.broker.client_state import client_progress_group
 from siftmq.broker.groups import GroupSubscription, SubscriptionConflictError
@@ -150,49 +150,30 @@ class Subscribing(ProgramReads):
         return self.message_filter(group, Subscription(entry.topic, entry.kind, entry.expression))
 
     def _resolve(
-        self, group: str, client_id: str, subscription: Subscription
-    ) -> tuple[MessageFilter | None, CompiledFilter | None]:
+        self, group: str, client_id: str, subscription: Subscription, *, held_only: bool = False
+    ) -> tuple[MessageFilter | None, CompiledFilter | None] | None:
         """The store filter serving ``client_id``'s request, and its own filter when that differs.
 
         A strict group refuses a request whose filter differs from the group's; a compat group serves
         it with the group's subscription and drops what the client's own filter rejects (RocketMQ's
-        client-side tag check), which is how seed 004 loses messages.
+        client-side tag check), which is how seed 004 loses messages. ``held_only``: None, having
+        recorded nothing (so written no file: what an event loop may call), unless the group holds
+        this very subscription already; never None without it.
         """
         compiled = self._compile(subscription)
         self.clients.touch(client_id, group=group)
-        entry = self.groups.claim(
-            group,
-            client_id,
-            subscription.topic,
-            kind=compiled.kind,
-            expression=compiled.normalized,
-            live=self.clients.live_ids(group),
-            from_settings=False,
-        )
-        return self._filters_of(group, client_id, entry, compiled)
-
-    def _resolve_held(
-        self, group: str, client_id: str, subscription: Subscription
-    ) -> tuple[MessageFilter | None, CompiledFilter | None] | None:
-        """:meth:`_resolve` of a subscription the group holds already, else None, having recorded
-        nothing: what an event loop may call."""
-        compiled = self._compile(subscription)
-        self.clients.touch(client_id, group=group)
-        entry = self.groups.claim_held(
-            group,
-            client_id,
-            subscription.topic,
-            kind=compiled.kind,
-            expression=compiled.normalized,
-            live=self.clients.live_ids(group),
+        asked: dict[str, Any] = {
+            "kind": compiled.kind,
+            "expression": compiled.normalized,
+            "live": self.clients.live_ids(group),
+        }
+        entry = (
+            self.groups.claim_held(group, client_id, subscription.topic, **asked)
+            if held_only
+            else self.groups.claim(group, client_id, subscription.topic, from_settings=False, **asked)
         )
         if entry is None:
             return None
-        return self._filters_of(group, client_id, entry, compiled)
-
-    def _filters_of(
-        self, group: str, client_id: str, entry: GroupSubscription, compiled: CompiledFilter
-    ) -> tuple[MessageFilter | None, CompiledFilter | None]:
         if (entry.kind, entry.expression) == (compiled.kind, compiled.normalized):
             self._mark_refused(client_id, None)  # the group accepts it now
             return self._entry_filter(group, entry), None
