@@ -15,32 +15,18 @@ from typing import Any
 import httpx
 import pytest
 
+from security_users import ALICE, ROOT, auth_file
 from siftmq.client import Producer
 from siftmq.errors import RemoteForbidden, RemoteUnauthorized
 
 pytestmark = pytest.mark.integration
 
-ROOT = ("root", "R00t-s3cret-pw")
-ALICE = ("alice", "Al1ce-s3cret-pw")
-AUTH = {
-    "users": [
-        {"username": ROOT[0], "password": ROOT[1], "userType": "Super"},
-        {"username": ALICE[0], "password": ALICE[1], "userType": "Normal"},
-    ],
-    "acls": [
-        {
-            "subject": "User:alice",
-            "policies": [
-                {
-                    "entries": [
-                        {"resource": ["Topic:Orders"], "actions": ["Pub", "Create"]},
-                        {"resource": ["Topic:Audit"], "actions": ["Pub"]},  # no Create
-                    ]
-                }
-            ],
-        }
-    ],
-}
+AUTH = auth_file(
+    [
+        {"resource": ["Topic:Orders"], "actions": ["Pub", "Create"]},
+        {"resource": ["Topic:Audit"], "actions": ["Pub"]},  # no Create
+    ]
+)
 
 
 def start(start_broker: Any, auth_file: Path) -> Any:

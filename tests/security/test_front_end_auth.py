@@ -17,6 +17,7 @@ import grpc
 import httpx
 import pytest
 
+from security_users import ALICE, ROOT, auth_file
 from siftmq.auth.signature import DATE_HEADER, SCHEME, sign
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import RPCS
@@ -24,16 +25,7 @@ from siftmq.protocol.service import RPCS
 pytestmark = pytest.mark.integration
 
 RPC = {r.name: r for r in RPCS}
-ROOT = ("root", "R00t-s3cret-pw")
-ALICE = ("alice", "Al1ce-s3cret-pw")
-AUTH = {
-    "users": [
-        {"username": ROOT[0], "password": ROOT[1], "userType": "Super"},
-        {"username": ALICE[0], "password": ALICE[1], "userType": "Normal"},
-    ],
-    "acls": [{"subject": "User:alice", "policies": [{"entries": [
-        {"resource": ["Topic:Orders"], "actions": ["Pub", "Sub", "Create"]}]}]}],
-}  # fmt: skip
+AUTH = auth_file([{"resource": ["Topic:Orders"], "actions": ["Pub", "Sub", "Create"]}])
 CONNECTIONS = 8  # fresh connections per check: the kernel spreads them over both front-ends
 
 
