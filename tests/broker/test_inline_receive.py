@@ -3,8 +3,12 @@ steady kind, declining — with nothing delivered and nothing recorded — whate
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +23,7 @@ from siftmq.testing import open_broker as make_broker
 
 TOPIC = "Inline"
 GROUP = "g-inline"
+_T = TypeVar("_T")
 
 
 @pytest.fixture
@@ -67,45 +72,88 @@ def pop_offsets(broker: Broker, group: str = GROUP, topic: str = TOPIC) -> list[
     ]
 
 
+def promptly(call: Callable[[], _T], seconds: float = 10.0) -> _T:
+    """``call()`` made in a thread, which must return within ``seconds``: a receive that waited for a
+    lock held here would hang, not fail."""
+    out: list[_T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        frame = sys._current_frames().get(thread.ident or 0)
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "?"
+        raise AssertionError(f"still waiting after {seconds} s, at:\n{where}")
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
+def state_files(broker: Broker) -> dict[str, tuple[int, int]]:
+    """Every file of the broker's state (topics, groups, consumer progress, ...): mtime and size."""
+    root = broker.config.data_dir / "config"
+    return {
+        str(f.relative_to(root)): (f.stat().st_mtime_ns, f.stat().st_size)
+        for f in root.rglob("*")
+        if f.is_file()
+    }
+
+
 # ----------------------------------------------------------------------------------- declining
 
 
 def test_an_unknown_topic_is_left_to_a_thread_and_not_created(broker: Broker) -> None:
+    before = state_files(broker)
     assert broker.try_receive(GROUP, tag_sub("*", topic="NoSuchTopic")) is None
     assert broker.topics.get("NoSuchTopic") is None
+    assert state_files(broker) == before
 
 
 def test_a_group_new_to_the_topic_is_left_to_a_thread_and_not_recorded(broker: Broker) -> None:
     send(broker, ["A", "A"])
+    before = state_files(broker)
     assert broker.try_receive("g-new", tag_sub("A")) is None
     assert broker.groups.get("g-new") is None  # its subscription is recorded (and saved) in the thread
     assert pop_offsets(broker, "g-new") == [None] * 4
+    assert state_files(broker) == before
     assert len(broker.receive("g-new", tag_sub("A"), batch_size=8)) == 2
 
 
 def test_a_subscription_other_than_the_one_held_is_left_to_a_thread(broker: Broker) -> None:
     steady(broker, tag_sub("A"))
     send(broker, ["A", "B"])
-    before = broker.groups.get(GROUP)
-    assert before is not None
-    held = dict(before.subscriptions)
+    held = broker.groups.get(GROUP)
+    assert held is not None
+    subscriptions = {t: (s.kind, s.expression) for t, s in held.subscriptions.items()}
+    before = state_files(broker)
     assert broker.try_receive(GROUP, tag_sub("B")) is None
     assert broker.try_receive(GROUP, Subscription(TOPIC, "SQL92", "a > 1")) is None
-    assert {t: (s.kind, s.expression) for t, s in broker.groups.get(GROUP).subscriptions.items()} == {  # type: ignore[union-attr]
-        t: (s.kind, s.expression) for t, s in held.items()
-    }
+    now = broker.groups.get(GROUP)
+    assert (
+        now is not None and {t: (s.kind, s.expression) for t, s in now.subscriptions.items()} == subscriptions
+    )
     assert in_flight(broker) == {0: [], 1: [], 2: [], 3: []}
+    assert state_files(broker) == before
 
 
-def test_a_busy_queue_is_never_waited_for(broker: Broker) -> None:
+def test_busy_queues_are_never_waited_for(broker: Broker) -> None:
     steady(broker)
     send(broker, ["A"] * 8)
-    locks = [broker.consumers.get((GROUP, TOPIC, qid)).lock for qid in range(4)]  # type: ignore[union-attr]
+    progress = [broker.consumers.get((GROUP, TOPIC, qid)) for qid in range(4)]
+    locks = [p.lock for p in progress if p is not None]
+    assert len(locks) == 4
     for lock in locks:  # every queue read elsewhere: nothing served, nothing changed
         lock.acquire()
     try:
         before = pop_offsets(broker)
-        assert broker.try_receive(GROUP, tag_sub("A"), batch_size=8) is None
+        assert promptly(lambda: broker.try_receive(GROUP, tag_sub("A"), batch_size=8)) is None
         assert pop_offsets(broker) == before
     finally:
         for lock in locks:
@@ -114,20 +162,47 @@ def test_a_busy_queue_is_never_waited_for(broker: Broker) -> None:
     assert got is not None and len(got) == 8
 
 
+def test_a_busy_groups_table_is_never_waited_for(broker: Broker) -> None:
+    """A change of the groups holds their lock while it saves the file: the loop does not wait."""
+    steady(broker)
+    send(broker, ["A"] * 3)
+    with broker.groups._lock:
+        assert promptly(lambda: broker.try_receive(GROUP, tag_sub("A"))) is None
+    got = broker.try_receive(GROUP, tag_sub("A"))
+    assert got is not None and len(got) == 3
+
+
+def test_an_index_behind_is_never_waited_for(broker: Broker) -> None:
+    """Records appended but not indexed yet, their dispatch held up elsewhere: the loop neither
+    waits for it nor reads without them (read-your-writes)."""
+    steady(broker)
+    dispatch = broker.store.reput_service.lock
+    with dispatch:  # the reput thread (or an appender) indexing
+        send(broker, ["A"] * 3)
+        assert broker.store.reput_service.behind_bytes() > 0
+        assert promptly(lambda: broker.try_receive(GROUP, tag_sub("A"))) is None
+    assert broker.store.reput_service.catch_up(timeout=10)  # (the reput thread may hold the lock now)
+    got = broker.try_receive(GROUP, tag_sub("A"))
+    assert got is not None and len(got) == 3
+
+
 def test_one_busy_queue_ends_the_pass_with_what_it_has(broker: Broker) -> None:
     steady(broker)
-    send(broker, ["A"] * 40)
+    for n in range(4):  # one batch per queue (each batch goes to the next queue)
+        send(broker, ["A"] * 10, start=100 * n)
     busy = broker.consumers.get((GROUP, TOPIC, 2))
     assert busy is not None
-    with busy.lock:
-        got = broker.try_receive(GROUP, tag_sub("A"), batch_size=40)
-    # the queues before the busy one in this pass's order were served; none after it
-    assert got is None or 0 < len(got) < 40
-    taken = [] if got is None else got
-    assert 2 not in {d.message.queue_id for d in taken}
+    before = pop_offsets(broker)
+    with busy.lock:  # the pass reads queues 0, 1, 2, 3 in that order (queue_id=0): it stops at 2
+        got = promptly(lambda: broker.try_receive(GROUP, tag_sub("A"), queue_id=0, batch_size=40))
+    assert got is not None
+    assert {d.message.queue_id for d in got} <= {0, 1}
+    waiting = [broker.store.get_max_offset_in_queue(TOPIC, qid) - (before[qid] or 0) for qid in range(4)]
+    assert len(got) == waiting[0] + waiting[1]  # (before: the warm-up message passed over)
+    assert pop_offsets(broker)[2:] == before[2:]
     rest = broker.receive(GROUP, tag_sub("A"), batch_size=40)
-    assert len(taken) + len(rest) == 40
-    assert len({d.message_id for d in taken + rest}) == 40
+    assert len(got) + len(rest) == 40
+    assert len({d.message_id for d in got + rest}) == 40
 
 
 def test_a_redelivery_due_for_the_dead_letter_queue_is_left_to_a_thread(
@@ -186,6 +261,28 @@ def test_acknowledged_deliveries_do_not_pile_up_in_the_due_heap(tmp_path: Path) 
         broker.close()
 
 
+def test_a_large_due_heap_is_rebuilt_in_a_thread(tmp_path: Path) -> None:
+    """Acks leave their entries in a queue's due-heap until they come due; rebuilding a large heap
+    (work in proportion to it) is left to a thread."""
+    broker = make_broker(tmp_path / "d", default_queue_nums=1)
+    try:
+        steady(broker)
+        send(broker, ["A"] * (INLINE_SCAN + 100))
+        handles = []  # every message in flight at once (a heap rebuild keeps what is in flight)
+        while got := broker.receive(GROUP, tag_sub("A"), batch_size=64, invisible_ms=3_600_000):
+            handles += [d.receipt_handle for d in got]
+        assert broker.ack_many(GROUP, TOPIC, handles) == [None] * len(handles)
+        prog = broker.consumers.get((GROUP, TOPIC, 0))
+        assert prog is not None and not prog.inflight
+        assert prog.due_count() > INLINE_SCAN
+        assert broker.try_receive(GROUP, tag_sub("A")) is None
+        assert broker.receive(GROUP, tag_sub("A")) == []  # the thread rebuilds it
+        assert prog.due_count() <= DUE_SLACK
+        assert broker.try_receive(GROUP, tag_sub("A")) == []
+    finally:
+        broker.close()
+
+
 # ------------------------------------------------------------------------------------- serving
 
 
@@ -193,15 +290,17 @@ def test_acknowledged_deliveries_do_not_pile_up_in_the_due_heap(tmp_path: Path) 
 @given(
     tags=st.lists(st.sampled_from(["A", "B", "C"]), min_size=1, max_size=120),
     calls=st.lists(
-        st.tuples(st.integers(1, 40), st.sampled_from(["ack", "keep", "ack-half"])), min_size=1, max_size=8
+        st.tuples(st.integers(1, 40), st.sampled_from(["ack", "keep", "ack-half", "nack-first"])),
+        min_size=1,
+        max_size=8,
     ),
 )
 def test_a_steady_receive_on_the_loop_delivers_what_a_thread_would(
     tmp_path_factory: pytest.TempPathFactory, tags: list[str], calls: list[tuple[int, str]]
 ) -> None:
     """Two brokers fed alike, one receiving with ``receive``, the other with ``try_receive``:
-    call by call the same messages, in the same order, with the same attempts; and the same
-    messages left in flight."""
+    call by call the same messages (redeliveries of nacked ones first), in the same order, with
+    the same attempts; and the same messages left in flight."""
     brokers = [make_broker(tmp_path_factory.mktemp("b") / "d") for _ in range(2)]
     try:
         sub = tag_sub("A || C")
@@ -216,8 +315,12 @@ def test_a_steady_receive_on_the_loop_delivers_what_a_thread_would(
                 (d.message_id, d.delivery_attempt) for d in thread
             ]
             for b, got in zip(brokers, (thread, loop), strict=True):
-                keep = {"ack": 0, "keep": len(got), "ack-half": len(got) // 2}[acking]
-                for d in got[keep:]:
+                nacked = got[:1] if acking == "nack-first" else []  # visible again at once: next
+                for d in nacked:
+                    b.change_invisible_duration(GROUP, TOPIC, d.receipt_handle, 0)
+                rest = got[len(nacked) :]
+                keep = {"ack": 0, "keep": len(rest), "ack-half": len(rest) // 2, "nack-first": 0}[acking]
+                for d in rest[keep:]:
                     b.ack(GROUP, TOPIC, d.receipt_handle)
         assert in_flight(brokers[0]) == in_flight(brokers[1])
         assert pop_offsets(brokers[0]) == pop_offsets(brokers[1])

@@ -65,8 +65,9 @@ class QueueProgress:
             # acks leave their entries in the heap until they come due: without this it would hold
             # every ack of the last invisible time (hours of them at the longest). Only here, where
             # nothing taken is outstanding: rebuilt later, it would bring back what a pass took.
-            self._due = [(i.visible_at_ms, i.queue_offset, i.nonce) for i in self.inflight.values()]
-            heapq.heapify(self._due)
+            rebuilt = [(i.visible_at_ms, i.queue_offset, i.nonce) for i in self.inflight.values()]
+            heapq.heapify(rebuilt)
+            self._due = rebuilt  # whole: may_have_due looks without the lock
         taken = 0
         while self._due and taken < limit and self._due[0][0] <= now_ms:
             _, offset, nonce = heapq.heappop(self._due)
@@ -76,10 +77,16 @@ class QueueProgress:
             taken += 1
             yield item
 
+    def due_count(self) -> int:
+        """Entries in the due-heap (acknowledged ones included until they come due)."""
+        return len(self._due)
+
     def may_have_due(self, now_ms: int) -> bool:
         """Whether :meth:`pop_due` has work: the due-heap's top entry has come due (maybe one
         acknowledged since, which it passes over), or the heap wants rebuilding. A look without
-        ``lock``, so a receive need not take the locks of queues with nothing due."""
+        ``lock`` (each step atomic under the GIL), so a receive need not take the locks of queues
+        with nothing due; a look racing a receive that holds due items it has not put back yet
+        may miss them, and they come a receive later."""
         due = self._due
         if len(due) > 2 * len(self.inflight) + DUE_SLACK:
             return True

@@ -156,8 +156,11 @@ class GroupManager:
     ) -> GroupSubscription | None:
         """A request's :meth:`claim` of the subscription the group holds on ``topic`` already, or
         None (nothing done) when it holds another or none: such a claim records nothing, so it
-        writes no file (what an event loop may call)."""
-        with self._lock:
+        writes no file; nor does it wait for the lock, which a change holds while it saves the
+        groups (None then too): what an event loop may call."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
             info = self._groups.get(group)
             held = info.subscriptions.get(topic) if info is not None else None
             if held is None or (held.kind, held.expression) != (kind, expression):
@@ -165,6 +168,8 @@ class GroupManager:
             return self._claim_locked(
                 group, client_id, topic, kind=kind, expression=expression, live=live, from_settings=False
             )
+        finally:
+            self._lock.release()
 
     def _claim_locked(
         self,

@@ -48,6 +48,12 @@ DLQ_PREFIX: Final = "%DLQ%"
 MAX_SCAN_PER_RECEIVE: Final = 64_000
 
 
+class NotOnTheLoop(Exception):
+    """A receive served on an event loop (``Broker.try_receive``) met what it must leave to a
+    thread: a lock held elsewhere, a file to write, a filter program to run, a dead-letter move,
+    index work to wait for. It stops there."""
+
+
 def dlq_topic(group: str) -> str:
     return f"{DLQ_PREFIX}{group}"
 

@@ -17,7 +17,7 @@ from siftmq.broker.model import (
     PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_FILTER_ERROR,
 )
-from siftmq.broker.parts import BrokerParts, dlq_topic
+from siftmq.broker.parts import BrokerParts, NotOnTheLoop, dlq_topic
 from siftmq.broker.programs import Program, check_sample, row_of
 from siftmq.broker.validation import check_group, check_topic
 from siftmq.filterserver.message import Row
@@ -39,6 +39,7 @@ class ProgramReads(BrokerParts):
         want: int,
         *,
         message_filter: MessageFilter | None,
+        inline: bool = False,
     ) -> tuple[GetMessageResult, list[StoredMessage] | None]:
         """``store.get_messages`` for up to ``want`` deliverable messages, through the group's
         program when it has one: (the read, the messages to deliver).
@@ -49,11 +50,19 @@ class ProgramReads(BrokerParts):
         program had no time for), so nothing past it is passed over or dead-lettered, and the
         verdicts past it are kept for the next read. ``None``: the program is held (suspended or
         failed), and the caller delivers nothing and keeps the group's progress where it was.
+        ``inline`` (an event loop's read) raises :class:`NotOnTheLoop` rather than wait for the
+        index or run a program.
         """
         ask = self.programs.read_size(group, topic, want)
         if ask is None:  # no program
-            result = self.store.get_messages(group, topic, queue_id, offset, want, message_filter)
+            if inline and not self.store.catch_up_now():
+                raise NotOnTheLoop
+            result = self.store.get_messages(
+                group, topic, queue_id, offset, want, message_filter, catch_up=not inline
+            )
             return result, result.messages
+        if inline:
+            raise NotOnTheLoop
         result, records = self.store.get_records(topic, queue_id, offset, ask, message_filter)
         filtered = self.programs.apply(group, topic, queue_id, records)
         if filtered is None:  # removed meanwhile: read again without it

@@ -61,9 +61,7 @@ class Pulling(Subscribing):
             )
         batch_size = min(_positive_batch(batch_size), self.config.max_pull_batch_size)
         self._check_owner(group, topic, queue_id, client_id)
-        resolved = self._resolve(group, client_id, subscription)
-        assert resolved is not None  # (declined only when asked for held subscriptions only)
-        message_filter, own = resolved
+        message_filter, own = self._resolve(group, client_id, subscription)
         S = GetMessageStatus
         messages: list[StoredMessage] = []
         scanned = size = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, overload
 
 from siftmq.broker.client_state import client_progress_group
 from siftmq.broker.groups import GroupSubscription, SubscriptionConflictError
@@ -148,6 +148,15 @@ class Subscribing(ProgramReads):
 
     def _entry_filter(self, group: str, entry: GroupSubscription) -> MessageFilter | None:
         return self.message_filter(group, Subscription(entry.topic, entry.kind, entry.expression))
+
+    @overload
+    def _resolve(
+        self, group: str, client_id: str, subscription: Subscription
+    ) -> tuple[MessageFilter | None, CompiledFilter | None]: ...
+    @overload
+    def _resolve(
+        self, group: str, client_id: str, subscription: Subscription, *, held_only: bool
+    ) -> tuple[MessageFilter | None, CompiledFilter | None] | None: ...
 
     def _resolve(
         self, group: str, client_id: str, subscription: Subscription, *, held_only: bool = False

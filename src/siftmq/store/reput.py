@@ -215,9 +215,10 @@ class ReputService:
                 except Exception:
                     _log.exception("message arriving listener %r failed", listener)
 
-    def catch_up(self, timeout: float | None = None) -> bool:
+    def catch_up(self, timeout: float | None = None, *, most_bytes: int | None = None) -> bool:
         """Make every record appended before the call readable (the read-your-writes rule);
-        False if ``timeout`` ran out waiting for the lock."""
+        False if ``timeout`` ran out waiting for the lock, or (with ``most_bytes``) without
+        trying when more than that much CommitLog is left to index."""
         target = self.appended_offset
         if self.dispatched_offset >= target:
             return True
@@ -226,6 +227,8 @@ class ReputService:
             target = min(target, limit)
             if self.dispatched_offset >= target:
                 return True
+        if most_bytes is not None and target - self.dispatched_offset > most_bytes:
+            return False
         if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
             return False
         arrivals: list[QueueArrival] = []

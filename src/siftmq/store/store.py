@@ -67,7 +67,7 @@ from siftmq.store.keyindex import KeyIndex
 from siftmq.store.offline import finish_pending_install
 from siftmq.store.reader import MessageReader
 from siftmq.store.recovery import Checkpoint, recover
-from siftmq.store.reput import MessageArrivingListener, ReputService
+from siftmq.store.reput import INLINE_BACKLOG_BYTES, MessageArrivingListener, ReputService
 from siftmq.store.segment import fsync_dir
 from siftmq.store.tombstones import Tombstones
 
@@ -309,10 +309,20 @@ class MessageStore:
 
     # ------------------------------------------------------------------------------------- queues
 
-    def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        """The queue's index, or None if the queue was never created or written."""
-        self.reput_service.catch_up()
+    def find_consume_queue(self, topic: str, queue_id: int, *, catch_up: bool = True) -> ConsumeQueue | None:
+        """The queue's index, or None if the queue was never created or written. Without
+        ``catch_up``, as indexed so far (see :meth:`catch_up_now`)."""
+        if catch_up:
+            self.reput_service.catch_up()
         return self._queues.get((topic, queue_id))
+
+    def catch_up_now(self) -> bool:
+        """Whether every record appended before the call is readable now, without waiting: it is
+        when all are indexed, or when the little left (at most ``INLINE_BACKLOG_BYTES`` of
+        CommitLog) has been indexed here because nobody held the dispatch lock. An event loop
+        calls this before reading with ``catch_up=False``: it never waits and never indexes much
+        (a read with ``catch_up`` may wait for the reput thread, then index all it has left)."""
+        return self.reput_service.catch_up(0, most_bytes=INLINE_BACKLOG_BYTES)
 
     def find_or_create_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         """The queue's index, created empty if needed."""
@@ -539,6 +549,8 @@ class MessageStore:
         offset: int,
         max_count: int,
         message_filter: MessageFilter | None = None,
+        *,
+        catch_up: bool = True,
     ) -> GetMessageResult:
         """Pull up to ``max_count`` messages from ``offset`` (RocketMQ's getMessage).
 
@@ -548,13 +560,14 @@ class MessageStore:
         transfer limits (``max_transfer_bytes``/``max_transfer_count``), but always holds one.
         Every message whose ``put_message`` returned before the call is visible.
         A damaged record (or the filler entry of one lost to damage) is passed over and counted
-        in :attr:`damaged_reads`.
+        in :attr:`damaged_reads`. Without ``catch_up``, only what is indexed so far is seen
+        (:meth:`catch_up_now` tells whether that is everything).
         """
         del group  # kept for RocketMQ's signature (statistics)
         self._check_open()
         if max_count < 1:
             raise ValueError("max_count must be at least 1")
-        cq = self.find_consume_queue(topic, queue_id)
+        cq = self.find_consume_queue(topic, queue_id, catch_up=catch_up)
         return self.reader.get_messages(cq, offset, max_count, message_filter)
 
     def get_records(
