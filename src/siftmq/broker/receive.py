@@ -137,9 +137,10 @@ class Receiving(Subscribing):
         receive is served on the loop when it is the steady kind: a TAG filter the group already
         holds, every queue's progress known, no filter program, no lock held elsewhere, the index
         caught up (or nearly: see ``MessageStore.catch_up_now``), no redelivery due for the
-        dead-letter queue, a due-heap of at most :data:`INLINE_SCAN` entries. It writes no file,
-        waits for nothing and stops reading the index after :data:`INLINE_SCAN` entries: None when
-        those ran out with nothing found.
+        dead-letter queue, a due-heap of at most :data:`INLINE_SCAN` entries. It writes no state
+        file (with async flush it may index a small backlog, as a send on the loop does), waits for
+        no lock and stops reading the index after :data:`INLINE_SCAN` entries: None when those ran
+        out with nothing found.
         """
         return self._receive(
             group,

@@ -217,8 +217,13 @@ class ReputService:
 
     def catch_up(self, timeout: float | None = None, *, most_bytes: int | None = None) -> bool:
         """Make every record appended before the call readable (the read-your-writes rule);
-        False if ``timeout`` ran out waiting for the lock, or (with ``most_bytes``) without
-        trying when more than that much CommitLog is left to index."""
+        False if ``timeout`` ran out waiting for the lock.
+
+        With ``most_bytes`` (an event loop's call, with ``timeout`` 0): False, having done
+        nothing, when more than that much CommitLog is left to index or indexing has been
+        failing; it indexes nothing appended after the call, and a failure is left to the reput
+        thread (False), as :meth:`dispatch_or_wake` leaves it.
+        """
         target = self.appended_offset
         if self.dispatched_offset >= target:
             return True
@@ -227,17 +232,23 @@ class ReputService:
             target = min(target, limit)
             if self.dispatched_offset >= target:
                 return True
-        if most_bytes is not None and target - self.dispatched_offset > most_bytes:
+        bounded = most_bytes is not None
+        if bounded and (self.error is not None or target - self.dispatched_offset > (most_bytes or 0)):
             return False
         if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
             return False
         arrivals: list[QueueArrival] = []
         try:
             while self.dispatched_offset < target:
-                batch_arrivals, count = self._dispatch_locked(limit)
+                batch_arrivals, count = self._dispatch_locked(target if bounded else limit)
                 arrivals += batch_arrivals
                 if not count:
                     break
+        except Exception:
+            if not bounded:
+                raise
+            _log.debug("catching up on an event loop failed; left to the reput thread", exc_info=True)
+            self.wake()
         finally:
             self.lock.release()
         if arrivals:

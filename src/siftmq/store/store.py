@@ -318,11 +318,13 @@ class MessageStore:
 
     def catch_up_now(self) -> bool:
         """Whether every record appended before the call is readable now, without waiting: it is
-        when all are indexed, or when the little left (at most ``INLINE_BACKLOG_BYTES`` of
-        CommitLog) has been indexed here because nobody held the dispatch lock. An event loop
-        calls this before reading with ``catch_up=False``: it never waits and never indexes much
-        (a read with ``catch_up`` may wait for the reput thread, then index all it has left)."""
-        return self.reput_service.catch_up(0, most_bytes=INLINE_BACKLOG_BYTES)
+        when all are indexed, or (async flush) when the little left, at most
+        ``INLINE_BACKLOG_BYTES`` of CommitLog, has been indexed here because nobody held the
+        dispatch lock, as an appender indexes a small put of its own. An event loop calls this
+        before reading with ``catch_up=False``: it never waits and never indexes much (a read with
+        ``catch_up`` may wait for the reput thread, then index all it has left). With sync flush it
+        indexes nothing: records are indexed once durable, by the reput thread."""
+        return self.reput_service.catch_up(0, most_bytes=0 if self._sync else INLINE_BACKLOG_BYTES)
 
     def find_or_create_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         """The queue's index, created empty if needed."""
