@@ -26,12 +26,17 @@ class ClientSession:
 
 
 class ClientRegistry:
-    """Live client sessions. Thread-safe."""
+    """Live client sessions. Thread-safe.
+
+    Sessions are also kept by group: every receive and pull asks for its group's live members, which
+    must not cost a pass over every client of the broker.
+    """
 
     def __init__(self, expire_s: float) -> None:
         self._expire_s = expire_s
         self._lock = threading.Lock()
         self._sessions: dict[str, ClientSession] = {}
+        self._by_group: dict[str, dict[str, ClientSession]] = {}
 
     def touch(
         self,
@@ -49,8 +54,10 @@ class ClientRegistry:
             session.last_seen = time.monotonic()
             if client_type:
                 session.client_type = client_type
-            if group:
+            if group and group != session.group:
+                self._leave_group_locked(session)
                 session.group = group
+                self._by_group.setdefault(group, {})[client_id] = session
             if subscriptions is not None:
                 session.subscriptions = {s.topic: s for s in subscriptions}
             if address:
@@ -59,7 +66,16 @@ class ClientRegistry:
 
     def remove(self, client_id: str) -> None:
         with self._lock:
-            self._sessions.pop(client_id, None)
+            session = self._sessions.pop(client_id, None)
+            if session is not None:
+                self._leave_group_locked(session)
+
+    def _leave_group_locked(self, session: ClientSession) -> None:
+        members = self._by_group.get(session.group or "")
+        if members is not None and members.get(session.client_id) is session:
+            del members[session.client_id]
+            if not members:
+                del self._by_group[session.group or ""]
 
     def expire(self) -> list[ClientSession]:
         cutoff = time.monotonic() - self._expire_s
@@ -67,6 +83,7 @@ class ClientRegistry:
             gone = [s for s in self._sessions.values() if s.last_seen < cutoff]
             for s in gone:
                 del self._sessions[s.client_id]
+                self._leave_group_locked(s)
         return gone
 
     def get(self, client_id: str) -> ClientSession | None:
@@ -76,15 +93,17 @@ class ClientRegistry:
         """The group's live sessions (seen within ``expire_s``), by client id."""
         cutoff = time.monotonic() - self._expire_s
         with self._lock:
-            live = (s for s in self._sessions.values() if s.group == group and s.last_seen >= cutoff)
-            return sorted(live, key=lambda s: s.client_id)
+            live = [s for s in self._by_group.get(group, {}).values() if s.last_seen >= cutoff]
+        return sorted(live, key=lambda s: s.client_id)
 
     def live_ids(self, group: str) -> set[str]:
-        return {s.client_id for s in self.members(group)}
+        cutoff = time.monotonic() - self._expire_s
+        with self._lock:
+            return {c for c, s in self._by_group.get(group, {}).items() if s.last_seen >= cutoff}
 
     def live_groups(self) -> set[str]:
         with self._lock:
-            return {s.group for s in self._sessions.values() if s.group}
+            return set(self._by_group)
 
     def sessions(self) -> list[ClientSession]:
         with self._lock:
