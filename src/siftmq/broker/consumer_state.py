@@ -61,7 +61,7 @@ class QueueProgress:
 
         The caller puts back (or removes) every message taken before it lets go of ``lock``.
         """
-        if len(self._due) > 2 * len(self.inflight) + DUE_SLACK:
+        if self._wants_rebuild(self._due):
             # acks leave their entries in the heap until they come due: without this it would hold
             # every ack of the last invisible time (hours of them at the longest). Only here, where
             # nothing taken is outstanding: rebuilt later, it would bring back what a pass took.
@@ -88,12 +88,16 @@ class QueueProgress:
         with nothing due; a look racing a receive that holds due items it has not put back yet
         may miss them, and they come a receive later."""
         due = self._due
-        if len(due) > 2 * len(self.inflight) + DUE_SLACK:
+        if self._wants_rebuild(due):
             return True
         try:
             return due[0][0] <= now_ms
         except IndexError:  # empty (or emptied by another thread meanwhile)
             return False
+
+    def _wants_rebuild(self, due: list[tuple[int, int, int]]) -> bool:
+        """Whether the due-heap holds so many acknowledged entries that :meth:`pop_due` rebuilds it."""
+        return len(due) > 2 * len(self.inflight) + DUE_SLACK
 
     def next_due_ms(self) -> int | None:
         while self._due:

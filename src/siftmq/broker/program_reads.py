@@ -50,13 +50,12 @@ class ProgramReads(BrokerParts):
         program had no time for), so nothing past it is passed over or dead-lettered, and the
         verdicts past it are kept for the next read. ``None``: the program is held (suspended or
         failed), and the caller delivers nothing and keeps the group's progress where it was.
-        ``inline`` (an event loop's read) raises :class:`NotOnTheLoop` rather than wait for the
-        index or run a program.
+        ``inline`` (an event loop's read, once the index is caught up: ``catch_up_now``) reads
+        without the store's waiting catch-up, and raises :class:`NotOnTheLoop` rather than run a
+        program.
         """
         ask = self.programs.read_size(group, topic, want)
         if ask is None:  # no program
-            if inline and not self.store.catch_up_now():
-                raise NotOnTheLoop
             result = self.store.get_messages(
                 group, topic, queue_id, offset, want, message_filter, catch_up=not inline
             )

@@ -202,6 +202,8 @@ class Receiving(Subscribing):
                 if len(rp.out) >= batch_size:
                     break
             else:
+                if inline and not self.store.catch_up_now():  # read-your-writes, without waiting
+                    raise NotOnTheLoop
                 for qid in queues:
                     prog = self._locked_progress(rp, qid)
                     try:
