@@ -65,7 +65,7 @@ class TagMessageFilter:
 
     def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
         hit = self.tag_filter.matches_tag(properties.get("TAGS"))
-        self.stats.add(evaluated=1, matched=int(hit))
+        self.stats.count_exact(hit)
         return hit
 
 
@@ -127,5 +127,5 @@ class SqlMessageFilter:
 
     def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
         hit = self.compiled.matches(properties)
-        self.stats.add(evaluated=1, matched=int(hit))
+        self.stats.count_exact(hit)
         return hit

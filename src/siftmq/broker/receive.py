@@ -5,6 +5,7 @@ AckMessageProcessor, ChangeInvisibleTimeProcessor)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import threading
@@ -30,7 +31,6 @@ from siftmq.errors import (
     DiskFullError,
     StatusCode,
 )
-from siftmq.slots import frozen_slots_constructor
 from siftmq.store import (
     GetMessageStatus,
     MessageFilter,
@@ -38,7 +38,7 @@ from siftmq.store import (
 )
 
 _log = logging.getLogger(__name__)
-_new_delivery = frozen_slots_constructor(Delivery)  # one per message received
+_new_delivery: Final = functools.partial(tuple.__new__, Delivery)  # one per message received
 
 #: A dead-letter move refused for disk space is tried again this much later (ms).
 DLQ_RETRY_MS: Final = 1000
@@ -56,12 +56,14 @@ def _ack_queue(
     """Acknowledge the handles (entry n, handle) of one queue, its lock held; how many were."""
     acked = 0
     now = _now_ms()
+    inflight = prog.inflight
     for n, handle in handles:
-        item = prog.inflight.get(handle.queue_offset)
-        outcomes[n] = problem = _handle_problem(item, handle, now)
-        if problem is None:
-            del prog.inflight[handle.queue_offset]
+        item = inflight.get(handle.queue_offset)
+        if item is not None and item.nonce == handle.nonce and item.visible_at_ms > now:
+            del inflight[handle.queue_offset]  # outcomes[n] stays None: acknowledged
             acked += 1
+        else:
+            outcomes[n] = _handle_problem(item, handle, now)
     return acked
 
 
@@ -359,8 +361,8 @@ class Receiving(Subscribing):
                 prog.pop_offset = result.next_begin_offset
             if moved:
                 self.consumers.mark_dirty()
-            for msg in delivered:
-                rp.out.append(self._deliver(rp, qid, prog, msg, 1))
+            if delivered:
+                self._deliver_new(rp, qid, prog, delivered)
             limit -= len(delivered)
             scanned += max(result.scanned, 1)
             rp.scan_left -= max(result.scanned, 1)
@@ -388,6 +390,20 @@ class Receiving(Subscribing):
         self.consumers.mark_dirty()
         handle = encode_handle(rp.topic, qid, msg.queue_offset, nonce)
         return _new_delivery((msg, handle, attempt, rp.invisible_ms))
+
+    def _deliver_new(
+        self, rp: _ReceivePass, qid: int, prog: QueueProgress, msgs: Sequence[StoredMessage]
+    ) -> None:
+        """:meth:`_deliver` of first deliveries, for a read's messages at once (this runs once
+        per message received, so what the loop looks up is looked up before it)."""
+        out, put, nonce, topic = rp.out, prog.put, rp.nonce, rp.topic
+        invisible_ms = rp.invisible_ms
+        visible_at = rp.now + invisible_ms
+        for msg in msgs:
+            n = nonce()
+            put(InFlight(msg.queue_offset, msg.commit_log_offset, msg.store_size, 1, visible_at, n))
+            out.append(_new_delivery((msg, encode_handle(topic, qid, msg.queue_offset, n), 1, invisible_ms)))
+        self.consumers.mark_dirty()
 
     def _load(self, item: InFlight, topic: str, queue_id: int) -> StoredMessage | None:
         """The in-flight message, or None when its record is gone (retention) or is not it any more.
