@@ -82,6 +82,9 @@ def test_tag_hash_collision_never_reaches_the_consumer(broker: Broker) -> None:
     send(broker, "Aa")
     got = drain(broker, "g", tag_sub("Aa"))
     assert [t for t, _, _ in got] == ["Aa"]
+    # both passed the index stage; the exact stage evaluated both and let one through
+    stats = broker.stats.filter("g", TOPIC).as_dict()
+    assert (stats["evaluated"], stats["matched"], stats["skipped_by_tags_code"]) == (2, 1, 0)
 
 
 def test_sql92_numeric_strings_and_conversion_errors(broker: Broker) -> None:

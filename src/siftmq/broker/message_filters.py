@@ -64,9 +64,10 @@ class TagMessageFilter:
         return mask
 
     def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
-        hit = self.tag_filter.matches_tag(properties.get("TAGS"))
-        self.stats.count_exact(hit)
-        return hit
+        return self.tag_filter.matches_tag(properties.get("TAGS"))
+
+    def tally_exact(self, evaluated: int, matched: int) -> None:
+        self.stats.add(evaluated=evaluated, matched=matched)
 
 
 class SqlMessageFilter:
@@ -126,6 +127,7 @@ class SqlMessageFilter:
         return out
 
     def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
-        hit = self.compiled.matches(properties)
-        self.stats.count_exact(hit)
-        return hit
+        return self.compiled.matches(properties)
+
+    def tally_exact(self, evaluated: int, matched: int) -> None:
+        self.stats.add(evaluated=evaluated, matched=matched)

@@ -25,14 +25,6 @@ class FilterStats:
             self.skipped_by_tags_code += tags
             self.skipped_by_bitmap += bitmap
 
-    def count_exact(self, hit: bool) -> None:
-        """One message evaluated at the exact stage (:meth:`add` without its keywords: this runs
-        once per candidate message read)."""
-        with self._lock:
-            self.evaluated += 1
-            if hit:
-                self.matched += 1
-
     def as_dict(self) -> dict[str, int]:
         return {
             "evaluated": self.evaluated,

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
 from siftmq.filter import CompiledFilter, compile_filter
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.fields import map_to_dict
-from siftmq.slots import frozen_slots_constructor
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,4 +136,32 @@ class ReceivedMessage:
         return out
 
 
-_new_received: Final = frozen_slots_constructor(ReceivedMessage)  # runs once per received message
+def _received_constructor() -> Any:
+    """``ReceivedMessage(*values)``, each slot set by its own call: half the cost of a loop over
+    the slots (``siftmq.slots.frozen_slots_constructor``), ~0.7 against ~1.2 us, once per message."""
+    setters = tuple(ReceivedMessage.__dict__[f.name].__set__ for f in fields(ReceivedMessage))
+    if len(setters) != 12:  # a field added or removed: the calls below must follow
+        raise TypeError(f"ReceivedMessage has {len(setters)} fields; its constructor sets 12")
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11 = setters
+    new = object.__new__
+
+    def construct(v: tuple[Any, ...]) -> ReceivedMessage:
+        m = new(ReceivedMessage)
+        s0(m, v[0])
+        s1(m, v[1])
+        s2(m, v[2])
+        s3(m, v[3])
+        s4(m, v[4])
+        s5(m, v[5])
+        s6(m, v[6])
+        s7(m, v[7])
+        s8(m, v[8])
+        s9(m, v[9])
+        s10(m, v[10])
+        s11(m, v[11])
+        return m
+
+    return construct
+
+
+_new_received: Final = _received_constructor()

@@ -6,6 +6,10 @@ As in RocketMQ the store runs two checks, both implemented by the broker:
   hash, bloom bitmap); False skips the entry without reading the CommitLog;
 * ``is_matched_by_commit_log(properties)`` — the exact match on the stored message.
 
+A filter may implement ``tally_exact(evaluated, matched)``: the store calls it once per read with
+how many messages that read put to ``is_matched_by_commit_log`` and how many passed, so the
+per-message call need not count (a count per message, under a lock, cost more than the check).
+
 A filter may also implement :class:`BlockMessageFilter` ``match_consume_queue_block``: the
 vectorized index check over a whole block of entries (numpy), used instead of the per-entry
 call when present. It must agree with ``is_matched_by_consume_queue`` entry by entry. Its

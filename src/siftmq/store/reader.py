@@ -121,6 +121,7 @@ class MessageReader:
         next_phy_file_start = -1
         scanned = n
         removing_at = -1
+        exact_rejected = 0  # candidates the filter's exact stage turned down
         max_bytes = self.config.max_transfer_bytes
         max_msgs = min(max_count, self.config.max_transfer_count)
         commit_log = self.commit_log
@@ -209,6 +210,7 @@ class MessageReader:
                     self._skip_damaged(cq, offset + idx, phy, str(exc))
                     continue
                 if msg is None:  # rejected by the exact (CommitLog) stage of the filter
+                    exact_rejected += 1
                     continue
                 messages.append(msg)
                 total += size
@@ -216,6 +218,10 @@ class MessageReader:
                 next_phy_file_start = -1
             if stop:
                 break
+        if accept is not None and (messages or exact_rejected):
+            tally = getattr(message_filter, "tally_exact", None)
+            if tally is not None:
+                tally(len(messages) + exact_rejected, len(messages))
         if status is GetMessageStatus.MESSAGE_WAS_REMOVING and count < n:
             # RocketMQ flips to NO_MATCHED_MESSAGE when an index-rejected entry follows
             rejected = np.ones(n, dtype=bool)
