@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from siftmq.errors import ConfigError
-from siftmq.store.statefile import previous_of, read_json, write_json
+from siftmq.store.statefile import FORMAT, _canonical, previous_of, read_json, write_json
 
 
 def _tamper(path: Path, key: str, value: object) -> None:
@@ -26,6 +31,25 @@ def test_a_round_trip_keeps_the_previous_generation(tmp_path: Path) -> None:
     assert read_json(path, None) == {"offset": 2, "name": "中文"}
     assert read_json(previous_of(path), None) == {"offset": 1}
     assert not path.with_name("state.json.tmp").exists()
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=5),
+    max_leaves=20,
+)
+
+
+@given(data=_json_values | st.dictionaries(st.text(max_size=6), _json_values, max_size=6))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_written_file_is_byte_for_byte_the_canonical_envelope(tmp_path: Path, data: object) -> None:
+    """The envelope is put together around the data's encoding (made once, an object a member at a
+    time); the bytes are exactly what encoding the whole envelope in one call gives."""
+    path = tmp_path / "state.json"
+    write_json(path, data)
+    envelope = {"format": FORMAT, "sha256": hashlib.sha256(_canonical(data)).hexdigest(), "data": data}
+    assert path.read_bytes() == _canonical(envelope)
+    assert read_json(path, "missing") == json.loads(_canonical(data))
 
 
 def test_an_edit_that_stays_valid_json_falls_back_to_the_previous_generation(
@@ -90,3 +114,33 @@ def test_subscriptions_stored_in_an_older_normal_form_load_in_todays(tmp_path: P
     info = GroupManager(tmp_path).get("g")
     assert info is not None and info.subscriptions["T"].expression == "NOT a = 'x'"
     assert info.subscriptions["T"].version == 3
+
+
+def test_a_slow_progress_write_is_made_less_often(tmp_path: Path) -> None:
+    """The housekeeping writes consumer progress at most once per SAVE_SPACING times the last write
+    took: with writes of ~50 ms and a flush every 10 ms it writes about once a second, not 20 times."""
+    from siftmq.broker import ProducedMessage, Subscription
+    from siftmq.broker.broker import SAVE_SPACING
+    from siftmq.testing import open_broker
+
+    broker = open_broker(tmp_path / "data", consumer_state_flush_ms=10)
+    try:
+        real_save = broker.consumers.save
+        saves: list[float] = []
+
+        def slow_save() -> None:
+            time.sleep(0.05)  # as a progress file with ~40,000 messages in flight takes
+            real_save()
+            saves.append(time.monotonic())
+
+        broker.consumers.save = slow_save  # type: ignore[method-assign]
+        broker.send_many([ProducedMessage("T", b"x", f"01SLOWSAVE{n:06d}") for n in range(1000)])
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:  # progress keeps changing: a receive every 10 ms
+            assert broker.receive("g", Subscription("T", "TAG", "*"), batch_size=1)
+            time.sleep(0.01)
+        gaps = [b - a for a, b in itertools.pairwise(saves)]
+        assert 1 <= len(saves) <= 4, saves
+        assert all(gap >= SAVE_SPACING * 0.05 * 0.9 for gap in gaps), gaps
+    finally:
+        broker.close()

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Final
 
 from siftmq.broker.client_state import ClientStateSweeper
 from siftmq.broker.clients import ClientRegistry
@@ -40,6 +41,10 @@ from siftmq.store import (
 )
 
 _log = logging.getLogger(__name__)
+#: The consumer-progress file is written at most once per this many times the last write took (and
+#: at most once per ``consumer_state_flush_ms``): a write lists every message in flight under the
+#: GIL (~130 ms for 100,000), and this keeps such writes to a twentieth of the time.
+SAVE_SPACING: Final = 20
 
 
 class Broker(Inspecting, Receiving, Pulling, Reporting):
@@ -153,10 +158,14 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
         flush_s = self.config.consumer_state_flush_ms / 1000
         last_sweep = 0.0
         last_retention = time.monotonic()
+        next_save = 0.0
         while not self._stop.wait(flush_s):
             try:
-                if self.consumers.dirty:
+                if self.consumers.dirty and time.monotonic() >= next_save:
+                    started = time.monotonic()
                     self.consumers.save()
+                    # older progress after a crash delivers more again; it never skips anything
+                    next_save = started + SAVE_SPACING * (time.monotonic() - started)
                 if self.offsets.dirty:
                     self.offsets.save()
                 if time.monotonic() - last_sweep >= 10:

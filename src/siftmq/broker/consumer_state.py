@@ -14,6 +14,7 @@ again — at worst a redelivery, never a loss.
 from __future__ import annotations
 
 import heapq
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,13 @@ class InFlight:
     attempt: int
     visible_at_ms: int
     nonce: int
+
+
+#: An in-flight message as the state file holds it (fields in order; a tuple made in C, at about a
+#: third of a list display's cost: a save lists every message in flight).
+_INFLIGHT_ROW = operator.attrgetter(
+    "queue_offset", "commit_log_offset", "size", "attempt", "visible_at_ms", "nonce"
+)
 
 
 @dataclass(slots=True)
@@ -164,10 +172,7 @@ class ConsumerStateTable:
             with prog.lock:
                 snapshot[f"{group}\t{topic}\t{qid}"] = {
                     "pop": prog.pop_offset,
-                    "inflight": [
-                        [i.queue_offset, i.commit_log_offset, i.size, i.attempt, i.visible_at_ms, i.nonce]
-                        for i in prog.inflight.values()
-                    ],
+                    "inflight": list(map(_INFLIGHT_ROW, prog.inflight.values())),
                 }
         try:
             write_json(self._path, snapshot)

@@ -39,14 +39,32 @@ def _canonical(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
 
 
+def _canonical_by_member(data: Any) -> bytes:
+    """:func:`_canonical`, a top-level object encoded a member at a time: one ``json.dumps`` holds
+    the GIL for the whole call (~90 ms for consumer progress with 100,000 messages in flight), and
+    between members the event loop gets it back."""
+    if not isinstance(data, dict) or len(data) < 2 or not all(isinstance(k, str) for k in data):
+        return _canonical(data)
+    members = [  # in sort_keys order: the keys are unique strings
+        json.dumps(key, ensure_ascii=False).encode() + b":" + _canonical(value)
+        for key, value in sorted(data.items())
+    ]
+    return b"{" + b",".join(members) + b"}"
+
+
 def write_json(path: Path, data: Any) -> None:
     """Atomically replace ``path`` with ``data``, keeping the file it replaces as ``NAME.prev``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = _canonical(data)
-    envelope = {"format": FORMAT, "sha256": hashlib.sha256(body).hexdigest(), "data": data}
+    body = _canonical_by_member(data)
+    # _canonical({"data": data, "format": FORMAT, "sha256": ...}) without encoding ``data`` again
+    envelope = b'{"data":%s,"format":%s,"sha256":"%s"}' % (
+        body,
+        json.dumps(FORMAT).encode(),
+        hashlib.sha256(body).hexdigest().encode(),
+    )
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(_canonical(envelope))
+        f.write(envelope)
         f.flush()
         os.fsync(f.fileno())
     if path.exists():
