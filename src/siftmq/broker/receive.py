@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -319,8 +320,7 @@ class Receiving(Subscribing):
                     except DiskFullError:
                         # the dead-letter copy waits for room; the message stays in flight and the
                         # group's other messages are served meanwhile
-                        item.visible_at_ms = rp.now + DLQ_RETRY_MS
-                        prog.put(item)
+                        prog.put(item._replace(visible_at_ms=rp.now + DLQ_RETRY_MS))
                         continue
                     del prog.inflight[item.queue_offset]
                     self.consumers.mark_dirty()
@@ -396,11 +396,10 @@ class Receiving(Subscribing):
     ) -> None:
         """:meth:`_deliver` of first deliveries, for a read's messages at once (this runs once
         per message received, so what the loop looks up is looked up before it)."""
-        out, put, nonce, topic = rp.out, prog.put, rp.nonce, rp.topic
+        out, put, topic = rp.out, prog.put, rp.topic
         invisible_ms = rp.invisible_ms
         visible_at = rp.now + invisible_ms
-        for msg in msgs:
-            n = nonce()
+        for msg, n in zip(msgs, rp.nonces(len(msgs)), strict=True):
             put(InFlight(msg.queue_offset, msg.commit_log_offset, msg.store_size, 1, visible_at, n))
             out.append(_new_delivery((msg, encode_handle(topic, qid, msg.queue_offset, n), 1, invisible_ms)))
         self.consumers.mark_dirty()
@@ -585,13 +584,17 @@ class _ReceivePass:
     inline: bool = False  # on an event loop (Receiving.try_receive)
     scan_left: int = 1 << 62  # index entries it may still read (bounded inline only)
     stopped: bool = False  # inline: it met what must be left to a thread
-    _random: bytes = b""
-    _used: int = 0
+    _nonces: list[int] = field(default_factory=list)  # drawn, not handed out yet
+
+    def nonces(self, count: int) -> list[int]:
+        """``count`` fresh 48-bit nonces. Those of the whole pass are drawn at once: a draw is a
+        system call, which cost a third of a receive's own time when made per message."""
+        if len(self._nonces) < count:
+            want = max(count, self.batch_size)
+            drawn = struct.unpack(f">{want}Q", secrets.token_bytes(8 * want))
+            self._nonces += [value >> (64 - 8 * NONCE_BYTES) for value in drawn]
+        taken, self._nonces = self._nonces[:count], self._nonces[count:]
+        return taken
 
     def nonce(self) -> int:
-        """A fresh 48-bit nonce. The random bytes of the whole pass are drawn at once: a draw is a
-        system call, which cost a third of a receive's own time when made per message."""
-        if self._used == len(self._random):
-            self._random, self._used = secrets.token_bytes(NONCE_BYTES * self.batch_size), 0
-        start, self._used = self._used, self._used + NONCE_BYTES
-        return int.from_bytes(self._random[start : self._used])
+        return self.nonces(1)[0]
