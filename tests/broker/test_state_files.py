@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -144,3 +145,62 @@ def test_a_slow_progress_write_is_made_less_often(tmp_path: Path) -> None:
         assert all(gap >= SAVE_SPACING * 0.05 * 0.9 for gap in gaps), gaps
     finally:
         broker.close()
+
+
+def test_progress_removed_is_written_at_the_next_pass_whatever_the_spacing(tmp_path: Path) -> None:
+    """A deleted topic's progress leaves the file at the next housekeeping pass, though the last
+    (slow) write put the next periodic one off: a crash must not bring the deleted progress back."""
+    from siftmq.broker import ProducedMessage, Subscription
+    from siftmq.broker.deletion import delete_topic
+    from siftmq.testing import open_broker
+
+    broker = open_broker(tmp_path / "data", consumer_state_flush_ms=10)
+    path = tmp_path / "data" / "config" / "consumer_state.json"
+    try:
+        real_save = broker.consumers.save
+
+        def slow_save() -> None:
+            time.sleep(0.2)  # the next periodic write no sooner than 4 s later
+            real_save()
+
+        broker.send(ProducedMessage("Doomed", b"x", "01DOOMED"))
+        assert broker.receive("g", Subscription("Doomed", "TAG", "*"), batch_size=1)
+        broker.consumers.save = slow_save  # type: ignore[method-assign]
+        time.sleep(0.5)  # one slow write with the Doomed progress in it
+        assert any(key.split("\t")[1] == "Doomed" for key in read_json(path, {}))
+        delete_topic(broker, "Doomed")
+        deadline = time.monotonic() + 2.0
+        while any(key.split("\t")[1] == "Doomed" for key in read_json(path, {})):
+            assert time.monotonic() < deadline, "the removal waited for the spacing"
+            time.sleep(0.05)
+    finally:
+        broker.close()
+
+
+def test_saves_from_two_threads_never_interleave(tmp_path: Path) -> None:
+    """A receive thread saves a new queue's start while the housekeeping may be saving: the file
+    is always one whole snapshot (both writers used one temporary file)."""
+    from siftmq.broker.consumer_state import ConsumerStateTable, InFlight
+
+    table = ConsumerStateTable(tmp_path)
+    for qid in range(8):  # ~1.5 MB: a write takes long enough for two to overlap
+        prog = table.get_or_create(("g", "T", qid), 0)
+        for offset in range(4000):
+            prog.put(InFlight(offset, offset * 1024, 1024, 1, 2**40 + offset, 2**47 + offset))
+    errors: list[BaseException] = []
+
+    def saver() -> None:
+        try:
+            for _ in range(15):
+                table.save()
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=saver) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    data = read_json(tmp_path / "consumer_state.json", {}, strict=True)
+    assert len(data) == 8 and all(len(item["inflight"]) == 4000 for item in data.values())

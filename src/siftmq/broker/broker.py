@@ -45,6 +45,10 @@ _log = logging.getLogger(__name__)
 #: at most once per ``consumer_state_flush_ms``): a write lists every message in flight under the
 #: GIL (~130 ms for 100,000), and this keeps such writes to a twentieth of the time.
 SAVE_SPACING: Final = 20
+#: ... and at least this often while progress changes (a write slowed by a stall, or waiting for
+#: queue locks, must not put the next one off for minutes: older progress after a crash means
+#: more deliveries again). Removed progress is written at the next pass whatever the spacing.
+MAX_SAVE_GAP_S: Final = 5.0
 
 
 class Broker(Inspecting, Receiving, Pulling, Reporting):
@@ -161,11 +165,12 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
         next_save = 0.0
         while not self._stop.wait(flush_s):
             try:
-                if self.consumers.dirty and time.monotonic() >= next_save:
+                consumers = self.consumers
+                if consumers.dirty and (time.monotonic() >= next_save or consumers.urgent):
                     started = time.monotonic()
-                    self.consumers.save()
-                    # older progress after a crash delivers more again; it never skips anything
-                    next_save = started + SAVE_SPACING * (time.monotonic() - started)
+                    consumers.save()
+                    took = time.monotonic() - started
+                    next_save = started + min(SAVE_SPACING * took, MAX_SAVE_GAP_S)
                 if self.offsets.dirty:
                     self.offsets.save()
                 if time.monotonic() - last_sweep >= 10:

@@ -118,6 +118,8 @@ class ConsumerStateTable:
         self._lock = threading.Lock()
         self._queues: dict[QueueKey, QueueProgress] = {}
         self._dirty = False
+        self._urgent = False
+        self._saving = threading.Lock()  # one save at a time
         for key, item in read_json(self._path, {}, strict=True).items():
             group, topic, qid = key.split("\t")
             prog = QueueProgress(int(item["pop"]))
@@ -150,25 +152,34 @@ class ConsumerStateTable:
             for key in keys:
                 del self._queues[key]
             if keys:
-                self._dirty = True
+                self._dirty = self._urgent = True
         return len(keys)
 
     @property
     def dirty(self) -> bool:
         return self._dirty
 
+    @property
+    def urgent(self) -> bool:
+        """Progress was removed (a deleted topic or group, an expired client) since the last save:
+        it is written at the next housekeeping pass, however long the last write took."""
+        return self._urgent
+
     def save(self) -> None:
-        """Write the snapshot (each queue copied under its own lock)."""
-        self._dirty = False  # cleared first: a change during the write marks it dirty again
-        snapshot: dict[str, object] = {}
-        for (group, topic, qid), prog in self.items():
-            with prog.lock:
-                snapshot[f"{group}\t{topic}\t{qid}"] = {
-                    "pop": prog.pop_offset,
-                    "inflight": list(prog.inflight.values()),  # rows of its fields, in order
-                }
-        try:
-            write_json(self._path, snapshot)
-        except OSError:
-            self._dirty = True  # retried by the next housekeeping pass
-            raise
+        """Write the snapshot (each queue copied under its own lock). Saves are made one at a time
+        (a receive thread saves a new queue's start; the housekeeping saves the rest): two
+        writers of one file would interleave their bytes, or write an older snapshot last."""
+        with self._saving:
+            self._dirty = self._urgent = False  # cleared first: a change during the write sets them again
+            snapshot: dict[str, object] = {}
+            for (group, topic, qid), prog in self.items():
+                with prog.lock:
+                    snapshot[f"{group}\t{topic}\t{qid}"] = {
+                        "pop": prog.pop_offset,
+                        "inflight": list(prog.inflight.values()),  # rows of its fields, in order
+                    }
+            try:
+                write_json(self._path, snapshot)
+            except OSError:
+                self._dirty = True  # retried by the next housekeeping pass
+                raise
