@@ -17,7 +17,10 @@ temporary directory; every row reports msg/s and the server's CPU per message.
 * **single publish**: the official ``rocketmq-python-client`` (8 threads, one message per call)
   against nats-py awaiting each acknowledged publish (8 concurrent tasks).
 
-Each read row starts once its server is idle (the publish's deferred work done, on either side).
+A round runs both publishes, then each read row on both sides back to back (which side goes first
+alternates), every read once both servers are idle (no publish's deferred work lands in a read's
+figures): a row's two figures are taken seconds apart, so a slow spell of this host moves both.
+Each round prints every row's ratio siftmq / NATS, and the run ends with their range and median.
 
 Run: ``.venv/bin/python benchmarks/bench_peer_nats.py [--messages N] [--rounds R] [--single N]``.
 """
@@ -29,12 +32,14 @@ import asyncio
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Final
 
 from siftmq.client import FilterExpression, Producer, PullConsumer, ReceivedMessage, SimpleConsumer
 from siftmq.testing import running_broker
@@ -220,52 +225,74 @@ def main() -> None:
         try:
             with running_broker() as broker:
                 assert broker.proc is not None
-                rows: dict[str, list[tuple[float, float]]] = {}
+                ratios: dict[str, list[float]] = {}
                 for r in range(args.rounds):
-                    stream, topic = f"bench{r}", f"PeerBench{r}"
-
-                    async def setup(stream: str = stream) -> None:
-                        import nats
-
-                        nc = await nats.connect(url)
-                        await nc.jetstream().add_stream(name=stream, subjects=[f"{stream}.>"])
-                        await nc.close()
-
-                    asyncio.run(setup())
-                    expected = (args.messages + 9) // 10
-                    sides = [("siftmq", broker.proc.pid), ("nats", nats_proc.pid)]
-                    for side, pid in sides if r % 2 == 0 else sides[::-1]:
-                        publish = (siftmq_publish(broker.endpoint, topic, args.messages) if side == "siftmq"
-                                   else nats_publish(url, stream, args.messages))  # fmt: skip
-                        rows.setdefault(f"publish with acks, {side}", []).append(
-                            asyncio.run(measure(pid, lambda p=publish: p))  # type: ignore[misc]
-                        )
-                        reads = (  # (row, siftmq's reader, NATS's reader, the consumer's name)
-                            ("10% filtered consume with acks", siftmq_consume, nats_consume, "peer"),
-                            ("10% filtered pull with offset commits", siftmq_pull, nats_pull, "peerpull"),
-                        )
-                        for label, ours, theirs, name in reads:
-                            settle(pid)
-                            read = (
-                                ours(broker.endpoint, topic, f"{name}-{r}", expected)
-                                if side == "siftmq"
-                                else theirs(url, stream, f"{name}{r}", expected)
-                            )
-                            rows.setdefault(f"{label}, {side}", []).append(
-                                asyncio.run(measure(pid, lambda c=read: c))  # type: ignore[misc]
-                            )
-                    for label, results in rows.items():
-                        rate, cpu = results[-1]
-                        print(
-                            f"round {r + 1}, {label}: {rate:,.0f} msg/s  [server CPU {cpu:.1f} us/msg]",
-                            flush=True,
-                        )
-                    rows.clear()
+                    got = run_round(r, endpoint=broker.endpoint, broker_pid=broker.proc.pid, url=url,
+                                    nats_pid=nats_proc.pid, messages=args.messages)  # fmt: skip
+                    for label, ratio in got.items():
+                        ratios.setdefault(label, []).append(ratio)
+                for label, per_round in ratios.items():
+                    print(
+                        f"{label}: siftmq / NATS {min(per_round):.2f}-{max(per_round):.2f}x over "
+                        f"{len(per_round)} rounds, median {statistics.median(per_round):.2f}x",
+                        flush=True,
+                    )
                 if args.single:
                     single_rows(broker.endpoint, broker.proc.pid, url, nats_proc.pid, args.single)
         finally:
             nats_proc.terminate()
             nats_proc.wait(10)
+
+
+READS: Final = (  # (row, siftmq's reader, NATS's reader, the consumer's name)
+    ("10% filtered consume with acks", siftmq_consume, nats_consume, "peer"),
+    ("10% filtered pull with offset commits", siftmq_pull, nats_pull, "peerpull"),
+)
+
+
+def run_round(
+    r: int, *, endpoint: str, broker_pid: int, url: str, nats_pid: int, messages: int
+) -> dict[str, float]:
+    """One round: both publishes, then each read row on both sides back to back (each side first
+    as often as the other), every read once both servers are idle. Prints the figures; returns
+    each row's ratio siftmq / NATS in msg/s."""
+    stream, topic = f"bench{r}", f"PeerBench{r}"
+
+    async def setup() -> None:
+        import nats
+
+        nc = await nats.connect(url)
+        await nc.jetstream().add_stream(name=stream, subjects=[f"{stream}.>"])
+        await nc.close()
+
+    asyncio.run(setup())
+    expected = (messages + 9) // 10
+    sides = [("siftmq", broker_pid), ("nats", nats_pid)]
+    order = sides if r % 2 == 0 else sides[::-1]
+    results: dict[str, dict[str, tuple[float, float]]] = {}
+    for side, pid in order:
+        settle(pid)
+        publish = (siftmq_publish(endpoint, topic, messages) if side == "siftmq"
+                   else nats_publish(url, stream, messages))  # fmt: skip
+        results.setdefault("publish with acks", {})[side] = asyncio.run(measure(pid, lambda p=publish: p))
+    for n, (label, ours, theirs, name) in enumerate(READS):
+        for side, pid in order[::-1] if n % 2 == 0 else order:
+            settle(broker_pid)
+            settle(nats_pid)  # neither server's deferred work may land in the other's figures
+            read = (ours(endpoint, topic, f"{name}-{r}", expected) if side == "siftmq"
+                    else theirs(url, stream, f"{name}{r}", expected))  # fmt: skip
+            results.setdefault(label, {})[side] = asyncio.run(measure(pid, lambda c=read: c))
+    ratios: dict[str, float] = {}
+    for label, by_side in results.items():
+        for side in ("siftmq", "nats"):
+            rate, cpu = by_side[side]
+            print(
+                f"round {r + 1}, {label}, {side}: {rate:,.0f} msg/s  [server CPU {cpu:.1f} us/msg]",
+                flush=True,
+            )
+        ratios[label] = by_side["siftmq"][0] / by_side["nats"][0]
+        print(f"round {r + 1}, {label}: siftmq / NATS {ratios[label]:.2f}x", flush=True)
+    return ratios
 
 
 def single_rows(endpoint: str, broker_pid: int, url: str, nats_pid: int, total: int) -> None:
