@@ -67,7 +67,10 @@ class FilePool:
 
     @property
     def open_count(self) -> int:
-        return len(self._open)
+        """Descriptors open now, read under the lock: an open and the evictions it makes are one
+        step, and a look between them would count one over the budget."""
+        with self._lock:
+            return len(self._open)
 
     def acquire(self, seg: PooledSegment) -> None:
         """Make sure ``seg`` has an open descriptor and keep it open until :meth:`release`."""
