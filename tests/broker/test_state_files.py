@@ -204,3 +204,30 @@ def test_saves_from_two_threads_never_interleave(tmp_path: Path) -> None:
     assert not errors, errors
     data = read_json(tmp_path / "consumer_state.json", {}, strict=True)
     assert len(data) == 8 and all(len(item["inflight"]) == 4000 for item in data.values())
+
+
+def test_a_failed_progress_write_keeps_a_removal_urgent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk refuses the write that was to drop a deleted topic's progress: the next pass
+    tries again at once (not after the spacing), and the file keeps the last good snapshot."""
+    from siftmq.broker import consumer_state
+    from siftmq.broker.consumer_state import ConsumerStateTable
+
+    table = ConsumerStateTable(tmp_path)
+    table.get_or_create(("g", "Doomed", 0), 7)
+    table.save()
+    table.remove_where(lambda key: key[1] == "Doomed")
+    assert table.urgent
+
+    def disk_full(path: Path, data: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(consumer_state, "write_json", disk_full)
+    with pytest.raises(OSError):
+        table.save()
+    assert table.dirty and table.urgent
+    assert "g\tDoomed\t0" in read_json(tmp_path / "consumer_state.json", {}, strict=True)
+    monkeypatch.undo()
+    table.save()
+    assert not table.urgent and read_json(tmp_path / "consumer_state.json", {}, strict=True) == {}

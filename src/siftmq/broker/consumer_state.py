@@ -170,6 +170,7 @@ class ConsumerStateTable:
         (a receive thread saves a new queue's start; the housekeeping saves the rest): two
         writers of one file would interleave their bytes, or write an older snapshot last."""
         with self._saving:
+            urgent = self._urgent
             self._dirty = self._urgent = False  # cleared first: a change during the write sets them again
             snapshot: dict[str, object] = {}
             for (group, topic, qid), prog in self.items():
@@ -180,6 +181,7 @@ class ConsumerStateTable:
                     }
             try:
                 write_json(self._path, snapshot)
-            except OSError:
-                self._dirty = True  # retried by the next housekeeping pass
+            except OSError:  # retried by the next housekeeping pass, as urgently as before
+                self._dirty = True
+                self._urgent = self._urgent or urgent
                 raise
