@@ -10,6 +10,9 @@ temporary directory; every row reports msg/s and the server's CPU per message.
   selected (TAG ``Sel`` / subject ``bench.sel``). siftmq: ``SimpleConsumer.receive(64, ack=batch)``,
   each batch acknowledged (and confirmed) in the call that receives the next; NATS: a pull consumer
   filtered on ``bench.sel``, ``fetch(64)`` and an ``ack()`` per message (sent, not confirmed).
+* **... one batch ahead**: the same, siftmq through ``SimpleConsumer.prefetching(64)`` (the next
+  batch asked for, this one's acknowledgements riding along, before this one is handled; each
+  acknowledgement confirmed a call later); NATS as in the row above, read again.
 * **10% filtered pull with offset commits**: the same stream, read in the pull model. siftmq:
   ``PullConsumer.poll(512)`` and ``commit()`` after each poll (one confirmed UpdateOffsets call);
   NATS: a pull consumer with ``AckPolicy.ALL`` on ``bench.sel``, ``fetch(512)`` and the last message
@@ -102,6 +105,22 @@ async def siftmq_consume(endpoint: str, topic: str, group: str, expected: int) -
             if not batch:
                 break
             got += len(batch)
+        await c.ack_many(batch)
+    return got
+
+
+async def siftmq_consume_ahead(endpoint: str, topic: str, group: str, expected: int) -> int:
+    """As :func:`siftmq_consume`, through ``prefetching``: the next batch's call (this batch's
+    acknowledgements riding along, confirmed a call later) is made before the batch is handled."""
+    got = 0
+    batch: list[ReceivedMessage] = []
+    async with SimpleConsumer(endpoint, group, {topic: FilterExpression.tag("Sel")}, await_duration=1) as c:
+        async with c.prefetching(64, 60) as receiver:
+            while got < expected:
+                batch = await receiver.receive(ack=batch)
+                if not batch:
+                    break
+                got += len(batch)
         await c.ack_many(batch)
     return got
 
@@ -246,6 +265,7 @@ def main() -> None:
 
 READS: Final = (  # (row, siftmq's reader, NATS's reader, the consumer's name)
     ("10% filtered consume with acks", siftmq_consume, nats_consume, "peer"),
+    ("10% filtered consume with acks, one batch ahead", siftmq_consume_ahead, nats_consume, "peerahead"),
     ("10% filtered pull with offset commits", siftmq_pull, nats_pull, "peerpull"),
 )
 

@@ -23,6 +23,10 @@ from typing import Any
 
 from siftmq.client import consumers, producer
 
+# what hands out objects whose coroutines would run on no loop (the wrapper makes methods blocking, not them)
+_ASYNC_ONLY = {
+    "prefetching": "use siftmq.client.SimpleConsumer in an event loop, or receive(ack=...) here",
+}
 _lock = threading.Lock()
 _loops: list[asyncio.AbstractEventLoop] = []  # the one shared loop, once started
 
@@ -50,6 +54,8 @@ class _Blocking:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self._timeout)
 
     def __getattr__(self, name: str) -> Any:
+        if name in _ASYNC_ONLY:
+            raise AttributeError(f"{name} is asyncio only: {_ASYNC_ONLY[name]}")
         attr = getattr(self._client, name)
         if inspect.iscoroutinefunction(attr):
 

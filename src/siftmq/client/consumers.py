@@ -19,6 +19,7 @@ from typing import Any
 
 from siftmq.client.connection import Connection, check
 from siftmq.client.model import FilterExpression, ReceivedMessage
+from siftmq.client.prefetch import Prefetching
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import MAX_ACK_ENTRIES
@@ -147,15 +148,17 @@ class SimpleConsumer(_Consumer):
         invisible_duration: float = 30.0,
         *,
         ack: Sequence[ReceivedMessage] = (),
+        await_duration: float | None = None,
     ) -> list[ReceivedMessage]:
-        """Up to ``max_messages`` messages of the next subscribed topic, waiting up to
-        ``await_duration`` for some.
+        """Up to ``max_messages`` messages of the next subscribed topic, the broker waiting up to
+        ``await_duration`` seconds for some (the consumer's own by default; 0 asks without waiting).
 
         ``ack``: messages to acknowledge first, as :meth:`ack_many` does; those of the topic received
         from go in the same call when the broker offers siftmq's extension (one round trip instead
         of two). If an acknowledgement fails this raises as :meth:`ack_many` does, and nothing has
         been received.
         """
+        hold_s = self.await_duration if await_duration is None else await_duration
         topics = list(self.subscriptions)
         topic = topics[self._next_topic % len(topics)]
         self._next_topic += 1
@@ -166,8 +169,8 @@ class SimpleConsumer(_Consumer):
             batch_size=max_messages,
         )
         request.invisible_duration.FromMilliseconds(int(invisible_duration * 1000))
-        request.long_polling_timeout.FromMilliseconds(int(self.await_duration * 1000))
-        timeout = self.await_duration + self.connection.request_timeout
+        request.long_polling_timeout.FromMilliseconds(int(hold_s * 1000))
+        timeout = hold_s + self.connection.request_timeout
         along = [m for m in ack if m.topic == topic]
         if len(along) < len(ack):
             await self.ack_many([m for m in ack if m.topic != topic])
@@ -239,6 +242,27 @@ class SimpleConsumer(_Consumer):
         from dataclasses import replace
 
         return replace(message, receipt_handle=response.receipt_handle)
+
+    def prefetching(
+        self, max_messages: int = 16, invisible_duration: float = 30.0, *, depth: int = 2
+    ) -> Prefetching:
+        """A receiver that keeps ``depth`` calls asking for the next batches in flight while the
+        application handles this one (see :class:`~siftmq.client.prefetch.Prefetching` for what
+        changes: an acknowledgement's failure is raised a few calls later)."""
+        return Prefetching(self, max_messages, invisible_duration, depth)
+
+    async def release(self, messages: Sequence[ReceivedMessage]) -> None:
+        """Make received messages visible to the group again (in ``RELEASE_S``, the broker's
+        shortest invisible time) instead of after their invisible duration; a failure is logged
+        (the message then comes back when its invisible duration ends)."""
+        results = await asyncio.gather(
+            *(self.change_invisible_duration(m, RELEASE_S) for m in messages), return_exceptions=True
+        )
+        for m, result in zip(messages, results, strict=True):
+            if isinstance(result, RemoteError):
+                _log.warning("releasing %s failed: %s", m.message_id, result)
+            elif isinstance(result, BaseException):
+                raise result
 
     def __aiter__(self) -> Any:
         return self._iterate()

@@ -1,0 +1,229 @@
+"""SimpleConsumer.prefetching: receive with calls asked ahead. Every message delivered once and every
+acknowledgement made (as a plain receive does, in any depth, with and without siftmq's extension);
+an acknowledgement's failure raised by a later receive, which then sends nothing; close() releases
+what was received ahead; a drained topic waits as a plain receive does; a cancelled receive loses
+nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from siftmq.client import FilterExpression, Producer, ReceivedMessage, SimpleConsumer, blocking
+from siftmq.errors import RemoteError
+from siftmq.testing import running_broker
+
+pytestmark = pytest.mark.integration
+
+FAST = {"min_invisible_time_s": 0.05}
+INVISIBLE_S = 2.0
+
+
+async def _send(endpoint: str, topic: str, count: int) -> None:
+    """``count`` messages to ``topic``, bodies "0", "1", ... (every third tagged ``Odd``, others ``Even``)."""
+    async with Producer(endpoint) as producer:
+        for first in range(0, count, 256):
+            await producer.send_many([
+                producer.message(topic, f"{i}".encode(), tag="Odd" if i % 3 == 0 else "Even")
+                for i in range(first, min(first + 256, count))
+            ])  # fmt: skip
+
+
+def _consumer(endpoint: str, topic: str, group: str, tag: str = "*", **kwargs: Any) -> SimpleConsumer:
+    return SimpleConsumer(endpoint, group, {topic: FilterExpression.tag(tag)}, await_duration=0.3, **kwargs)
+
+
+def _bodies(messages: list[ReceivedMessage]) -> list[int]:
+    return sorted(int(m.body) for m in messages)
+
+
+async def _drain_ahead(c: SimpleConsumer, max_messages: int, depth: int) -> tuple[list[ReceivedMessage], int]:
+    """Everything ``c`` receives through prefetching until a receive comes back empty (each batch
+    acknowledged by the next receive, the last by ack_many); and the most calls seen in flight."""
+    got: list[ReceivedMessage] = []
+    most = 0
+    batch: list[ReceivedMessage] = []
+    async with c.prefetching(max_messages, INVISIBLE_S, depth=depth) as receiver:
+        while batch := await receiver.receive(ack=batch):
+            got += batch
+            most = max(most, receiver.in_flight)
+    assert receiver.in_flight == 0
+    return got, most
+
+
+@pytest.mark.parametrize(("depth", "extension"), [(1, True), (2, True), (3, True), (2, False)])
+def test_every_message_once_and_every_acknowledgement_made(
+    start_broker: Any, depth: int, extension: bool
+) -> None:
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "AheadTopic", 300)
+        async with _consumer(broker.endpoint, "AheadTopic", "ahead") as c:
+            if not extension:
+                c.connection.batch_extension = False
+            got, most = await _drain_ahead(c, 16, depth)
+            assert _bodies(got) == list(range(300))  # each once
+            assert most == depth  # the calls really were made ahead
+            await asyncio.sleep(INVISIBLE_S + 0.3)  # anything not acknowledged would be visible again
+            assert await c.receive(16, INVISIBLE_S) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_acknowledgement_is_raised_by_a_later_receive_which_sends_nothing(start_broker: Any) -> None:
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "AheadFail", 40)
+        async with _consumer(broker.endpoint, "AheadFail", "aheadfail") as c:
+            async with c.prefetching(10, INVISIBLE_S, depth=1) as receiver:
+                first = await receiver.receive()
+                await c.ack_many(first)
+                second = await receiver.receive(ack=first)  # already acknowledged: fails in the call made now
+                assert len(second) == 10
+                with pytest.raises(RemoteError) as failed:
+                    await receiver.receive(ack=second)
+                assert failed.value.status == "INVALID_RECEIPT_HANDLE"
+                assert receiver.in_flight == 0  # nothing was sent: ``second`` is still to acknowledge
+                await c.ack_many(second)
+            got = first + second
+            await asyncio.sleep(INVISIBLE_S + 0.3)  # what the failed call received comes back
+            while batch := await c.receive(16, INVISIBLE_S, ack=[]):
+                got += batch
+                await c.ack_many(batch)
+            assert _bodies(got) == list(range(40))
+
+    asyncio.run(scenario())
+
+
+def test_close_releases_what_was_received_ahead(start_broker: Any) -> None:
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "AheadClose", 100)
+        async with _consumer(broker.endpoint, "AheadClose", "aheadclose") as c:
+            async with c.prefetching(10, 60, depth=2) as receiver:
+                kept = await receiver.receive()  # 20 more received ahead, invisible for 60 s ...
+                assert receiver.in_flight == 2
+            await asyncio.sleep(1.5)  # ... until close() released them
+            others: list[ReceivedMessage] = []
+            while batch := await c.receive(32, 60):
+                others += batch
+            assert _bodies(others) == sorted(set(range(100)) - set(_bodies(kept)))
+
+    asyncio.run(scenario())
+
+
+def test_a_drained_topic_waits_for_messages_as_a_plain_receive_does(start_broker: Any) -> None:
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "AheadWait", 5)
+        async with (
+            SimpleConsumer(
+                broker.endpoint, "aheadwait", {"AheadWait": FilterExpression.tag()}, await_duration=10
+            ) as c,
+            c.prefetching(16, INVISIBLE_S) as receiver,
+        ):
+            first = await receiver.receive()
+            assert len(first) == 5
+
+            async def later() -> None:
+                await asyncio.sleep(0.5)
+                async with Producer(broker.endpoint) as producer:
+                    await producer.send("AheadWait", b"5")
+
+            sender = asyncio.create_task(later())
+            second = await receiver.receive(ack=first)  # the tries ahead find nothing: it waits
+            await sender
+            assert _bodies(second) == [5]
+            await c.ack_many(second)
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_receive_loses_nothing(start_broker: Any) -> None:
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "AheadCancel", 30)
+        async with _consumer(broker.endpoint, "AheadCancel", "aheadcancel") as c:
+            async with c.prefetching(10, INVISIBLE_S, depth=1) as receiver:
+                got = await receiver.receive()
+                waiting = asyncio.create_task(receiver.receive(ack=got))
+                await asyncio.sleep(0)  # it waits for the call in flight now
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                assert receiver.in_flight == 1  # the call goes on; the next receive collects it
+                # the list given as ``ack`` grows after the call: the call acknowledges it as it was given
+                batch = got
+                while batch := await receiver.receive(ack=batch):
+                    got += batch
+            assert _bodies(got) == list(range(30))  # and each acknowledged: the last by the empty receive
+
+    asyncio.run(scenario())
+
+
+def test_depth_must_be_positive() -> None:
+    async def scenario() -> None:
+        consumer = SimpleConsumer("127.0.0.1:1", "g", {"T": FilterExpression.tag()})
+        with pytest.raises(ValueError, match="depth must be at least 1, not 0"):
+            consumer.prefetching(16, 30, depth=0)
+        await consumer.connection.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_blocking_wrapper_says_prefetching_is_asyncio_only(start_broker: Any) -> None:
+    broker = start_broker(config=FAST)
+    subscriptions = {"AheadBlocking": FilterExpression.tag()}
+    with blocking.SimpleConsumer(broker.endpoint, "aheadblocking", subscriptions, await_duration=0.3) as c:
+        with pytest.raises(AttributeError, match="prefetching is asyncio only"):
+            c.prefetching(16, 30)
+        assert c.receive(16, 30) == []  # the rest of the wrapper serves on
+
+
+_SHARED: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def shared_broker() -> Any:
+    """One broker for every example (caches and in-flight tables live across them)."""
+    with running_broker(config=FAST) as broker:
+        yield broker
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    count=st.integers(0, 120),
+    max_messages=st.integers(1, 24),
+    depth=st.integers(1, 3),
+    tag=st.sampled_from(["*", "Odd", "Even||Odd", "None"]),
+)
+def test_prefetching_and_plain_receive_deliver_the_same_messages(
+    shared_broker: Any, count: int, max_messages: int, depth: int, tag: str
+) -> None:
+    """Differential: a prefetching consumer and a plain one, each its own group on one topic, get
+    the same messages (those the filter selects), each once."""
+    n = _SHARED["n"] = _SHARED.get("n", 0) + 1
+    topic = f"AheadSame{n}"
+
+    async def scenario() -> None:
+        await _send(shared_broker.endpoint, topic, count)
+        async with _consumer(shared_broker.endpoint, topic, f"plain{n}", tag) as plain:
+            seen: list[ReceivedMessage] = []
+            batch: list[ReceivedMessage] = []
+            while batch := await plain.receive(max_messages, INVISIBLE_S, ack=batch):
+                seen += batch
+        async with _consumer(shared_broker.endpoint, topic, f"ahead{n}", tag) as c:
+            got, _ = await _drain_ahead(c, max_messages, depth)
+        wanted = {"*": range(count), "Odd": range(0, count, 3), "None": range(0)}.get(tag, range(count))
+        assert _bodies(got) == _bodies(seen) == list(wanted)
+
+    asyncio.run(scenario())
