@@ -10,9 +10,9 @@ temporary directory; every row reports msg/s and the server's CPU per message.
   selected (TAG ``Sel`` / subject ``bench.sel``). siftmq: ``SimpleConsumer.receive(64, ack=batch)``,
   each batch acknowledged (and confirmed) in the call that receives the next; NATS: a pull consumer
   filtered on ``bench.sel``, ``fetch(64)`` and an ``ack()`` per message (sent, not confirmed).
-* **... one batch ahead**: the same, siftmq through ``SimpleConsumer.prefetching(64)`` (the next
-  batch asked for, this one's acknowledgements riding along, before this one is handled; each
-  acknowledgement confirmed a call later); NATS as in the row above, read again.
+* **... prefetching**: the same, siftmq through ``SimpleConsumer.prefetching(64)`` (two calls in
+  flight: the batch after next asked for, this one's acknowledgements riding along, before this one
+  is handled; each acknowledgement confirmed, two calls later); NATS as in the row above, read again.
 * **10% filtered pull with offset commits**: the same stream, read in the pull model. siftmq:
   ``PullConsumer.poll(512)`` and ``commit()`` after each poll (one confirmed UpdateOffsets call);
   NATS: a pull consumer with ``AckPolicy.ALL`` on ``bench.sel``, ``fetch(512)`` and the last message
@@ -265,7 +265,7 @@ def main() -> None:
 
 READS: Final = (  # (row, siftmq's reader, NATS's reader, the consumer's name)
     ("10% filtered consume with acks", siftmq_consume, nats_consume, "peer"),
-    ("10% filtered consume with acks, one batch ahead", siftmq_consume_ahead, nats_consume, "peerahead"),
+    ("10% filtered consume with acks, prefetching", siftmq_consume_ahead, nats_consume, "peerahead"),
     ("10% filtered pull with offset commits", siftmq_pull, nats_pull, "peerpull"),
 )
 
