@@ -252,17 +252,15 @@ class SimpleConsumer(_Consumer):
         return Prefetching(self, max_messages, invisible_duration, depth)
 
     async def release(self, messages: Sequence[ReceivedMessage]) -> None:
-        """Make received messages visible to the group again (in ``RELEASE_S``, the broker's
-        shortest invisible time) instead of after their invisible duration; a failure is logged
-        (the message then comes back when its invisible duration ends)."""
+        """Make received messages visible to the group again in ``RELEASE_S`` instead of after their
+        invisible duration (each counts a delivery attempt, as any redelivery does). A failure is
+        logged: that message comes back when its invisible duration ends."""
         results = await asyncio.gather(
             *(self.change_invisible_duration(m, RELEASE_S) for m in messages), return_exceptions=True
         )
         for m, result in zip(messages, results, strict=True):
-            if isinstance(result, RemoteError):
-                _log.warning("releasing %s failed: %s", m.message_id, result)
-            elif isinstance(result, BaseException):
-                raise result
+            if isinstance(result, BaseException):
+                _log.warning("releasing %s failed: %r", m.message_id, result)
 
     def __aiter__(self) -> Any:
         return self._iterate()

@@ -1,38 +1,48 @@
-"""A SimpleConsumer's receive with the next batch asked for while the application handles this one.
+"""A SimpleConsumer's receive with the next batches asked for while the application handles this one.
 
 A plain ``receive(ack=batch)`` is a round trip the application waits out: the broker reads and
 answers while the client is idle, then the client decodes and handles the batch while the broker
-is idle. :class:`Prefetching` overlaps the two. Each ``receive`` returns the batch its previous
-call asked for, and before returning sends the next call (this call's acknowledgements riding
-along), so the broker serves it while the application handles the batch. NATS's pull consumers get
+is idle. :class:`Prefetching` overlaps the two. Each ``receive`` returns a batch an earlier call
+received, and before returning makes the next call (this call's acknowledgements riding along), so
+``depth`` calls (2 by default) are in flight while the application works. NATS's pull consumers get
 the same overlap from acknowledgements they never wait for; here every acknowledgement is still
-confirmed, one call later.
+confirmed, ``depth`` calls later.
 
 What changes for the application, against a plain ``receive``:
 
-* an acknowledgement's failure is raised by the *next* ``receive`` (or by :meth:`Prefetching.close`);
-  that call raises and sends nothing, so the messages given to it are still the caller's to
-  acknowledge;
+* an acknowledgement's failure is raised by a later ``receive`` (the ``depth``-th after it), or by
+  :meth:`Prefetching.close`; a ``receive`` that raises sends nothing, so the messages given to it
+  are still the caller's to acknowledge;
 * a batch asked for ahead is invisible to the rest of the group from the moment it is received: its
-  invisible duration runs while the application still handles the batch before it;
-* the call asked ahead does not wait for messages: when it finds none, the next ``receive`` waits
-  for some as a plain one does (the consumer's ``await_duration``), so a drained topic costs one
-  extra call per wait, not a prefetch held open;
-* :meth:`Prefetching.close` makes a batch received ahead, and never returned, visible to the group
-  again at once (in the broker's shortest invisible time) — it is not left invisible.
+  invisible duration runs while the application still handles the batches before it;
+* the calls made ahead do not wait for messages: when they find none, the next ``receive`` waits
+  for some as a plain one does (the consumer's ``await_duration``), so a drained topic costs a few
+  extra calls per wait, not calls held open;
+* :meth:`Prefetching.close` makes what was received ahead, and never returned, visible to the group
+  again in ``RELEASE_S`` (1 s) instead of after its invisible duration. A message released counts a
+  delivery attempt, as any redelivery does (a receiver opened and closed very often can move a
+  message towards the dead-letter queue unseen).
+
+Calls made ahead need siftmq's broker (a non-waiting receive; Apache RocketMQ's proxy raises a long
+poll to its own minimum): against a broker without siftmq's extension, ``receive`` is a plain one.
+Concurrent ``receive`` calls on one receiver take turns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from siftmq.client.model import ReceivedMessage
+from siftmq.errors import RemoteError
 
 if TYPE_CHECKING:
     from siftmq.client.consumers import SimpleConsumer
+
+_log = logging.getLogger(__name__)
 
 
 class Prefetching:
@@ -49,6 +59,7 @@ class Prefetching:
         self.invisible_duration = invisible_duration
         self.depth = depth
         self._ahead: collections.deque[asyncio.Task[list[ReceivedMessage]]] = collections.deque()
+        self._turn = asyncio.Lock()
 
     @property
     def in_flight(self) -> int:
@@ -59,27 +70,50 @@ class Prefetching:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        if exc[0] is None:
+            await self.close()
+            return
+        try:  # the body's own error goes on; an acknowledgement's failure is only logged then
+            await self.close()
+        except RemoteError as failed:
+            _log.warning("closing a prefetching receiver of %s: %s", self.consumer.group, failed)
 
     async def receive(self, *, ack: Sequence[ReceivedMessage] = ()) -> list[ReceivedMessage]:
         """The next batch (waiting up to the consumer's ``await_duration`` when none is ready);
         ``ack`` rides along with the next call made. Raises the failure of acknowledgements given
         to an earlier call, if any, and then sends nothing."""
-        while self._ahead:
-            ahead = self._ahead[0]
-            try:  # a cancelled caller leaves the call in flight for the next receive or close()
-                batch = await asyncio.shield(ahead)
-            finally:
-                if ahead.done():
-                    self._ahead.popleft()
-            if batch:
-                self._ask_ahead(ack)
-                return batch
-        batch = await self.consumer.receive(self.max_messages, self.invisible_duration, ack=ack)
-        if batch:
-            for _ in range(self.depth):
-                self._ask_ahead(())
+        async with self._turn:
+            while self._ahead:
+                batch = await self._collect(self._ahead[0])
+                if batch:
+                    self._top_up(ack)
+                    return batch
+            batch = await self.consumer.receive(self.max_messages, self.invisible_duration, ack=ack)
+            if batch and self.consumer.connection.batch_extension is True:  # a non-waiting receive there
+                self._top_up(())
+            return batch
+
+    async def _collect(self, ahead: asyncio.Task[list[ReceivedMessage]]) -> list[ReceivedMessage]:
+        """The outcome of the call at the head, which leaves the queue only once the outcome is
+        handed over: a caller cancelled while waiting (even in the turn the call finished) leaves
+        it for the next receive or close()."""
+        try:
+            batch = await asyncio.shield(ahead)
+        except asyncio.CancelledError:
+            if ahead.cancelled():
+                self._ahead.popleft()
+            raise
+        except BaseException:
+            self._ahead.popleft()
+            raise
+        self._ahead.popleft()
         return batch
+
+    def _top_up(self, ack: Sequence[ReceivedMessage]) -> None:
+        """Calls ahead up to ``depth`` (one at least, to carry ``ack``; one that failed is replaced)."""
+        self._ask_ahead(ack)
+        while len(self._ahead) < self.depth:
+            self._ask_ahead(())
 
     def _ask_ahead(self, ack: Sequence[ReceivedMessage]) -> None:
         ack = tuple(ack)  # the call starts later, and the caller may change its list meanwhile
@@ -88,10 +122,22 @@ class Prefetching:
 
     async def close(self) -> None:
         """Wait for the calls in flight (they do not wait for messages) and release what they
-        received; raises an acknowledgement's failure, if any, once every call was collected."""
-        ahead, self._ahead = list(self._ahead), collections.deque()
-        results = await asyncio.gather(*ahead, return_exceptions=True)
+        received; then raises an acknowledgement's failure, if any. Cancelling it leaves the calls
+        to finish and their messages to be released."""
+        async with self._turn:
+            ahead = list(self._ahead)
+            if not ahead:
+                return
+            collected = asyncio.gather(*ahead, return_exceptions=True)
+            self._ahead.clear()
+            done = asyncio.ensure_future(self._release_when(collected))
+            failures = await asyncio.shield(done)
+        if failures:
+            raise failures[0]
+
+    async def _release_when(self, collected: asyncio.Future[list[Any]]) -> list[Exception]:
+        """Release what the collected calls received; their failures (a call cancelled under it,
+        as by a closed channel, is not one to raise)."""
+        results = await collected
         await self.consumer.release([m for r in results if isinstance(r, list) for m in r])
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+        return [r for r in results if isinstance(r, Exception)]
