@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -271,6 +272,66 @@ def test_a_second_broker_on_the_same_port_fails_loudly(broker_of: Any, tmp_path:
         producer.send(_message(0, 0))
     finally:
         producer.shutdown()
+
+
+def _workers_broker(data_dir: Path, listen: str) -> list[str]:
+    return [
+        sys.executable, "-m", "siftmq", "broker", "--data-dir", str(data_dir), "--listen", listen,
+        "--admin-listen", "", "--workers", "2",
+    ]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_port_another_core_claims_is_refused(tmp_path: Path) -> None:
+    """The claim, not the port check, refuses it: the port itself is free here."""
+    port = _free_port()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as claim:
+        claim.bind(f"\0siftmq-workers-port-{port}")
+        cmd = _workers_broker(tmp_path / "claimed", f"127.0.0.1:{port}")
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert f"another siftmq broker with --workers holds port {port}" in done.stderr, done.stderr
+    assert "ready on" not in done.stdout
+
+
+def test_two_brokers_started_in_the_same_instant_on_one_port_one_serves(tmp_path: Path) -> None:
+    """Both find the port free (their front-ends bind it a second or so later, with SO_REUSEPORT):
+    without the claim both would serve it, each with its own data."""
+    listen = f"127.0.0.1:{_free_port()}"
+    procs = [
+        subprocess.Popen(
+            _workers_broker(tmp_path / f"twin{i}", listen),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        exited = [i for i, p in enumerate(procs) if p.poll() is not None]
+        assert len(exited) == 1, f"{len(exited)} of the two exited (none: both serve the port)"
+        loser, winner = procs[exited[0]], procs[1 - exited[0]]
+        assert loser.returncode != 0 and loser.stderr is not None and winner.stdout is not None
+        assert "cannot listen on" in loser.stderr.read()
+        ready = ""
+        while "ready on" not in ready:
+            ready = winner.stdout.readline()
+            assert ready, "the other one exited too"
+        assert winner.poll() is None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+            p.communicate(timeout=30)  # and its pipes closed
 
 
 def test_a_front_end_killed_is_started_again_and_nothing_acknowledged_is_lost(broker_of: Any) -> None:

@@ -2,7 +2,10 @@
 them running (one that dies is started again), and stops them first on shutdown.
 
 The port is checked free by the core before any front-end binds it: the front-ends share it with
-``SO_REUSEPORT``, which would otherwise let a second broker of the same user bind it too.
+``SO_REUSEPORT``, which would otherwise let a second broker of the same user bind it too. Two cores
+started in the same instant could both find it free, so a core also claims the port for as long as
+it runs: a Unix socket in the abstract namespace named after the port, which only one process can
+hold and which goes with the process however it ends (kill -9 included).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ RESTART_BACKOFF_S: Final = (0.2, 1.0, 5.0)
 HEALTHY_AFTER_S: Final = 30.0
 #: The core's socket directory: ``siftmq-core-{pid}-{random}`` under the temporary directory.
 DIR_PREFIX: Final = "siftmq-core-"
+#: The port's claim: an abstract Unix socket ``\0siftmq-workers-port-{port}`` (one per network
+#: namespace, whatever the address listened on).
+CLAIM_PREFIX: Final = "siftmq-workers-port-"
 
 
 class BindError(SiftError):
@@ -59,6 +65,20 @@ def check_port_free(host: str, port: int) -> int:
                 f"cannot listen on {host}:{port}: {exc.strerror} (is another broker running there?)"
             ) from exc
         return int(probe.getsockname()[1])
+
+
+def claim_port(host: str, port: int) -> socket.socket:
+    """Hold ``port`` for this core (see the module's note); close the socket to let it go."""
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        claim.bind(f"\0{CLAIM_PREFIX}{port}")
+    except OSError as exc:
+        claim.close()
+        raise BindError(
+            f"cannot listen on {host}:{port}: another siftmq broker with --workers holds port {port} "
+            f"({exc.strerror})"
+        ) from exc
+    return claim
 
 
 class FrontEnds:
@@ -87,10 +107,13 @@ class FrontEnds:
         self._stopping = False
         self.listen = ""
         self.restarts = 0  # front-ends started again after they died
+        self._claim: socket.socket | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Start the front-ends on ``host:port``; returns the port once every one listens."""
         port = check_port_free(host, port)
+        self._claim = claim_port(host, port)
+        port = check_port_free(host, port)  # taken by anything else meanwhile
         self.listen = f"{host}:{port}"
         try:
             await self._link.start(self._socket)
@@ -199,6 +222,8 @@ class FrontEnds:
                 await asyncio.wait(late)
         await self._link.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self._claim is not None:
+            self._claim.close()
 
 
 def _remove_stale_dirs() -> None:
