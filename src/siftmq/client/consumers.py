@@ -274,12 +274,21 @@ class SimpleConsumer(_Consumer):
 class PushConsumer(SimpleConsumer):
     """Calls ``listener(message)`` (sync or async; truthy = consumed), ``concurrency`` messages at once.
 
-    A failed message is made visible again after a backoff (1 s, 5 s, 10 s, ...); after the broker's
-    maximum delivery attempts it goes to ``%DLQ%<group>``.
+    One receiving loop holds up to ``capacity`` = ``concurrency`` × ``HELD_PER_WORKER`` (8)
+    messages received ahead of the listeners — so a message waits for at most 8 listener calls
+    before its own, inside its 60 s invisible time while a listener call takes under ~7 s — and asks
+    for more once half of them are taken, in one call that also acknowledges what was consumed
+    since (through siftmq's extension; otherwise, and while the loop waits for messages, a separate
+    acknowledging task sends them within ``ACK_GRACE_S``). A failed message is made visible again
+    after a backoff (1 s, 5 s, 10 s, ...); after the broker's maximum delivery attempts it goes to
+    ``%DLQ%<group>``. ``stop()`` makes what was received and not consumed visible again in ``RELEASE_S``.
     """
 
     client_type = pb.ClientType.PUSH_CONSUMER
     BACKOFF_S = (1.0, 5.0, 10.0, 30.0, 60.0)
+    HELD_PER_WORKER = 8
+    INVISIBLE_S = 60.0
+    ACK_GRACE_S = 0.1  # what the next receive did not take along by then is acknowledged on its own
 
     def __init__(
         self,
@@ -292,67 +301,124 @@ class PushConsumer(SimpleConsumer):
         **options: Any,
     ) -> None:
         super().__init__(endpoint, group, subscriptions, **options)
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.listener = listener
         self.concurrency = concurrency
+        self.capacity = concurrency * self.HELD_PER_WORKER
+        self._ready: asyncio.Queue[ReceivedMessage] = asyncio.Queue()
+        self._held = 0  # received and not yet settled: waiting in _ready or with a listener
+        self._room = asyncio.Event()
+        self._pump: asyncio.Task[None] | None = None
+        self._trying = False  # the pump's call is a try (it may carry acknowledgements: let it finish)
         self._workers: list[asyncio.Task[None]] = []
-        self._to_ack: list[ReceivedMessage] = []  # consumed, acknowledged by the acker in batches
+        self._unsettled: list[ReceivedMessage] = []  # what stopped listeners held: released by stop()
+        self._to_ack: list[ReceivedMessage] = []  # consumed; acknowledged by a receive or the acker
         self._ack_wanted = asyncio.Event()
         self._acker: asyncio.Task[None] | None = None
+        self._stopping = False
         self._closing = False
+
+    @property
+    def held(self) -> int:
+        """Messages received and not yet consumed or given back (at most ``capacity``)."""
+        return self._held
 
     async def start(self) -> None:
         await super().start()
         self._acker = asyncio.create_task(self._ack_loop())
         self._workers = [asyncio.create_task(self._work()) for _ in range(self.concurrency)]
+        self._pump = asyncio.create_task(self._receive_loop())
 
     async def stop(self) -> None:
         try:
+            self._stopping = True
+            if self._pump is not None:
+                if not self._trying:  # waiting for room or for messages: it carries no acknowledgement
+                    self._pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._pump
             for w in self._workers:
                 w.cancel()
             for w in self._workers:
                 with contextlib.suppress(asyncio.CancelledError):
                     await w
-            if self._acker is not None:  # what the workers consumed last is acknowledged before leaving
+            # hand back what was received and not consumed instead of leaving it invisible
+            queued = [self._ready.get_nowait() for _ in range(self._ready.qsize())]
+            self._held -= len(queued)
+            left, self._unsettled = self._unsettled + queued, []
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self.release(left))
+            if self._acker is not None:  # what the listeners consumed last is acknowledged before leaving
                 self._closing = True
                 self._ack_wanted.set()
                 await self._acker
         finally:
             await super().stop()
 
+    def _take_acks(self, limit: int = MAX_ACK_ENTRIES) -> list[ReceivedMessage]:
+        taken, self._to_ack = self._to_ack[:limit], self._to_ack[limit:]
+        return taken
+
+    async def _receive_loop(self) -> None:
+        """Receive while fewer than half of ``capacity`` are held: a try (no waiting, with the
+        acknowledgements due) on siftmq's broker, and a waiting receive when a try found nothing."""
+        found = True
+        while not self._stopping:
+            while self._held > self.capacity - max(self.capacity // 2, 1):
+                self._room.clear()
+                await self._room.wait()
+            wanted = self.capacity - self._held
+            try:
+                if found and self.connection.batch_extension is True:
+                    self._trying = True
+                    try:
+                        acks = self._take_acks()
+                        batch = await self.receive(wanted, self.INVISIBLE_S, ack=acks, await_duration=0)
+                    finally:
+                        self._trying = False
+                else:
+                    batch = await self.receive(wanted, self.INVISIBLE_S)
+            except RemoteError as exc:  # acknowledgements that failed come back after their invisible time
+                _log.warning("receive for %s failed: %s", self.group, exc)
+                await asyncio.sleep(1)
+                continue
+            except Exception:  # the loop must outlive any one failure: it is the consumer
+                _log.exception("receive for %s failed", self.group)
+                await asyncio.sleep(1)
+                continue
+            found = bool(batch)
+            self._held += len(batch)
+            for m in batch:
+                self._ready.put_nowait(m)
+
     async def _ack_loop(self) -> None:
-        """Acknowledge consumed messages in batches: one request for all that piled up meanwhile."""
+        """Acknowledge what no receive took along within ``ACK_GRACE_S``, in batches."""
         while True:
             await self._ack_wanted.wait()
+            if not self._closing:
+                await asyncio.sleep(self.ACK_GRACE_S)
             self._ack_wanted.clear()
             while self._to_ack:
-                batch = self._to_ack[:MAX_ACK_BATCH]
+                batch = self._take_acks(MAX_ACK_BATCH)
                 try:
                     await self.ack_many(batch)
                 except RemoteError as exc:  # not acknowledged: redelivered after its invisible time
                     _log.warning("acknowledging %d messages of %s failed: %s", len(batch), self.group, exc)
-                del self._to_ack[: len(batch)]  # workers only append: the batch is still the head
             if self._closing:
                 return
 
     async def _work(self) -> None:
-        pending: list[ReceivedMessage] = []
-        try:
-            while True:
-                try:
-                    pending = list(await self.receive(8, 60.0))
-                except RemoteError as exc:
-                    _log.warning("receive for %s failed: %s", self.group, exc)
-                    await asyncio.sleep(1)
-                    continue
-                while pending:
-                    await self._consume(pending[0])
-                    pending.pop(0)
-        except asyncio.CancelledError:
-            # stopping: hand what this worker holds back to the group instead of leaving it invisible
-            for m in pending:
-                with contextlib.suppress(RemoteError, asyncio.CancelledError):
-                    await asyncio.shield(self.change_invisible_duration(m, RELEASE_S))
-            raise
+        while True:
+            m = await self._ready.get()
+            try:
+                await self._consume(m)
+            except asyncio.CancelledError:
+                self._unsettled.append(m)  # stopping: released by stop()
+                raise
+            finally:
+                self._held -= 1
+                self._room.set()
 
     async def _consume(self, m: ReceivedMessage) -> None:
         try:
