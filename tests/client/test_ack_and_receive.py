@@ -224,3 +224,29 @@ def test_the_answers_entries_only_when_an_acknowledgement_failed(start_broker: A
             ]
 
     asyncio.run(scenario())
+
+
+def test_a_failed_acknowledgement_of_another_topic_still_lets_the_others_be_made(start_broker: Any) -> None:
+    """receive(ack=...) acknowledges another topic's messages first; one failing there still has
+    the rest acknowledged (as ack_many does) before the receive raises and receives nothing."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            for topic in ("MixA", "MixB"):
+                await producer.send_many([producer.message(topic, topic.encode()) for _ in range(4)])
+        subscriptions = {"MixA": FilterExpression.tag(), "MixB": FilterExpression.tag()}
+        async with SimpleConsumer(broker.endpoint, "mix", subscriptions, await_duration=0.3) as c:
+            a = await c.receive(4, 30)  # the topics in turn: MixA, then MixB
+            b = await c.receive(4, 30)
+            assert {m.topic for m in a} == {"MixA"} and {m.topic for m in b} == {"MixB"}
+            await c.ack(b[0])
+            with pytest.raises(RemoteError) as failed:
+                await c.receive(4, 30, ack=[*a, b[0]])  # receives from MixA: b[0] is acknowledged first
+            assert failed.value.status == "INVALID_RECEIPT_HANDLE"
+            with pytest.raises(RemoteError) as again:  # every one of ``a`` was acknowledged all the same
+                await c.ack_many(a)
+            assert "acknowledgements failed" not in str(again.value)
+            await c.ack_many(b[1:])
+
+    asyncio.run(scenario())

@@ -129,3 +129,69 @@ def test_concurrency_must_be_positive() -> None:
             PushConsumer("127.0.0.1:1", "g", {"T": FilterExpression.tag()}, bool, concurrency=0)
 
     asyncio.run(scenario())
+
+
+def test_a_failed_acknowledgement_does_not_hold_up_receiving(start_broker: Any, caplog: Any) -> None:
+    """An acknowledgement that fails in a receive (a handle gone stale) is logged as such, and the
+    receiving goes on at once: the other acknowledgements were made."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "PushStale", 200)
+        seen: list[ReceivedMessage] = []
+        stale: list[ReceivedMessage] = []
+
+        def consumed(m: ReceivedMessage) -> bool:
+            seen.append(m)
+            if len(seen) == 20:  # one already acknowledged goes along with the next acknowledgements
+                stale.append(seen[0])
+                consumer._to_ack.append(seen[0])
+            return True
+
+        consumer = PushConsumer(
+            broker.endpoint, "pushstale", {"PushStale": FilterExpression.tag()}, consumed, concurrency=2,
+            await_duration=0.5,
+        )  # fmt: skip
+        await consumer.start()
+        try:
+            await _until(lambda: len(seen) >= 200)
+        finally:
+            await consumer.stop()
+        assert sorted(int(m.body) for m in seen) == list(range(200))
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("acknowledging messages of pushstale failed" in m for m in messages), messages
+        assert not any("receive for pushstale failed" in m for m in messages), messages
+
+    asyncio.run(scenario())
+
+
+def test_a_message_on_any_topic_ends_the_wait(start_broker: Any) -> None:
+    """Idle on two topics, the consumer waits on both at once: a message on either is consumed at
+    once, not after the wait on the other topic ran out (20 s here)."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        seen: list[tuple[str, float]] = []
+
+        def consumed(m: ReceivedMessage) -> bool:
+            seen.append((m.topic, time.monotonic()))
+            return True
+
+        subscriptions = {"PushWaitA": FilterExpression.tag(), "PushWaitB": FilterExpression.tag()}
+        async with Producer(broker.endpoint) as producer:  # both topics exist
+            await producer.send("PushWaitA", b"a0")
+            await producer.send("PushWaitB", b"b0")
+        consumer = PushConsumer(broker.endpoint, "pushwait", subscriptions, consumed, await_duration=20)
+        await consumer.start()
+        try:
+            await _until(lambda: len(seen) == 2)
+            await asyncio.sleep(1.0)  # idle now: waiting on both topics
+            for n, topic in enumerate(("PushWaitB", "PushWaitA", "PushWaitB")):
+                async with Producer(broker.endpoint) as producer:
+                    await producer.send(topic, b"x")
+                await _until(lambda n=n: len(seen) == 3 + n, timeout=10)
+                assert seen[-1][0] == topic
+        finally:
+            await consumer.stop()
+
+    asyncio.run(scenario())

@@ -149,19 +149,24 @@ class SimpleConsumer(_Consumer):
         *,
         ack: Sequence[ReceivedMessage] = (),
         await_duration: float | None = None,
+        topic: str | None = None,
     ) -> list[ReceivedMessage]:
-        """Up to ``max_messages`` messages of the next subscribed topic, the broker waiting up to
-        ``await_duration`` seconds for some (the consumer's own by default; 0 asks without waiting).
+        """Up to ``max_messages`` messages of the next subscribed topic (or of ``topic``), the broker
+        waiting up to ``await_duration`` seconds for some (the consumer's own by default; 0 asks
+        without waiting).
 
         ``ack``: messages to acknowledge first, as :meth:`ack_many` does; those of the topic received
         from go in the same call when the broker offers siftmq's extension (one round trip instead
-        of two). If an acknowledgement fails this raises as :meth:`ack_many` does, and nothing has
-        been received.
+        of two). If an acknowledgement fails this raises as :meth:`ack_many` does (once every
+        acknowledgement was made), and nothing has been received.
         """
         hold_s = self.await_duration if await_duration is None else await_duration
-        topics = list(self.subscriptions)
-        topic = topics[self._next_topic % len(topics)]
-        self._next_topic += 1
+        if topic is None:
+            topics = list(self.subscriptions)
+            topic = topics[self._next_topic % len(topics)]
+            self._next_topic += 1
+        elif topic not in self.subscriptions:
+            raise ValueError(f"{topic!r} is not a topic this consumer subscribes to")
         request = pb.ReceiveMessageRequest(
             group=self.connection.resource(self.group),
             message_queue=pb.MessageQueue(topic=self.connection.resource(topic), id=-1),
@@ -172,12 +177,18 @@ class SimpleConsumer(_Consumer):
         request.long_polling_timeout.FromMilliseconds(int(hold_s * 1000))
         timeout = hold_s + self.connection.request_timeout
         along = [m for m in ack if m.topic == topic]
-        if len(along) < len(ack):
-            await self.ack_many([m for m in ack if m.topic != topic])
-        both = None
+        first = [m for m in ack if m.topic != topic]
         if len(along) > MAX_ACK_ENTRIES:  # more than one request takes: the rest first
-            await self.ack_many(along[:-MAX_ACK_ENTRIES])
+            first += along[:-MAX_ACK_ENTRIES]
             along = along[-MAX_ACK_ENTRIES:]
+        if first:
+            try:
+                await self.ack_many(first)
+            except RemoteError:  # every acknowledgement is still made; then nothing is received
+                if along:
+                    await self.ack_many(along)  # a failure here carries the first as its context
+                raise
+        both = None
         if along:
             both = await self.connection.ack_and_receive(
                 self._ack_request(topic, along), request, timeout=timeout
@@ -300,9 +311,9 @@ class PushConsumer(SimpleConsumer):
         concurrency: int = 4,
         **options: Any,
     ) -> None:
-        super().__init__(endpoint, group, subscriptions, **options)
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        super().__init__(endpoint, group, subscriptions, **options)
         self.listener = listener
         self.concurrency = concurrency
         self.capacity = concurrency * self.HELD_PER_WORKER
@@ -311,6 +322,8 @@ class PushConsumer(SimpleConsumer):
         self._room = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self._trying = False  # the pump's call is a try (it may carry acknowledgements: let it finish)
+        # waiting receives in flight, by topic: (the call, the messages it asked for)
+        self._waiting: dict[str, tuple[asyncio.Future[list[ReceivedMessage]], int]] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._unsettled: list[ReceivedMessage] = []  # what stopped listeners held: released by stop()
         self._to_ack: list[ReceivedMessage] = []  # consumed; acknowledged by a receive or the acker
@@ -336,8 +349,12 @@ class PushConsumer(SimpleConsumer):
             if self._pump is not None:
                 if not self._trying:  # waiting for room or for messages: it carries no acknowledgement
                     self._pump.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._pump
+                await asyncio.wait([self._pump])  # a try ends in its own time, even if stop() is cancelled
+            for call, _ in self._waiting.values():
+                call.cancel()
+            if self._waiting:
+                await asyncio.wait([call for call, _ in self._waiting.values()])
+            brought, _ = self._harvest()  # what a waiting receive brought as it was cancelled goes back too
             for w in self._workers:
                 w.cancel()
             for w in self._workers:
@@ -346,13 +363,12 @@ class PushConsumer(SimpleConsumer):
             # hand back what was received and not consumed instead of leaving it invisible
             queued = [self._ready.get_nowait() for _ in range(self._ready.qsize())]
             self._held -= len(queued)
-            left, self._unsettled = self._unsettled + queued, []
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(self.release(left))
+            left, self._unsettled = self._unsettled + queued + brought, []
+            await asyncio.shield(self.release(left))
             if self._acker is not None:  # what the listeners consumed last is acknowledged before leaving
                 self._closing = True
                 self._ack_wanted.set()
-                await self._acker
+                await asyncio.shield(self._acker)
         finally:
             await super().stop()
 
@@ -361,36 +377,94 @@ class PushConsumer(SimpleConsumer):
         return taken
 
     async def _receive_loop(self) -> None:
-        """Receive while fewer than half of ``capacity`` are held: a try (no waiting, with the
-        acknowledgements due) on siftmq's broker, and a waiting receive when a try found nothing."""
-        found = True
+        """Receive while fewer than half of ``capacity`` are held or asked for: a try (no waiting,
+        with the acknowledgements due) on siftmq's broker after a full answer, else a waiting
+        receive on every subscribed topic at once."""
+        full = True
         while not self._stopping:
-            while self._held > self.capacity - max(self.capacity // 2, 1):
-                self._room.clear()
-                await self._room.wait()
-            wanted = self.capacity - self._held
+            await self._until_room()
+            wanted = self.capacity - self._held - self._asked()
             try:
-                if found and self.connection.batch_extension is True:
+                if full and self.connection.batch_extension is True:
                     self._trying = True
                     try:
                         acks = self._take_acks()
                         batch = await self.receive(wanted, self.INVISIBLE_S, ack=acks, await_duration=0)
                     finally:
                         self._trying = False
+                    full = len(batch) >= wanted
                 else:
-                    batch = await self.receive(wanted, self.INVISIBLE_S)
-            except RemoteError as exc:  # acknowledgements that failed come back after their invisible time
+                    batch, failure = await self._wait_for_messages(wanted)
+                    full = len(batch) >= wanted
+                    if failure is not None and not batch:
+                        raise failure
+            except RemoteError as exc:
+                # an acknowledgement failed: the others were made, and these come back when their time is up
+                if exc.call == "AckMessage":
+                    _log.warning("acknowledging messages of %s failed: %s", self.group, exc)
+                    full = False
+                    continue
                 _log.warning("receive for %s failed: %s", self.group, exc)
-                await asyncio.sleep(1)
+                if not self._stopping:
+                    await asyncio.sleep(1)
                 continue
             except Exception:  # the loop must outlive any one failure: it is the consumer
                 _log.exception("receive for %s failed", self.group)
-                await asyncio.sleep(1)
+                if not self._stopping:
+                    await asyncio.sleep(1)
                 continue
-            found = bool(batch)
-            self._held += len(batch)
-            for m in batch:
-                self._ready.put_nowait(m)
+            self._hold(batch)
+
+    def _asked(self) -> int:
+        return sum(asked for _, asked in self._waiting.values())
+
+    def _hold(self, batch: Sequence[ReceivedMessage]) -> None:
+        self._held += len(batch)
+        for m in batch:
+            self._ready.put_nowait(m)
+
+    async def _until_room(self) -> None:
+        """Until at least half of ``capacity`` is neither held nor asked for (a waiting receive
+        that answers meanwhile is taken in)."""
+        while True:
+            batch, failure = self._harvest()
+            self._hold(batch)
+            if failure is not None:
+                _log.warning("receive for %s failed: %s", self.group, failure)
+            if self._held + self._asked() <= self.capacity - max(self.capacity // 2, 1):
+                return
+            self._room.clear()
+            await self._room.wait()
+
+    async def _wait_for_messages(self, wanted: int) -> tuple[list[ReceivedMessage], BaseException | None]:
+        """A waiting receive on every subscribed topic without one (each asking for its share of
+        ``wanted``, one at least), so a message on any ends the wait; what the calls that answered
+        brought, and their first failure. The others go on waiting, and are taken in later: a call
+        cancelled after the broker answered it would leave its messages invisible."""
+        share = max(wanted // len(self.subscriptions), 1)
+        for topic in self.subscriptions:
+            if topic not in self._waiting:
+                call = asyncio.ensure_future(self.receive(share, self.INVISIBLE_S, topic=topic))
+                call.add_done_callback(lambda _: self._room.set())
+                self._waiting[topic] = (call, share)
+        await asyncio.wait([call for call, _ in self._waiting.values()], return_when=asyncio.FIRST_COMPLETED)
+        return self._harvest()
+
+    def _harvest(self) -> tuple[list[ReceivedMessage], BaseException | None]:
+        """The messages of the waiting receives that answered (no longer waiting), and their first failure."""
+        batch: list[ReceivedMessage] = []
+        failure: BaseException | None = None
+        for topic, (call, _) in list(self._waiting.items()):
+            if not call.done():
+                continue
+            del self._waiting[topic]
+            if call.cancelled():
+                continue
+            if call.exception() is None:
+                batch += call.result()
+            elif failure is None:
+                failure = call.exception()
+        return batch, failure
 
     async def _ack_loop(self) -> None:
         """Acknowledge what no receive took along within ``ACK_GRACE_S``, in batches."""
