@@ -250,3 +250,22 @@ def test_a_failed_acknowledgement_of_another_topic_still_lets_the_others_be_made
             await c.ack_many(b[1:])
 
     asyncio.run(scenario())
+
+
+def test_receive_from_a_named_topic(start_broker: Any) -> None:
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            for topic in ("NamedA", "NamedB"):
+                await producer.send_many([producer.message(topic, topic.encode()) for _ in range(3)])
+        subscriptions = {"NamedA": FilterExpression.tag(), "NamedB": FilterExpression.tag()}
+        async with SimpleConsumer(broker.endpoint, "named", subscriptions, await_duration=0.3) as c:
+            got = await c.receive(2, 30, topic="NamedB")
+            got += await c.receive(2, 30, topic="NamedB", ack=got)  # not in turn: the same topic twice
+            assert [m.topic for m in got] == ["NamedB"] * 3
+            await c.ack_many(got[2:])
+            with pytest.raises(ValueError, match="'Other' is not a topic this consumer subscribes to"):
+                await c.receive(2, 30, topic="Other")
+
+    asyncio.run(scenario())
