@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from siftmq.client import FilterExpression, Producer, PushConsumer, ReceivedMessage, SimpleConsumer
-from siftmq.errors import RemoteError
+from siftmq.errors import RemoteError, RemoteUnavailable
 
 pytestmark = pytest.mark.integration
 
@@ -143,31 +143,39 @@ def test_a_failed_acknowledgement_does_not_hold_up_receiving(start_broker: Any, 
 
         def consumed(m: ReceivedMessage) -> bool:
             seen.append(m)
-            if len(seen) == 20:  # one already acknowledged goes along with the next acknowledgements
-                stale.append(seen[0])
-                consumer._to_ack.append(seen[0])
             return True
 
         consumer = PushConsumer(
             broker.endpoint, "pushstale", {"PushStale": FilterExpression.tag()}, consumed, concurrency=2,
             await_duration=0.5,
         )  # fmt: skip
+        take = consumer._take_acks
+
+        def with_a_stale_one(topic: str | None = None, limit: int = 1024) -> list[ReceivedMessage]:
+            taken = take(topic, limit)
+            if topic is not None and len(seen) >= 20 and not stale:  # a receive's, not the acker's
+                stale.append(seen[0])  # acknowledged already
+                taken.append(seen[0])
+            return taken
+
+        consumer._take_acks = with_a_stale_one  # type: ignore[method-assign]
         await consumer.start()
         try:
             await _until(lambda: len(seen) >= 200)
         finally:
             await consumer.stop()
-        assert sorted(int(m.body) for m in seen) == list(range(200))
+        assert sorted(int(m.body) for m in seen) == list(range(200)) and stale
         messages = [r.getMessage() for r in caplog.records]
         assert any("acknowledging messages of pushstale failed" in m for m in messages), messages
-        assert not any("receive for pushstale failed" in m for m in messages), messages
+        assert not any("failed" in m and "receive of" in m for m in messages), messages
 
     asyncio.run(scenario())
 
 
 def test_a_message_on_any_topic_ends_the_wait(start_broker: Any) -> None:
-    """Idle on two topics, the consumer waits on both at once: a message on either is consumed at
-    once, not after the wait on the other topic ran out (20 s here)."""
+    """Idle on three topics, the consumer waits on each at once: a message on any is consumed at
+    once, not after the wait on another topic ran out (20 s here); and a backlog on one is consumed
+    while the others stay idle."""
     broker = start_broker(config=FAST)
 
     async def scenario() -> None:
@@ -177,21 +185,105 @@ def test_a_message_on_any_topic_ends_the_wait(start_broker: Any) -> None:
             seen.append((m.topic, time.monotonic()))
             return True
 
-        subscriptions = {"PushWaitA": FilterExpression.tag(), "PushWaitB": FilterExpression.tag()}
-        async with Producer(broker.endpoint) as producer:  # both topics exist
-            await producer.send("PushWaitA", b"a0")
-            await producer.send("PushWaitB", b"b0")
+        topics = ("PushWaitA", "PushWaitB", "PushWaitC")
+        async with Producer(broker.endpoint) as producer:  # the topics exist
+            for topic in topics:
+                await producer.send(topic, b"first")
+        subscriptions = {topic: FilterExpression.tag() for topic in topics}
         consumer = PushConsumer(broker.endpoint, "pushwait", subscriptions, consumed, await_duration=20)
         await consumer.start()
         try:
-            await _until(lambda: len(seen) == 2)
-            await asyncio.sleep(1.0)  # idle now: waiting on both topics
-            for n, topic in enumerate(("PushWaitB", "PushWaitA", "PushWaitB")):
+            await _until(lambda: len(seen) == 3)
+            await asyncio.sleep(1.0)  # idle now: waiting on every topic
+            for n, topic in enumerate(("PushWaitB", "PushWaitA", "PushWaitC", "PushWaitB")):
                 async with Producer(broker.endpoint) as producer:
                     await producer.send(topic, b"x")
-                await _until(lambda n=n: len(seen) == 3 + n, timeout=10)
+                await _until(lambda n=n: len(seen) == 4 + n, timeout=10)
                 assert seen[-1][0] == topic
+            await _send(broker.endpoint, "PushWaitA", 300)
+            await _until(lambda: len(seen) == 307, timeout=15)  # B and C idle meanwhile, each a 20 s wait
         finally:
             await consumer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_acknowledgements_of_a_receive_that_failed_are_made_all_the_same(start_broker: Any) -> None:
+    """A receive carrying acknowledgements fails in transport (injected: the call raises as an
+    unreachable broker makes it): those acknowledgements are sent again, not dropped."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "PushLost", 120)
+        seen: list[ReceivedMessage] = []
+
+        def consumed(m: ReceivedMessage) -> bool:
+            seen.append(m)
+            return True
+
+        consumer = PushConsumer(
+            broker.endpoint, "pushlost", {"PushLost": FilterExpression.tag()}, consumed, concurrency=2,
+            await_duration=0.5,
+        )  # fmt: skip
+        original = consumer.connection.ack_and_receive
+        failed: list[int] = []
+
+        async def unreachable_once(ack: Any, receive: Any, *, timeout: float) -> Any:
+            if not failed and len(ack.entries) > 0:
+                failed.append(len(ack.entries))
+                raise RemoteUnavailable("injected", status="UNAVAILABLE", call="AckAndReceive")
+            return await original(ack, receive, timeout=timeout)
+
+        consumer.connection.ack_and_receive = unreachable_once  # type: ignore[method-assign]
+        await consumer.start()
+        try:
+            await _until(lambda: len(seen) >= 120 and failed)
+            await asyncio.sleep(0.3)
+        finally:
+            await consumer.stop()
+        assert failed and sorted(int(m.body) for m in seen) == list(range(120))
+        async with SimpleConsumer(broker.endpoint, "pushlost", {"PushLost": FilterExpression.tag()}) as c:
+            with pytest.raises(RemoteError) as again:  # every one acknowledged already
+                await c.ack_many(seen)
+            assert "acknowledgements failed" not in str(again.value)
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_stop_still_gives_back_and_closes(start_broker: Any) -> None:
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "PushStopCancel", 60)
+        never = asyncio.Event()
+        started: list[ReceivedMessage] = []
+
+        async def stuck(m: ReceivedMessage) -> bool:
+            started.append(m)
+            await never.wait()
+            return True
+
+        consumer = PushConsumer(
+            broker.endpoint, "pushstopcancel", {"PushStopCancel": FilterExpression.tag()}, stuck,
+            concurrency=2, await_duration=0.5,
+        )  # fmt: skip
+        await consumer.start()
+        await _until(lambda: consumer.held == consumer.capacity and len(started) == 2)
+        stopping = asyncio.create_task(consumer.stop())
+        await asyncio.sleep(0)
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+        await consumer.stop()  # the same stop, run to its end
+        assert consumer.held == 0 and all(w.done() for w in consumer._workers)
+        async with SimpleConsumer(
+            broker.endpoint, "pushstopcancel", {"PushStopCancel": FilterExpression.tag()}, await_duration=2
+        ) as c:
+            got: list[ReceivedMessage] = []
+            deadline = time.monotonic() + 10
+            while len(got) < 60 and time.monotonic() < deadline:
+                got += await c.receive(32, 30, ack=[])
+            assert sorted(int(m.body) for m in got) == list(range(60))  # the 16 held came back
+            await c.ack_many(got)
 
     asyncio.run(scenario())

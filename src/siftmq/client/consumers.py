@@ -285,14 +285,15 @@ class SimpleConsumer(_Consumer):
 class PushConsumer(SimpleConsumer):
     """Calls ``listener(message)`` (sync or async; truthy = consumed), ``concurrency`` messages at once.
 
-    One receiving loop holds up to ``capacity`` = ``concurrency`` × ``HELD_PER_WORKER`` (8)
-    messages received ahead of the listeners — so a message waits for at most 8 listener calls
-    before its own, inside its 60 s invisible time while a listener call takes under ~7 s — and asks
-    for more once half of them are taken, in one call that also acknowledges what was consumed
-    since (through siftmq's extension; otherwise, and while the loop waits for messages, a separate
-    acknowledging task sends them within ``ACK_GRACE_S``). A failed message is made visible again
-    after a backoff (1 s, 5 s, 10 s, ...); after the broker's maximum delivery attempts it goes to
-    ``%DLQ%<group>``. ``stop()`` makes what was received and not consumed visible again in ``RELEASE_S``.
+    A receiving loop per subscribed topic keeps up to its share of ``capacity`` = ``concurrency`` ×
+    ``HELD_PER_WORKER`` (8) messages received (queued or with a listener) — so a message waits for
+    at most ~8 listener calls before its own, inside its 60 s invisible time while a listener call
+    takes under ~7 s — and asks for more once half of its share is consumed: after a full answer,
+    on siftmq's broker, with a receive that does not wait and carries the acknowledgements of that
+    topic consumed meanwhile; otherwise with a waiting receive (a separate task acknowledges what no
+    receive took within ``ACK_GRACE_S``). A failed message is made visible again after a backoff
+    (1 s, 5 s, 10 s, ...); after the broker's maximum delivery attempts it goes to ``%DLQ%<group>``.
+    ``stop()`` makes what was received and not consumed visible again in ``RELEASE_S``.
     """
 
     client_type = pb.ClientType.PUSH_CONSUMER
@@ -317,13 +318,13 @@ class PushConsumer(SimpleConsumer):
         self.listener = listener
         self.concurrency = concurrency
         self.capacity = concurrency * self.HELD_PER_WORKER
+        # each topic's share (one at least: with more topics than capacity, the hold is one per topic)
+        self._share = max(self.capacity // len(self.subscriptions), 1)
         self._ready: asyncio.Queue[ReceivedMessage] = asyncio.Queue()
-        self._held = 0  # received and not yet settled: waiting in _ready or with a listener
+        self._held = dict.fromkeys(self.subscriptions, 0)  # received, not yet settled, by topic
         self._room = asyncio.Event()
-        self._pump: asyncio.Task[None] | None = None
-        self._trying = False  # the pump's call is a try (it may carry acknowledgements: let it finish)
-        # waiting receives in flight, by topic: (the call, the messages it asked for)
-        self._waiting: dict[str, tuple[asyncio.Future[list[ReceivedMessage]], int]] = {}
+        self._pumps: dict[str, asyncio.Task[None]] = {}
+        self._trying: set[str] = set()  # topics whose call is a try (it may carry acknowledgements)
         self._workers: list[asyncio.Task[None]] = []
         self._unsettled: list[ReceivedMessage] = []  # what stopped listeners held: released by stop()
         self._to_ack: list[ReceivedMessage] = []  # consumed; acknowledged by a receive or the acker
@@ -331,140 +332,109 @@ class PushConsumer(SimpleConsumer):
         self._acker: asyncio.Task[None] | None = None
         self._stopping = False
         self._closing = False
+        self._stopper: asyncio.Future[None] | None = None
 
     @property
     def held(self) -> int:
         """Messages received and not yet consumed or given back (at most ``capacity``)."""
-        return self._held
+        return sum(self._held.values())
 
     async def start(self) -> None:
         await super().start()
         self._acker = asyncio.create_task(self._ack_loop())
         self._workers = [asyncio.create_task(self._work()) for _ in range(self.concurrency)]
-        self._pump = asyncio.create_task(self._receive_loop())
+        self._pumps = {t: asyncio.create_task(self._receive_loop(t)) for t in self.subscriptions}
 
     async def stop(self) -> None:
+        """Stop receiving, give back what was not consumed, acknowledge what was, close. Runs to its
+        end once started, even if the caller is cancelled meanwhile."""
+        if self._stopper is None:
+            self._stopper = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopper)
+
+    async def _stop(self) -> None:
         try:
             self._stopping = True
-            if self._pump is not None:
-                if not self._trying:  # waiting for room or for messages: it carries no acknowledgement
-                    self._pump.cancel()
-                await asyncio.wait([self._pump])  # a try ends in its own time, even if stop() is cancelled
-            for call, _ in self._waiting.values():
-                call.cancel()
-            if self._waiting:
-                await asyncio.wait([call for call, _ in self._waiting.values()])
-            brought, _ = self._harvest()  # what a waiting receive brought as it was cancelled goes back too
+            for topic, pump in self._pumps.items():
+                if topic not in self._trying:  # waiting for room or for messages: no acknowledgement rides
+                    pump.cancel()
+            if self._pumps:
+                await asyncio.wait(self._pumps.values())  # a try ends in its own time
             for w in self._workers:
                 w.cancel()
-            for w in self._workers:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await w
+            if self._workers:
+                await asyncio.wait(self._workers)
             # hand back what was received and not consumed instead of leaving it invisible
             queued = [self._ready.get_nowait() for _ in range(self._ready.qsize())]
-            self._held -= len(queued)
-            left, self._unsettled = self._unsettled + queued + brought, []
-            await asyncio.shield(self.release(left))
+            for m in queued:
+                self._held[m.topic] -= 1
+            left, self._unsettled = self._unsettled + queued, []
+            await self.release(left)
             if self._acker is not None:  # what the listeners consumed last is acknowledged before leaving
                 self._closing = True
                 self._ack_wanted.set()
-                await asyncio.shield(self._acker)
+                await asyncio.wait([self._acker])
         finally:
             await super().stop()
 
-    def _take_acks(self, limit: int = MAX_ACK_ENTRIES) -> list[ReceivedMessage]:
-        taken, self._to_ack = self._to_ack[:limit], self._to_ack[limit:]
+    def _take_acks(self, topic: str | None = None, limit: int = MAX_ACK_ENTRIES) -> list[ReceivedMessage]:
+        """Up to ``limit`` consumed messages to acknowledge (of ``topic`` only, when given), taken out."""
+        if topic is None:
+            first, self._to_ack = self._to_ack[:limit], self._to_ack[limit:]
+            return first
+        taken: list[ReceivedMessage] = []
+        kept: list[ReceivedMessage] = []
+        for m in self._to_ack:
+            (taken if m.topic == topic and len(taken) < limit else kept).append(m)
+        self._to_ack = kept
         return taken
 
-    async def _receive_loop(self) -> None:
-        """Receive while fewer than half of ``capacity`` are held or asked for: a try (no waiting,
-        with the acknowledgements due) on siftmq's broker after a full answer, else a waiting
-        receive on every subscribed topic at once."""
+    async def _receive_loop(self, topic: str) -> None:
+        """Receive ``topic`` while less than half its share is held: a try (no waiting, with the
+        topic's acknowledgements due) on siftmq's broker after a full answer, else a waiting receive."""
         full = True
         while not self._stopping:
-            await self._until_room()
-            wanted = self.capacity - self._held - self._asked()
+            while self._held[topic] > self._share - max(self._share // 2, 1):
+                self._room.clear()
+                await self._room.wait()
+            wanted = self._share - self._held[topic]
+            acks: list[ReceivedMessage] = []
             try:
                 if full and self.connection.batch_extension is True:
-                    self._trying = True
+                    self._trying.add(topic)
                     try:
-                        acks = self._take_acks()
-                        batch = await self.receive(wanted, self.INVISIBLE_S, ack=acks, await_duration=0)
+                        acks = self._take_acks(topic)
+                        batch = await self.receive(
+                            wanted, self.INVISIBLE_S, ack=acks, await_duration=0, topic=topic
+                        )
                     finally:
-                        self._trying = False
-                    full = len(batch) >= wanted
+                        self._trying.discard(topic)
                 else:
-                    batch, failure = await self._wait_for_messages(wanted)
-                    full = len(batch) >= wanted
-                    if failure is not None and not batch:
-                        raise failure
+                    batch = await self.receive(wanted, self.INVISIBLE_S, topic=topic)
             except RemoteError as exc:
-                # an acknowledgement failed: the others were made, and these come back when their time is up
-                if exc.call == "AckMessage":
+                full = False
+                if exc.call == "AckMessage" and not exc.retriable:
+                    # acknowledgements refused one by one (handles gone stale): the others were made
                     _log.warning("acknowledging messages of %s failed: %s", self.group, exc)
-                    full = False
                     continue
-                _log.warning("receive for %s failed: %s", self.group, exc)
+                if (
+                    acks
+                ):  # perhaps not made: the acker sends them again (a second time is refused, harmlessly)
+                    self._to_ack[:0] = acks
+                    self._ack_wanted.set()
+                _log.warning("receive of %s for %s failed: %s", topic, self.group, exc)
                 if not self._stopping:
                     await asyncio.sleep(1)
                 continue
             except Exception:  # the loop must outlive any one failure: it is the consumer
-                _log.exception("receive for %s failed", self.group)
+                _log.exception("receive of %s for %s failed", topic, self.group)
                 if not self._stopping:
                     await asyncio.sleep(1)
                 continue
-            self._hold(batch)
-
-    def _asked(self) -> int:
-        return sum(asked for _, asked in self._waiting.values())
-
-    def _hold(self, batch: Sequence[ReceivedMessage]) -> None:
-        self._held += len(batch)
-        for m in batch:
-            self._ready.put_nowait(m)
-
-    async def _until_room(self) -> None:
-        """Until at least half of ``capacity`` is neither held nor asked for (a waiting receive
-        that answers meanwhile is taken in)."""
-        while True:
-            batch, failure = self._harvest()
-            self._hold(batch)
-            if failure is not None:
-                _log.warning("receive for %s failed: %s", self.group, failure)
-            if self._held + self._asked() <= self.capacity - max(self.capacity // 2, 1):
-                return
-            self._room.clear()
-            await self._room.wait()
-
-    async def _wait_for_messages(self, wanted: int) -> tuple[list[ReceivedMessage], BaseException | None]:
-        """A waiting receive on every subscribed topic without one (each asking for its share of
-        ``wanted``, one at least), so a message on any ends the wait; what the calls that answered
-        brought, and their first failure. The others go on waiting, and are taken in later: a call
-        cancelled after the broker answered it would leave its messages invisible."""
-        share = max(wanted // len(self.subscriptions), 1)
-        for topic in self.subscriptions:
-            if topic not in self._waiting:
-                call = asyncio.ensure_future(self.receive(share, self.INVISIBLE_S, topic=topic))
-                call.add_done_callback(lambda _: self._room.set())
-                self._waiting[topic] = (call, share)
-        await asyncio.wait([call for call, _ in self._waiting.values()], return_when=asyncio.FIRST_COMPLETED)
-        return self._harvest()
-
-    def _harvest(self) -> tuple[list[ReceivedMessage], BaseException | None]:
-        """The messages of the waiting receives that answered (no longer waiting), and their first failure."""
-        batch: list[ReceivedMessage] = []
-        failure: BaseException | None = None
-        for topic, (call, _) in list(self._waiting.items()):
-            if not call.done():
-                continue
-            del self._waiting[topic]
-            if call.cancelled():
-                continue
-            if call.exception() is None:
-                batch += call.result()
-            elif failure is None:
-                failure = call.exception()
-        return batch, failure
+            full = len(batch) >= wanted
+            self._held[topic] += len(batch)
+            for m in batch:
+                self._ready.put_nowait(m)
 
     async def _ack_loop(self) -> None:
         """Acknowledge what no receive took along within ``ACK_GRACE_S``, in batches."""
@@ -474,7 +444,7 @@ class PushConsumer(SimpleConsumer):
                 await asyncio.sleep(self.ACK_GRACE_S)
             self._ack_wanted.clear()
             while self._to_ack:
-                batch = self._take_acks(MAX_ACK_BATCH)
+                batch = self._take_acks(limit=MAX_ACK_BATCH)
                 try:
                     await self.ack_many(batch)
                 except RemoteError as exc:  # not acknowledged: redelivered after its invisible time
@@ -491,7 +461,7 @@ class PushConsumer(SimpleConsumer):
                 self._unsettled.append(m)  # stopping: released by stop()
                 raise
             finally:
-                self._held -= 1
+                self._held[m.topic] -= 1
                 self._room.set()
 
     async def _consume(self, m: ReceivedMessage) -> None:
