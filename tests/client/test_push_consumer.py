@@ -287,3 +287,39 @@ def test_a_cancelled_stop_still_gives_back_and_closes(start_broker: Any) -> None
             await c.ack_many(got)
 
     asyncio.run(scenario())
+
+
+def test_a_backlog_on_one_of_many_topics_keeps_every_listener_busy(start_broker: Any) -> None:
+    """Twelve topics share the hold; the one with a backlog still feeds all four listeners."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        topics = [f"PushMany{i}" for i in range(12)]
+        async with Producer(broker.endpoint) as producer:  # the topics exist
+            for topic in topics:
+                await producer.send(topic, b"-1")
+        running = [0]
+        most = [0]
+        done: list[ReceivedMessage] = []
+
+        async def listener(m: ReceivedMessage) -> bool:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            await asyncio.sleep(0.01)
+            running[0] -= 1
+            done.append(m)
+            return True
+
+        subscriptions = {topic: FilterExpression.tag() for topic in topics}
+        consumer = PushConsumer(broker.endpoint, "pushmany", subscriptions, listener, concurrency=4)
+        await consumer.start()
+        try:
+            await _until(lambda: len(done) == 12)  # one each; idle now
+            most[0] = 0
+            await _send(broker.endpoint, topics[0], 120)
+            await _until(lambda: len(done) == 132)
+        finally:
+            await consumer.stop()
+        assert most[0] == 4
+
+    asyncio.run(scenario())

@@ -1,8 +1,9 @@
 """siftmq.client: asyncio clients for siftmq (and any RocketMQ 5 gRPC broker).
 
 ``Producer`` (``send``, ``send_many``), ``SimpleConsumer`` (``receive``/``ack``, and ``prefetching`` for
-receives made ahead), ``PushConsumer`` (listener), ``PullConsumer`` (``poll``/``seek``/``commit``). Filters are validated locally
-(``FilterExpression.tag``/``.sql92``) and every delivered message is re-checked on the client.
+receives made ahead), ``PushConsumer`` (listener), ``PullConsumer`` (``poll``/``seek``/``commit``).
+Filters are validated locally (``FilterExpression.tag``/``.sql92``) and every delivered message is
+re-checked on the client.
 Depends only on the protocol stubs, the error types and the filter engine.
 """
 

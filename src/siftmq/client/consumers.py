@@ -288,7 +288,7 @@ class PushConsumer(SimpleConsumer):
     A receiving loop per subscribed topic keeps up to its share of ``capacity`` = ``concurrency`` ×
     ``HELD_PER_WORKER`` (8) messages received (queued or with a listener) — so a message waits for
     at most ~8 listener calls before its own, inside its 60 s invisible time while a listener call
-    takes under ~7 s — and asks for more once half of its share is consumed: after a full answer,
+    takes under ~7 s — and asks for more once at most half of its share is held: after a full answer,
     on siftmq's broker, with a receive that does not wait and carries the acknowledgements of that
     topic consumed meanwhile; otherwise with a waiting receive (a separate task acknowledges what no
     receive took within ``ACK_GRACE_S``). A failed message is made visible again after a backoff
@@ -301,6 +301,8 @@ class PushConsumer(SimpleConsumer):
     HELD_PER_WORKER = 8
     INVISIBLE_S = 60.0
     ACK_GRACE_S = 0.1  # what the next receive did not take along by then is acknowledged on its own
+    STOP_GRACE_S = 0.5  # stop() lets a waiting receive end this long: an answer may be on its way
+    FULL_AT = 32  # an answer this large counts as full (a broker may cap a receive below what was asked)
 
     def __init__(
         self,
@@ -318,13 +320,15 @@ class PushConsumer(SimpleConsumer):
         self.listener = listener
         self.concurrency = concurrency
         self.capacity = concurrency * self.HELD_PER_WORKER
-        # each topic's share (one at least: with more topics than capacity, the hold is one per topic)
-        self._share = max(self.capacity // len(self.subscriptions), 1)
+        # each topic's share; 2 x concurrency at least, so a backlog on one topic of many keeps every
+        # listener busy (with many topics busy at once the hold can then pass ``capacity``)
+        self._share = max(self.capacity // len(self.subscriptions), 2 * concurrency)
         self._ready: asyncio.Queue[ReceivedMessage] = asyncio.Queue()
         self._held = dict.fromkeys(self.subscriptions, 0)  # received, not yet settled, by topic
         self._room = asyncio.Event()
         self._pumps: dict[str, asyncio.Task[None]] = {}
         self._trying: set[str] = set()  # topics whose call is a try (it may carry acknowledgements)
+        self._receiving: set[str] = set()  # topics whose loop is in a receive of either kind
         self._workers: list[asyncio.Task[None]] = []
         self._unsettled: list[ReceivedMessage] = []  # what stopped listeners held: released by stop()
         self._to_ack: list[ReceivedMessage] = []  # consumed; acknowledged by a receive or the acker
@@ -336,7 +340,7 @@ class PushConsumer(SimpleConsumer):
 
     @property
     def held(self) -> int:
-        """Messages received and not yet consumed or given back (at most ``capacity``)."""
+        """Messages received and not yet consumed or given back (at most the topics' shares together)."""
         return sum(self._held.values())
 
     async def start(self) -> None:
@@ -356,10 +360,15 @@ class PushConsumer(SimpleConsumer):
         try:
             self._stopping = True
             for topic, pump in self._pumps.items():
-                if topic not in self._trying:  # waiting for room or for messages: no acknowledgement rides
+                if topic not in self._receiving:  # waiting for room, or paused
                     pump.cancel()
-            if self._pumps:
-                await asyncio.wait(self._pumps.values())  # a try ends in its own time
+            waiting = [p for t, p in self._pumps.items() if t in self._receiving and t not in self._trying]
+            if waiting:  # a long poll has taken nothing; an answer on its way lands in the grace
+                _, late = await asyncio.wait(waiting, timeout=self.STOP_GRACE_S)
+                for pump in late:
+                    pump.cancel()
+            if self._pumps:  # a try (it may carry acknowledgements) ends in its own time
+                await asyncio.wait(self._pumps.values())
             for w in self._workers:
                 w.cancel()
             if self._workers:
@@ -390,7 +399,7 @@ class PushConsumer(SimpleConsumer):
         return taken
 
     async def _receive_loop(self, topic: str) -> None:
-        """Receive ``topic`` while less than half its share is held: a try (no waiting, with the
+        """Receive ``topic`` while at most half its share is held: a try (no waiting, with the
         topic's acknowledgements due) on siftmq's broker after a full answer, else a waiting receive."""
         full = True
         while not self._stopping:
@@ -399,6 +408,7 @@ class PushConsumer(SimpleConsumer):
                 await self._room.wait()
             wanted = self._share - self._held[topic]
             acks: list[ReceivedMessage] = []
+            self._receiving.add(topic)
             try:
                 if full and self.connection.batch_extension is True:
                     self._trying.add(topic)
@@ -417,24 +427,31 @@ class PushConsumer(SimpleConsumer):
                     # acknowledgements refused one by one (handles gone stale): the others were made
                     _log.warning("acknowledging messages of %s failed: %s", self.group, exc)
                     continue
-                if (
-                    acks
-                ):  # perhaps not made: the acker sends them again (a second time is refused, harmlessly)
-                    self._to_ack[:0] = acks
-                    self._ack_wanted.set()
+                self._give_back_acks(acks)
                 _log.warning("receive of %s for %s failed: %s", topic, self.group, exc)
                 if not self._stopping:
                     await asyncio.sleep(1)
                 continue
             except Exception:  # the loop must outlive any one failure: it is the consumer
+                self._give_back_acks(acks)
+                full = False
                 _log.exception("receive of %s for %s failed", topic, self.group)
                 if not self._stopping:
                     await asyncio.sleep(1)
                 continue
-            full = len(batch) >= wanted
+            finally:
+                self._receiving.discard(topic)
+            full = len(batch) >= min(wanted, self.FULL_AT)
             self._held[topic] += len(batch)
             for m in batch:
                 self._ready.put_nowait(m)
+
+    def _give_back_acks(self, acks: list[ReceivedMessage]) -> None:
+        """Acknowledgements a failed call may not have made: the acker sends them again (a second
+        time is refused, harmlessly)."""
+        if acks:
+            self._to_ack[:0] = acks
+            self._ack_wanted.set()
 
     async def _ack_loop(self) -> None:
         """Acknowledge what no receive took along within ``ACK_GRACE_S``, in batches."""
