@@ -5,6 +5,7 @@ ready line; ``endpoint`` and ``admin_url`` are then set; ``stop()`` sends SIGTER
 SIGKILL. ``running_broker()`` does the same in a temporary directory for a ``with`` block;
 ``open_broker()`` starts an in-process :class:`~siftmq.broker.Broker` for unit tests.
 ``SteppedClock`` stands in for a module's ``time`` to step its wall clock (the real one cannot be).
+``record_calls(client)`` lists the RPCs a siftmq client makes from then on, by name.
 """
 
 from __future__ import annotations
@@ -24,6 +25,19 @@ from typing import Any
 
 READY_TIMEOUT_S = 60
 WORKERS_ENV = "SIFTMQ_TEST_WORKERS"
+
+
+def record_calls(client: Any) -> list[str]:
+    """The names of the RPCs ``client`` (a siftmq Producer or consumer) makes from now on, in order."""
+    calls: list[str] = []
+    original = client.connection._method
+
+    def recording(rpc: Any, request: Any) -> Any:
+        calls.append(rpc.name)
+        return original(rpc, request)
+
+    client.connection._method = recording
+    return calls
 
 
 class SteppedClock:

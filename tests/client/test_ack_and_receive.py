@@ -14,23 +14,12 @@ from siftmq.client import FilterExpression, Producer, ReceivedMessage, SimpleCon
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import MAX_ACK_ENTRIES
+from siftmq.testing import record_calls
 
 pytestmark = pytest.mark.integration
 
 FAST = {"min_invisible_time_s": 0.05}
 INVISIBLE_S = 2.0
-
-
-def _counting(consumer: SimpleConsumer) -> list[str]:
-    calls: list[str] = []
-    original = consumer.connection._method
-
-    def counting(rpc: Any, request: Any) -> Any:
-        calls.append(rpc.name)
-        return original(rpc, request)
-
-    consumer.connection._method = counting  # type: ignore[method-assign]
-    return calls
 
 
 async def _consumer(endpoint: str, topic: str, count: int, *, extension: bool) -> SimpleConsumer:
@@ -52,7 +41,7 @@ def test_acks_ride_along_with_the_next_receive(start_broker: Any, extension: boo
 
     async def scenario() -> None:
         async with await _consumer(broker.endpoint, "AlongTopic", 100, extension=extension) as c:
-            calls = _counting(c)
+            calls = record_calls(c)
             seen: list[str] = []
             batch: list[ReceivedMessage] = []
             rounds = 0
@@ -100,7 +89,7 @@ def test_acks_of_this_and_another_topic_in_one_receive(start_broker: Any) -> Non
                 await producer.send_many([producer.message(topic, topic.encode()) for _ in range(6)])
         subscriptions = {"TwoA": FilterExpression.tag(), "TwoB": FilterExpression.tag()}
         async with SimpleConsumer(broker.endpoint, "two", subscriptions, await_duration=0.3) as c:
-            calls = _counting(c)
+            calls = record_calls(c)
             got: list[ReceivedMessage] = []
             pending: list[ReceivedMessage] = []
             for n in range(8):  # topics in turn, 2 at a time; every other call acknowledges both topics
@@ -138,7 +127,7 @@ def test_a_broker_without_the_call_keeps_the_rest_of_the_extension(start_broker:
                 return original(rpc, request)
 
             c.connection._method = older_broker  # type: ignore[method-assign]
-            calls = _counting(c)
+            calls = record_calls(c)
             rest = await c.receive(16, 30, ack=taken)  # the consumer's first call
             assert len(rest) == 4 and c.connection.batch_extension is not False
             assert calls == ["AckAndReceive", "AckMessage", "ReceiveMessages"]

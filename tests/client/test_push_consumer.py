@@ -12,6 +12,7 @@ import pytest
 
 from siftmq.client import FilterExpression, Producer, PushConsumer, ReceivedMessage, SimpleConsumer
 from siftmq.errors import RemoteError, RemoteUnavailable
+from siftmq.testing import record_calls
 
 pytestmark = pytest.mark.integration
 
@@ -21,18 +22,6 @@ FAST = {"min_invisible_time_s": 0.05}
 async def _send(endpoint: str, topic: str, count: int) -> None:
     async with Producer(endpoint) as producer:
         await producer.send_many([producer.message(topic, f"{i}".encode()) for i in range(count)])
-
-
-def _calls(consumer: SimpleConsumer) -> list[str]:
-    calls: list[str] = []
-    original = consumer.connection._method
-
-    def counting(rpc: Any, request: Any) -> Any:
-        calls.append(rpc.name)
-        return original(rpc, request)
-
-    consumer.connection._method = counting  # type: ignore[method-assign]
-    return calls
 
 
 async def _until(predicate: Any, timeout: float = 30.0) -> None:
@@ -60,7 +49,7 @@ def test_every_message_consumed_once_and_acknowledged(start_broker: Any, extensi
         )  # fmt: skip
         if not extension:
             consumer.connection.batch_extension = False
-        calls = _calls(consumer)
+        calls = record_calls(consumer)
         await consumer.start()
         try:
             await _until(lambda: len(seen) >= 300)
