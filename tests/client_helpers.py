@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import pytest
+
 from siftmq.client import FilterExpression, ReceivedMessage, SimpleConsumer
+from siftmq.errors import RemoteError
 
 
 async def drain(
@@ -21,3 +26,13 @@ async def drain(
                 got.append(m)
                 await consumer.ack(m)
     return got
+
+
+async def assert_all_acknowledged(consumer: SimpleConsumer, messages: Sequence[ReceivedMessage]) -> None:
+    """Every one of ``messages`` (at most 1,024, of one topic: one request) was acknowledged already:
+    acknowledging them again fails for each."""
+    with pytest.raises(RemoteError) as again:
+        await consumer.ack_many(messages)
+    # every entry failed: the answer's own status is theirs (some only: "k of n acknowledgements failed")
+    assert again.value.status == "INVALID_RECEIPT_HANDLE" and "not in flight" in str(again.value)
+    assert "acknowledgements failed" not in str(again.value)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from client_helpers import assert_all_acknowledged
 from siftmq.client import FilterExpression, Producer, ReceivedMessage, SimpleConsumer, blocking
 from siftmq.errors import RemoteError
 from siftmq.testing import running_broker
@@ -39,15 +40,6 @@ def _consumer(endpoint: str, topic: str, group: str, tag: str = "*", **kwargs: A
 
 def _bodies(messages: list[ReceivedMessage]) -> list[int]:
     return sorted(int(m.body) for m in messages)
-
-
-async def _all_acknowledged(c: SimpleConsumer, messages: list[ReceivedMessage]) -> None:
-    """Every one of ``messages`` was acknowledged already: acknowledging them again fails for each."""
-    with pytest.raises(RemoteError) as again:
-        await c.ack_many(messages)  # one request: at most 1,024
-    # every entry failed: the answer's own status is theirs (some only: "k of n acknowledgements failed")
-    assert again.value.status == "INVALID_RECEIPT_HANDLE" and "not in flight" in str(again.value)
-    assert "acknowledgements failed" not in str(again.value)
 
 
 async def _drain_ahead(c: SimpleConsumer, max_messages: int, depth: int) -> tuple[list[ReceivedMessage], int]:
@@ -80,7 +72,7 @@ def test_every_message_once_and_every_acknowledgement_made(
             got, most = await _drain_ahead(c, 16, depth)
             assert _bodies(got) == list(range(300))  # each once
             assert most == (depth if extension else 0)
-            await _all_acknowledged(c, got)
+            await assert_all_acknowledged(c, got)
 
     asyncio.run(scenario())
 
@@ -106,7 +98,7 @@ def test_a_failed_acknowledgement_is_raised_by_a_later_receive_which_sends_nothi
                 while batch := await receiver.receive(ack=batch):
                     rest += batch
             assert _bodies(first + second + rest) == list(range(40))
-            await _all_acknowledged(c, first + second + rest)
+            await assert_all_acknowledged(c, first + second + rest)
 
     asyncio.run(scenario())
 
@@ -176,7 +168,7 @@ def test_a_cancelled_receive_loses_nothing(start_broker: Any) -> None:
                 while batch := await receiver.receive(ack=batch):
                     got += batch
             assert _bodies(got) == list(range(30))
-            await _all_acknowledged(c, got)  # the last batch by the receive that came back empty
+            await assert_all_acknowledged(c, got)  # the last batch by the receive that came back empty
 
     asyncio.run(scenario())
 
@@ -203,7 +195,7 @@ def test_a_receive_cancelled_as_its_call_finishes_loses_nothing(start_broker: An
                 while batch := await receiver.receive(ack=batch):
                     got += batch
             assert _bodies(got) == list(range(30))
-            await _all_acknowledged(c, got)
+            await assert_all_acknowledged(c, got)
 
     asyncio.run(scenario())
 
@@ -224,7 +216,7 @@ def test_receives_on_one_receiver_at_once_take_turns(start_broker: Any) -> None:
 
                 await asyncio.gather(worker(), worker(), worker())
             assert _bodies(got) == list(range(200))  # each once
-            await _all_acknowledged(c, got)
+            await assert_all_acknowledged(c, got)
 
     asyncio.run(scenario())
 
@@ -309,6 +301,6 @@ def test_prefetching_and_plain_receive_deliver_the_same_messages(
         assert _bodies(got) == _bodies(seen) == list(wanted)
         if got:
             async with _consumer(shared_broker.endpoint, topic, f"ahead{n}", tag) as c:
-                await _all_acknowledged(c, got)
+                await assert_all_acknowledged(c, got)
 
     asyncio.run(scenario())
