@@ -294,3 +294,84 @@ def test_a_backlog_on_one_of_many_topics_keeps_every_listener_busy(start_broker:
         assert most[0] == 4
 
     asyncio.run(scenario())
+
+
+def test_a_listener_cancelled_from_within_fails_its_message_and_the_worker_goes_on(
+    start_broker: Any, caplog: Any
+) -> None:
+    """A listener that awaited a future cancelled under it raises CancelledError without stop()
+    asking: that message failed (it comes back), and its worker — here the only one — goes on."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "PushSelfCancel", 10)
+        seen: list[ReceivedMessage] = []
+
+        async def cancelled_the_first_time(m: ReceivedMessage) -> bool:
+            if m.delivery_attempt == 1:
+                gone = asyncio.get_running_loop().create_future()
+                gone.cancel()
+                await gone
+            seen.append(m)
+            return True
+
+        consumer = PushConsumer(
+            broker.endpoint, "pushselfcancel", {"PushSelfCancel": FilterExpression.tag()},
+            cancelled_the_first_time, concurrency=1, await_duration=0.5,
+        )  # fmt: skip
+        await consumer.start()
+        try:
+            await _until(lambda: len(seen) >= 10)
+        finally:
+            await consumer.stop()
+        assert sorted(int(m.body) for m in seen) == list(range(10))
+        assert {m.delivery_attempt for m in seen} == {2}  # each failed once, came back after 1 s
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("listener was cancelled" in m for m in messages) == 10, messages
+        async with SimpleConsumer(
+            broker.endpoint, "pushselfcancel", {"PushSelfCancel": FilterExpression.tag()}
+        ) as c:
+            await assert_all_acknowledged(c, seen)
+
+    asyncio.run(scenario())
+
+
+def test_the_acker_outlives_an_unexpected_failure(start_broker: Any, caplog: Any) -> None:
+    """Acknowledging one batch raises something no broker answer raises (injected): that batch
+    comes back after its invisible time, and every later acknowledgement is still made."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "PushAckerFails", 1)
+        seen, consumed = _recording()
+        consumer = PushConsumer(
+            broker.endpoint, "pushackerfails", {"PushAckerFails": FilterExpression.tag()}, consumed,
+            concurrency=2, await_duration=0.5,
+        )  # fmt: skip
+        consumer.connection.batch_extension = False  # every acknowledgement is the acker's
+        original = consumer.ack_many
+        broken: list[int] = []
+
+        async def fails_once(messages: Any) -> None:
+            if not broken:
+                broken.append(len(messages))
+                raise RuntimeError("injected")
+            await original(messages)
+
+        consumer.ack_many = fails_once  # type: ignore[method-assign]
+        await consumer.start()
+        try:
+            await _until(lambda: len(seen) == 1 and broken)
+            await _send(broker.endpoint, "PushAckerFails", 50)
+            await _until(lambda: len(seen) == 51)
+        finally:
+            await consumer.stop()
+        assert broken == [1]
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("acknowledging 1 messages of pushackerfails failed" in m for m in messages), messages
+        async with SimpleConsumer(
+            broker.endpoint, "pushackerfails", {"PushAckerFails": FilterExpression.tag()}
+        ) as c:
+            await assert_all_acknowledged(c, seen[1:])
+
+    asyncio.run(scenario())

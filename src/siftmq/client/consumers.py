@@ -466,6 +466,8 @@ class PushConsumer(SimpleConsumer):
                     await self.ack_many(batch)
                 except RemoteError as exc:  # not acknowledged: redelivered after its invisible time
                     _log.warning("acknowledging %d messages of %s failed: %s", len(batch), self.group, exc)
+                except Exception:  # the acker must outlive any one failure, as the receiving loops do
+                    _log.exception("acknowledging %d messages of %s failed", len(batch), self.group)
             if self._closing:
                 return
 
@@ -485,6 +487,13 @@ class PushConsumer(SimpleConsumer):
         try:
             result = self.listener(m)
             ok = await result if inspect.isawaitable(result) else result
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():  # stop() cancelled this worker
+                raise
+            # the listener's own (an awaited future cancelled under it): a failure, the worker lives
+            _log.error("listener was cancelled on %s: counted as failed", m.message_id)
+            ok = False
         except Exception:
             _log.exception("listener failed on %s", m.message_id)
             ok = False
@@ -497,6 +506,8 @@ class PushConsumer(SimpleConsumer):
                 await self.change_invisible_duration(m, delay)
         except RemoteError as exc:
             _log.warning("settling %s failed: %s", m.message_id, exc)
+        except Exception:  # the worker must outlive any one failure: it comes back after its invisible time
+            _log.exception("settling %s failed", m.message_id)
 
 
 class PullConsumer(_Consumer):
