@@ -32,7 +32,17 @@ from siftmq.store import CqExtBlock, CqExtUnit
 FEW_CODES = 4
 
 
-class TagMessageFilter:
+class _Tallied:
+    """What a filter's exact stage decided, counted once per read (the store calls ``tally_exact``)."""
+
+    __slots__ = ()
+    stats: FilterStats
+
+    def tally_exact(self, evaluated: int, matched: int) -> None:
+        self.stats.add(evaluated=evaluated, matched=matched)
+
+
+class TagMessageFilter(_Tallied):
     """TAG subscription ``A||B`` (``*`` is represented by no filter at all)."""
 
     __slots__ = ("_codes", "stats", "tag_filter")
@@ -66,11 +76,8 @@ class TagMessageFilter:
     def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
         return self.tag_filter.matches_tag(properties.get("TAGS"))
 
-    def tally_exact(self, evaluated: int, matched: int) -> None:
-        self.stats.add(evaluated=evaluated, matched=matched)
 
-
-class SqlMessageFilter:
+class SqlMessageFilter(_Tallied):
     """SQL92 subscription with an optional bloom registration (positions, born time, backfill coverage)."""
 
     __slots__ = ("_bytes", "_masks", "backfilled_until_ms", "born_time_ms", "compiled", "positions", "stats")
@@ -128,6 +135,3 @@ class SqlMessageFilter:
 
     def is_matched_by_commit_log(self, properties: Mapping[str, str]) -> bool:
         return self.compiled.matches(properties)
-
-    def tally_exact(self, evaluated: int, matched: int) -> None:
-        self.stats.add(evaluated=evaluated, matched=matched)
