@@ -1,4 +1,5 @@
-"""The broker's own process collects garbage less often; an embedded broker leaves the host's GC alone."""
+"""siftmq's own server processes (the broker, its front-ends) collect garbage less often; an embedded
+broker leaves the host's GC alone."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import subprocess
 import sys
 
 
-def test_broker_process_raises_the_young_threshold_and_freezes_startup_objects() -> None:
+def test_a_server_process_raises_the_young_threshold_and_freezes_startup_objects() -> None:
     code = (
-        "import gc; from siftmq.server import app; before = gc.get_threshold(); app._tune_gc(); "
+        "import gc; from siftmq.process_tuning import tune_gc; before = gc.get_threshold(); tune_gc(); "
         "after = gc.get_threshold(); "
         "print(before[0], after[0], after[1:] == before[1:], gc.get_freeze_count() > 0)"
     )

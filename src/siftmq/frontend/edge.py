@@ -27,6 +27,7 @@ import grpc
 
 from siftmq.auth.signature import SignatureError, Verifier, signature_headers
 from siftmq.frontend import frames
+from siftmq.process_tuning import tune_gc
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 
@@ -422,4 +423,5 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s %(name)s[{args.index}]: %(message)s",
     )
     logging.getLogger("grpc").setLevel(logging.WARNING)
+    tune_gc()
     return asyncio.run(serve(args))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import socket
@@ -20,6 +19,7 @@ from siftmq.broker.config import BrokerConfig, parse_listen
 from siftmq.broker.long_polling import ArrivalNotifier
 from siftmq.errors import ConfigError, SiftError
 from siftmq.frontend.edge import tls_credentials
+from siftmq.process_tuning import tune_gc
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from siftmq.server import auth, decoding
 from siftmq.server.auth import Gate
@@ -353,29 +353,10 @@ def run(config: BrokerConfig) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("grpc").setLevel(logging.WARNING)
-    _tune_gc()
+    tune_gc()  # the CLI's process only: an embedded broker leaves its host's collector alone
     try:
         asyncio.run(serve(config))
     except SiftError as exc:
         print(f"siftmq broker: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
-
-
-#: Allocations (net of frees) between young-generation collections in a broker process.
-GC_YOUNG_THRESHOLD = 20_000
-
-
-def _tune_gc() -> None:
-    """Collect less often in the broker's own process (not when a broker is embedded).
-
-    A request of 256 messages keeps a few thousand short-lived objects alive at once, so with
-    Python's default threshold (700) the young generation would be collected about every 150
-    messages sent, and older generations after it, for nothing: freed objects are released by
-    reference counting anyway, and the collector only looks for cycles, which the broker rarely
-    makes. Objects alive after start-up are frozen out of the scans.
-    """
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
