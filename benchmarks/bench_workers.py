@@ -127,7 +127,9 @@ def core_capacity(total: int, windows: tuple[int, ...] = (1, 16, 64)) -> float:
                         ),
                     )
                     request = pb.SendMessageRequest(messages=[msg]).SerializeToString()
-                    call = frames.encode_call(method, 10_000, "ipv4:127.0.0.1:1", headers, request)
+                    call = frames.encode_call(
+                        method, int((time.monotonic() + 10) * 1000), "ipv4:127.0.0.1:1", headers, request
+                    )
                     link.send(frames.CALL, counts["sent"], call)
 
                 def on_frame(kind: int, call_id: int, payload: bytes) -> None:

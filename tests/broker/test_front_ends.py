@@ -18,11 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 pytest.importorskip("rocketmq")
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+from siftmq.protocol.service import RPCS
 from siftmq.testing import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -407,3 +410,85 @@ def test_the_core_killed_takes_the_front_ends_and_loses_nothing_acknowledged(bro
     got = _receive_all(again.endpoint, set(acked), "g-after-core-kill")
     missing = set(acked) - got
     assert not missing, f"{len(missing)} of {len(acked)} acknowledged sends lost"
+
+
+def _stub(channel: grpc.Channel, name: str) -> Any:
+    rpc = next(r for r in RPCS if r.name == name)
+    make = {"unary_unary": channel.unary_unary, "unary_stream": channel.unary_stream}
+    make["stream_stream"] = channel.stream_stream
+    return make[rpc.shape](rpc.path, lambda m: m.SerializeToString(), rpc.response.FromString)
+
+
+def test_a_long_poll_answers_before_the_clients_deadline_though_the_core_read_it_late(broker_of: Any) -> None:
+    """The core is stopped for 1.5 s while a receive with a 5 s deadline reaches a front-end: the
+    long poll still answers (empty) before the client gives up, as in one process."""
+    broker = broker_of(workers=2)
+    assert broker.proc is not None
+    wait_for(lambda: len(front_end_pids(broker.proc.pid)) == 2, what="2 front-ends")
+    with grpc.insecure_channel(broker.endpoint) as channel:
+        _stub(channel, "QueryRoute")(pb.QueryRouteRequest(topic=pb.Resource(name=TOPIC)), timeout=10)
+        request = pb.ReceiveMessageRequest(
+            group=pb.Resource(name="g-late"),
+            message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=-1),
+            filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
+            batch_size=1,
+        )
+        request.invisible_duration.FromSeconds(30)
+        request.long_polling_timeout.FromSeconds(30)
+        outcome: list[Any] = []
+
+        def receive() -> None:
+            try:
+                outcome.extend(a.status.code for a in _stub(channel, "ReceiveMessage")(request, timeout=5))
+            except grpc.RpcError as exc:
+                outcome.append(exc.code())
+
+        os.kill(broker.proc.pid, signal.SIGSTOP)
+        try:
+            receiving = threading.Thread(target=receive)
+            receiving.start()
+            time.sleep(1.5)
+        finally:
+            os.kill(broker.proc.pid, signal.SIGCONT)
+        receiving.join(15)
+    assert outcome[:1] == [pb.Code.MESSAGE_NOT_FOUND], outcome
+
+
+def test_a_telemetry_client_that_does_not_read_holds_up_its_own_call(broker_of: Any) -> None:
+    """A client writes large Telemetry commands and never reads the answers (each repeats the
+    settings): as in one process, its writes stall after a few, instead of a front-end queueing
+    every answer in memory."""
+    broker = broker_of(workers=2)
+    assert broker.proc is not None
+    wait_for(lambda: len(front_end_pids(broker.proc.pid)) == 2, what="2 front-ends")
+    topics = [pb.Resource(name="t" * 200) for _ in range(1300)]
+    command = pb.TelemetryCommand(
+        settings=pb.Settings(client_type=pb.ClientType.PRODUCER, publishing=pb.Publishing(topics=topics))
+    )
+    assert command.ByteSize() > 256 * 1024
+    written = [0]
+    stop = threading.Event()
+
+    def commands() -> Any:
+        for _ in range(300):
+            if stop.is_set():
+                return
+            written[0] += 1
+            yield command
+        stop.wait(30)
+
+    with grpc.insecure_channel(
+        broker.endpoint, options=[("grpc.max_receive_message_length", 64 << 20)]
+    ) as ch:
+        call = _stub(ch, "Telemetry")(commands(), timeout=60, metadata=(("x-mq-client-id", "never-reads"),))
+        try:
+            deadline = time.monotonic() + 6
+            last = -1
+            while time.monotonic() < deadline and written[0] != last:  # until the writes stall
+                last = written[0]
+                time.sleep(1.0)
+            stalled_at = written[0]
+        finally:
+            stop.set()
+            call.cancel()
+    assert stalled_at < 120, f"{stalled_at} of 300 commands written without an answer read"

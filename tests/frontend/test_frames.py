@@ -29,7 +29,7 @@ metadata = st.lists(
 
 @given(
     method=st.integers(0, 2**16 - 1),
-    timeout_ms=st.integers(-1, 2**31 - 1),
+    deadline_ms=st.integers(-1, 2**63 - 1),
     peer=st.text(max_size=80),
     headers=metadata,
     request=st.binary(max_size=300),
@@ -37,13 +37,13 @@ metadata = st.lists(
     generation=st.integers(0, 2**32 - 1),
 )
 def test_a_call_round_trips(
-    method: int, timeout_ms: int, peer: str, headers: Any, request: bytes, *, signed_by: str, generation: int
+    method: int, deadline_ms: int, peer: str, headers: Any, request: bytes, *, signed_by: str, generation: int
 ) -> None:
     payload = frames.encode_call(
-        method, timeout_ms, peer, headers, request, signed_by=signed_by, generation=generation
+        method, deadline_ms, peer, headers, request, signed_by=signed_by, generation=generation
     )
     call = frames.decode_call(payload)
-    assert (call.method, call.timeout_ms, call.peer, call.request) == (method, timeout_ms, peer, request)
+    assert (call.method, call.deadline_ms, call.peer, call.request) == (method, deadline_ms, peer, request)
     assert (call.signed_by, call.generation) == (signed_by, generation)
     assert frames.decode_headers(call.headers, call.header_count) == tuple(headers)
 

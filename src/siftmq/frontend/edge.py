@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -182,12 +183,12 @@ class Link:
         if self.protocol is None or self.lost.is_set():
             raise _CoreGone
         remaining = context.time_remaining()
-        timeout_ms = -1 if remaining is None else max(0, min(int(remaining * 1000), 2**31 - 1))
+        deadline_ms = -1 if remaining is None else int((time.monotonic() + remaining) * 1000)
         metadata, signed_by = signed
         # self.generation is the table the signer was checked against: nothing ran in between
         call = frames.encode_call(
             method,
-            timeout_ms,
+            deadline_ms,
             str(context.peer() or ""),
             metadata,
             request,
@@ -270,7 +271,8 @@ def _handler(link: Link, index: int, rpc: Rpc) -> grpc.RpcMethodHandler:
                 if kind != frames.REPLY:
                     done = True
                     break
-                yield payload
+                yield payload  # resumes once gRPC's flow control let the answer go to the client
+                link.send(frames.TAKEN, call_id)
         finally:
             link.close(call_id, cancelled=not done)
         if kind == frames.ABORT:

@@ -30,6 +30,7 @@ HALF_CLOSE: Final = 5  # the client sends no more requests
 CANCEL: Final = 6  # the client went away (or its deadline passed): stop the call
 REFUSED: Final = 7  # calls the front-end refused unauthenticated (for the core's metrics and audit log)
 USERS_TAKEN: Final = 8  # the front-end checks signatures against the users of this generation (the call id)
+TAKEN: Final = 14  # the front-end handed one of a stream's answers to its client: the core may send one more
 # core -> front-end
 CREDIT: Final = 9  # the core took one request of a client stream: the front-end may send one more
 REPLY: Final = 10  # a response (unary: the answer; streams: one item)
@@ -40,12 +41,17 @@ USERS: Final = 13  # the users' secrets in force (see encode_users): the front-e
 MAX_CALL_ID: Final = 2**32 - 1
 #: Requests of one client stream sent to the core before it has taken them (then one per CREDIT).
 STREAM_CREDIT: Final = 4
+#: Answers of one stream the core sends before the front-end handed them to its client (then one
+#: per TAKEN): gRPC's flow control, carried over, so a client that does not read holds up its own
+#: call instead of filling a front-end's memory.
+ANSWER_CREDIT: Final = 16
 #: Bytes a CALL frame may add to the largest gRPC message (metadata, address, header).
 CALL_ROOM: Final = 64 * 1024
 
-# method, timeout ms (-1: none), peer length, headers, users' generation, signer's name length,
-# the headers' bytes (so that the core reads them only when a handler asks: a send never does)
-_CALL_HEAD: Final = struct.Struct("<HiHHIHI")
+# method, deadline (ms on CLOCK_MONOTONIC, which every process of the host shares; -1: none),
+# peer length, headers, users' generation, signer's name length, the headers' bytes (so that the
+# core reads them only when a handler asks: a send never does)
+_CALL_HEAD: Final = struct.Struct("<HqHHIHI")
 #: in the headers count: the pairs are length-prefixed (binary values), not NUL-joined text
 _LENGTH_PREFIXED: Final = 0x8000
 MAX_HEADERS: Final = _LENGTH_PREFIXED - 1
@@ -64,7 +70,9 @@ class FrameError(Exception):
 
 class Call(NamedTuple):
     method: int
-    timeout_ms: int
+    #: when the client's deadline passes, in ms of ``time.monotonic()`` (-1: none): absolute, so
+    #: that the time a call waits to be read by the core is not added to the client's deadline
+    deadline_ms: int
     peer: str
     #: the metadata, still encoded: :func:`decode_headers` reads it
     headers: bytes
@@ -77,7 +85,7 @@ class Call(NamedTuple):
 
 def encode_call(
     method: int,
-    timeout_ms: int,
+    deadline_ms: int,
     peer: str,
     metadata: Sequence[tuple[str, str | bytes]],
     request: bytes,
@@ -85,7 +93,7 @@ def encode_call(
     signed_by: str = "",
     generation: int = 0,
 ) -> bytes:
-    """A CALL payload: the method's index, the client's time left, its address and metadata, who
+    """A CALL payload: the method's index, the client's deadline, its address and metadata, who
     signed it (when the front-end checked), and the request as the client sent it (empty for a
     client stream; its requests follow as MESSAGEs)."""
     peer_bytes = peer.encode()
@@ -102,7 +110,7 @@ def encode_call(
             parts += [_HEADER_LENGTHS.pack(len(key_bytes), len(value_bytes)), key_bytes, value_bytes]
         headers = b"".join(parts)
         count |= _LENGTH_PREFIXED
-    head = _CALL_HEAD.pack(method, timeout_ms, len(peer_bytes), count, generation, len(signer), len(headers))
+    head = _CALL_HEAD.pack(method, deadline_ms, len(peer_bytes), count, generation, len(signer), len(headers))
     return b"".join((head, peer_bytes, signer, headers, request))
 
 
@@ -124,7 +132,7 @@ def decode_call(payload: bytes) -> Call:
     """The parts of a CALL payload (raises FrameError when it is cut short); the metadata stays
     encoded until :func:`decode_headers`."""
     try:
-        method, timeout_ms, peer_length, count, generation, signer_length, headers_length = (
+        method, deadline_ms, peer_length, count, generation, signer_length, headers_length = (
             _CALL_HEAD.unpack_from(payload)
         )
         at = _CALL_HEAD.size
@@ -138,7 +146,7 @@ def decode_call(payload: bytes) -> Call:
             raise FrameError("a CALL frame is cut short")
     except (struct.error, UnicodeDecodeError) as exc:
         raise FrameError(f"a CALL frame is malformed: {exc}") from exc
-    return Call(method, timeout_ms, peer, headers, count, payload[at:], signed_by, generation)
+    return Call(method, deadline_ms, peer, headers, count, payload[at:], signed_by, generation)
 
 
 def decode_headers(block: bytes, count: int) -> tuple[tuple[str, str | bytes], ...]:

@@ -64,8 +64,8 @@ class CallContext:
         self._header_count = call.header_count
         self._metadata: tuple[tuple[str, str | bytes], ...] | None = None
         self._peer = call.peer
-        timeout_ms = call.timeout_ms
-        self._deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+        # the front-end's clock is this one (CLOCK_MONOTONIC is the host's)
+        self._deadline = None if call.deadline_ms < 0 else call.deadline_ms / 1000
         #: who signed the call and the users' generation the front-end checked it against
         self.signed_by = (call.signed_by, call.generation) if call.signed_by else None
 
@@ -121,6 +121,7 @@ class FrontEndConnection:
         self._hello = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._streams: dict[int, _Requests] = {}
+        self._answer_credit: dict[int, asyncio.BoundedSemaphore] = {}  # per streaming call
         self.users_generation = 0  # the users table this front-end said it checks against
         self.protocol = frames.FrameProtocol(self._on_frame, self._on_lost, max_frame)
 
@@ -141,6 +142,13 @@ class FrontEndConnection:
             stream = self._streams.get(call_id)
             if stream is not None:
                 stream.put(None)
+        elif kind == frames.TAKEN:
+            credit = self._answer_credit.get(call_id)
+            if credit is not None:
+                try:
+                    credit.release()
+                except ValueError:
+                    raise frames.FrameError("a TAKEN frame for an answer the core did not send") from None
         elif kind == frames.CANCEL:
             task = self._tasks.get(call_id)
             if task is not None:
@@ -183,20 +191,23 @@ class FrontEndConnection:
     def _ended(self, call_id: int) -> None:
         self._tasks.pop(call_id, None)
         self._streams.pop(call_id, None)
+        self._answer_credit.pop(call_id, None)
 
     async def _unary(self, call_id: int, behaviour: Behaviour, request: Any, context: CallContext) -> None:
         try:
             answer = await behaviour.run(request, context)
             self._reply(call_id, behaviour.serialize(answer))
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
             self._abort(call_id, behaviour, exc)
 
     async def _stream(self, call_id: int, behaviour: Behaviour, request: Any, context: CallContext) -> None:
+        credit = self._answer_credit[call_id] = asyncio.BoundedSemaphore(frames.ANSWER_CREDIT)
         try:
             async for answer in behaviour.run(request, context):
+                await credit.acquire()  # as a gRPC handler's yield waits while its client does not read
                 self._reply(call_id, behaviour.serialize(answer))
             self.protocol.send(frames.END, call_id)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
             self._abort(call_id, behaviour, exc)
 
     def _reply(self, call_id: int, answer: bytes) -> None:
@@ -207,8 +218,14 @@ class FrontEndConnection:
             )
         self.protocol.send(frames.REPLY, call_id, answer)
 
-    def _abort(self, call_id: int, behaviour: Behaviour, exc: Exception) -> None:
-        if isinstance(exc, Aborted):
+    def _abort(self, call_id: int, behaviour: Behaviour, exc: BaseException) -> None:
+        """End the call with the status a gRPC server answers for ``exc``."""
+        if isinstance(exc, asyncio.CancelledError):
+            if _cancelled_from_outside():  # a CANCEL, or the link went: nobody waits for an answer
+                raise exc
+            # raised inside the handler (a future cancelled under it): gRPC answers CANCELLED
+            code, details = grpc.StatusCode.CANCELLED, "the call was cancelled in the broker"
+        elif isinstance(exc, Aborted):
             code, details = exc.code, exc.details
         else:  # what grpc answers for a handler's unexpected exception, logged here as there
             _log.exception("%s failed", behaviour.rpc.name, exc_info=exc)
@@ -219,6 +236,13 @@ class FrontEndConnection:
         self._links.left(self)
         for task in list(self._tasks.values()):
             task.cancel()  # the front-end is gone and so are its clients' calls
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether the running task was cancelled by a ``cancel()`` (not by a CancelledError raised
+    inside it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class CoreLink:

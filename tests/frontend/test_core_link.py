@@ -1,0 +1,157 @@
+"""The core's side of a front-end's link, driven over a real socket pair with the front-end's own
+frames: a stream's answers wait for the front-end to let earlier ones go, a call's deadline is the
+instant the client set (not the time left when the core read it), and a call its handler cancelled
+from inside is answered CANCELLED (the front-end would wait on it for ever)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from siftmq.frontend import frames
+from siftmq.frontend.edge import ALL_RPCS
+from siftmq.server.core_link import Behaviour, CoreLink, FrontEndConnection
+
+TOKEN = b"token"
+INDEX = {rpc.name: i for i, rpc in enumerate(ALL_RPCS)}
+Frame = tuple[int, int, bytes]
+
+
+def _table(**runs: Callable[..., Any]) -> list[Behaviour | None]:
+    table: list[Behaviour | None] = [None] * len(ALL_RPCS)
+    for name, run in runs.items():
+        table[INDEX[name]] = Behaviour(ALL_RPCS[INDEX[name]], run, bytes, bytes)
+    return table
+
+
+@contextlib.asynccontextmanager
+async def _front_end(
+    table: list[Behaviour | None],
+) -> AsyncIterator[tuple[frames.FrameProtocol, asyncio.Queue[Frame]]]:
+    """A core connection on one end of a socket pair; the front-end's frame protocol on the other."""
+    loop = asyncio.get_running_loop()
+    core_end, front_end = socket.socketpair()
+    links = CoreLink(table, TOKEN, 1 << 20)
+    connection = FrontEndConnection(table, TOKEN, 1 << 20, links)
+    core_transport, _ = await loop.connect_accepted_socket(lambda: connection.protocol, core_end)
+    got: asyncio.Queue[Frame] = asyncio.Queue()
+    front_transport, protocol = await loop.connect_accepted_socket(
+        lambda: frames.FrameProtocol(lambda *frame: got.put_nowait(frame), lambda exc: None, 1 << 20),
+        front_end,
+    )
+    protocol.send(frames.HELLO, 0, TOKEN)
+    try:
+        yield protocol, got
+    finally:
+        front_transport.close()
+        core_transport.close()
+        await asyncio.sleep(0.05)  # the connection's calls end with it
+
+
+def _call(name: str, deadline_ms: int = -1) -> bytes:
+    return frames.encode_call(INDEX[name], deadline_ms, "ipv4:127.0.0.1:1", [("x-mq-client-id", "c")], b"")
+
+
+async def _frames_within(got: asyncio.Queue[Frame], seconds: float) -> list[Frame]:
+    out: list[Frame] = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            out.append(await asyncio.wait_for(got.get(), left))
+        except TimeoutError:
+            break
+    return out
+
+
+def test_a_streams_answers_wait_for_the_front_end_to_let_earlier_ones_go() -> None:
+    async def scenario() -> None:
+        async def many(request: bytes, context: Any) -> AsyncIterator[bytes]:
+            for i in range(40):
+                yield b"answer %d" % i
+
+        async with _front_end(_table(ReceiveMessage=many)) as (front, got):
+            front.send(frames.CALL, 7, _call("ReceiveMessage"))
+            first = await _frames_within(got, 0.5)
+            assert [kind for kind, _, _ in first] == [frames.REPLY] * frames.ANSWER_CREDIT  # and no more
+            for _ in range(5):
+                front.send(frames.TAKEN, 7)
+            more = await _frames_within(got, 0.5)
+            assert [p for _, _, p in first + more] == [
+                b"answer %d" % i for i in range(frames.ANSWER_CREDIT + 5)
+            ]
+            for _ in range(len(more)):  # from now on every answer is let go as it comes
+                front.send(frames.TAKEN, 7)
+            rest: list[Frame] = []
+            while not rest or rest[-1][0] == frames.REPLY:
+                rest.append(await asyncio.wait_for(got.get(), 5))
+                front.send(frames.TAKEN, 7)
+            answers = [p for _, _, p in first + more + rest[:-1]]
+            assert answers == [b"answer %d" % i for i in range(40)] and rest[-1][0] == frames.END
+
+    asyncio.run(scenario())
+
+
+def test_the_deadline_is_the_clients_instant_however_late_the_core_reads_the_call() -> None:
+    async def scenario() -> None:
+        async def time_left(request: bytes, context: Any) -> bytes:
+            return b"%.3f" % context.time_remaining()
+
+        async with _front_end(_table(QueryRoute=time_left)) as (front, got):
+            call = _call("QueryRoute", deadline_ms=int((time.monotonic() + 5) * 1000))
+            await asyncio.sleep(1.0)  # the call waits this long before the core reads it
+            front.send(frames.CALL, 3, call)
+            kind, call_id, payload = await asyncio.wait_for(got.get(), 5)
+            assert (kind, call_id) == (frames.REPLY, 3)
+            assert 3.5 < float(payload) <= 4.0
+
+    asyncio.run(scenario())
+
+
+def test_a_call_cancelled_inside_its_handler_is_answered_cancelled() -> None:
+    async def scenario() -> None:
+        async def cancelled_inside(request: bytes, context: Any) -> bytes:
+            gone = asyncio.get_running_loop().create_future()
+            gone.cancel()
+            await gone  # raises CancelledError: nobody cancelled the call
+            return b"never"
+
+        async def stream_cancelled_inside(request: bytes, context: Any) -> AsyncIterator[bytes]:
+            yield b"first"
+            await cancelled_inside(request, context)
+
+        async with _front_end(
+            _table(QueryRoute=cancelled_inside, ReceiveMessage=stream_cancelled_inside)
+        ) as (front, got):
+            front.send(frames.CALL, 1, _call("QueryRoute"))
+            front.send(frames.CALL, 2, _call("ReceiveMessage"))
+            answers = await _frames_within(got, 1.0)
+            by_call = {call_id: (kind, payload) for kind, call_id, payload in answers if kind == frames.ABORT}
+            for call_id in (1, 2):
+                _, payload = by_call[call_id]
+                assert frames.decode_abort(payload)[0] == grpc.StatusCode.CANCELLED.value[0]
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_from_the_front_end_sends_nothing_back() -> None:
+    async def scenario() -> None:
+        started = asyncio.Event()
+
+        async def waits(request: bytes, context: Any) -> bytes:
+            started.set()
+            await asyncio.sleep(60)
+            return b"late"
+
+        async with _front_end(_table(QueryRoute=waits)) as (front, got):
+            front.send(frames.CALL, 4, _call("QueryRoute"))
+            await asyncio.wait_for(started.wait(), 5)
+            front.send(frames.CANCEL, 4)
+            assert await _frames_within(got, 0.5) == []
+
+    asyncio.run(scenario())
