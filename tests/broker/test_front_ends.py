@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -492,3 +494,28 @@ def test_a_telemetry_client_that_does_not_read_holds_up_its_own_call(broker_of: 
             stop.set()
             call.cancel()
     assert stalled_at < 120, f"{stalled_at} of 300 commands written without an answer read"
+
+
+def test_a_front_end_started_after_the_socket_was_cleaned_away_still_connects(broker_of: Any) -> None:
+    """A cleaner of old files in the temporary directory removes the core's socket directory; a
+    front-end that dies afterwards is started again and connects (the core listens anew)."""
+    broker = broker_of(workers=2)
+    assert broker.proc is not None
+    core = broker.proc.pid
+    pids = wait_for(lambda: front_end_pids(core) if len(front_end_pids(core)) == 2 else None)
+    (directory,) = Path(tempfile.gettempdir()).glob(f"siftmq-core-{core}-*")
+    shutil.rmtree(directory)
+    os.kill(pids[0], signal.SIGKILL)
+    wanted = ('siftmq_front_ends{state="connected"} 2.0', "siftmq_front_end_restarts_total 1.0")
+    metrics = broker.metrics_with(*wanted, timeout=20)
+    assert all(w in metrics for w in wanted), metrics
+    time.sleep(1.0)  # and it stays: not dying again for want of the socket
+    assert "siftmq_front_end_restarts_total 1.0" in broker.metrics_with(*wanted)
+    assert any("socket under" in line and "was removed" in line for line in broker.output)
+    producer = Producer(ClientConfiguration(broker.endpoint, Credentials()), (TOPIC,))
+    producer.startup()
+    try:
+        sent = {producer.send(_message(i, 0)).message_id for i in range(10)}
+    finally:
+        producer.shutdown()
+    assert _receive_all(broker.endpoint, sent, "g-after-clean") == sent

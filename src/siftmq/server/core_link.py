@@ -323,10 +323,14 @@ class CoreLink:
             self._gate.failed(ALL_RPCS[method].name, peer, client, known, message, count=count)
 
     async def start(self, path: str) -> None:
+        """Listen on ``path`` (again: a new path replaces the old; connections made stay open)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(
+        server = await loop.create_unix_server(
             lambda: FrontEndConnection(self._table, self._token, self._max_frame, self).protocol, path
         )
+        if self._server is not None:
+            self._server.close()
+        self._server = server
 
     def front_end_ready(self) -> None:
         self.ready_count += 1

@@ -98,9 +98,7 @@ class FrontEnds:
         self._token = secrets.token_hex(32)
         self._link = CoreLink(behaviours, self._token.encode(), frame_limit + frames.CALL_ROOM, gate)
         _remove_stale_dirs()
-        # 0700: only this user connects; named after this process, so a later core can tell a
-        # directory left by a core killed with -9
-        self._dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
+        self._dir = _socket_dir()
         self._socket = str(self._dir / "core.sock")
         self._procs: list[asyncio.subprocess.Process | None] = [None] * count
         self._watchers: list[asyncio.Task[None]] = []
@@ -185,13 +183,32 @@ class FrontEnds:
                 if self._stopping:
                     return
                 try:
-                    self._procs[index] = await self._spawn(index)
+                    await self._socket_in_place()
+                    spawning = asyncio.ensure_future(self._spawn(index))
+                    try:
+                        self._procs[index] = await asyncio.shield(spawning)
+                    except asyncio.CancelledError:  # stop(): a process started is stopped with the others
+                        self._procs[index] = await spawning
+                        raise
                     break
                 except OSError as exc:  # out of processes or files: try again, later
                     pause = RESTART_BACKOFF_S[-1]
                     _log.error(
                         "front-end %d cannot be started: %s; trying again in %.1f s", index, exc, pause
                     )
+
+    async def _socket_in_place(self) -> None:
+        """Listen again, in a new directory, if the socket's file is gone (a cleaner of old files
+        in the temporary directory removed it): a front-end started now could not connect to the
+        old one. The front-ends connected already keep their connections."""
+        if os.path.exists(self._socket):
+            return
+        old = self._dir
+        self._dir = _socket_dir()
+        self._socket = str(self._dir / "core.sock")
+        _log.warning("the front-ends' socket under %s was removed; listening on %s", old, self._socket)
+        await self._link.start(self._socket)
+        shutil.rmtree(old, ignore_errors=True)
 
     def counts(self) -> dict[str, int]:
         """For the metrics: front-ends configured, connected to the core now, and started again."""
@@ -207,6 +224,8 @@ class FrontEnds:
         self._stopping = True
         for watcher in self._watchers:
             watcher.cancel()
+        if self._watchers:  # one starting a front-end records the process first
+            await asyncio.wait(self._watchers)
         running = [p for p in self._procs if p is not None and p.returncode is None]
         for proc in running:
             with contextlib.suppress(ProcessLookupError):
@@ -224,6 +243,12 @@ class FrontEnds:
         shutil.rmtree(self._dir, ignore_errors=True)
         if self._claim is not None:
             self._claim.close()
+
+
+def _socket_dir() -> Path:
+    """A new directory for the core's socket: 0700, so only this user connects; named after this
+    process, so a later core can tell one left by a core killed with -9."""
+    return Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
 
 
 def _remove_stale_dirs() -> None:
