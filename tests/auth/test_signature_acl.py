@@ -132,6 +132,12 @@ def test_decisions(user: str, resource: str, action: Action, peer: str, allowed:
             ),
             "actions must be among",
         ),
+        (
+            json.dumps({"users": [{"username": f"u{i}", "password": "p"} for i in range(10_001)]}),
+            "10001 users; at most 10000",
+        ),
+        ('{"users": [{"username": "%s", "password": "p"}]}' % ("u" * 65), "a username may have 64"),
+        ('{"users": [{"username": "u", "password": "%s"}]}' % ("p" * 257), "a password 256"),
     ],
 )
 def test_a_malformed_file_is_refused_naming_what_is_wrong(text: str, message: str) -> None:

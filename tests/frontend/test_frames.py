@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from siftmq.auth.acl import MAX_PASSWORD, MAX_USER_NAME, MAX_USERS
 from siftmq.frontend import frames
 from siftmq.frontend.edge import Link
 from siftmq.server.core_link import _Requests
@@ -220,3 +221,12 @@ def test_a_client_stream_is_bounded_by_its_credit() -> None:
         assert rest[-1] == b"now there is room" and len(taken) == 1 + len(rest)
 
     asyncio.run(run())
+
+
+def test_the_largest_users_table_fits_in_a_frame_a_front_end_takes() -> None:
+    """The most users a file may hold, each name and password of the most characters, each
+    character one JSON escapes: the USERS frame stays under what a front-end reads from the core."""
+    secrets = {f"{i:05d}" + "\x01" * (MAX_USER_NAME - 5): "\x02" * MAX_PASSWORD for i in range(MAX_USERS)}
+    payload = frames.encode_users(7, 300.0, secrets)
+    assert len(payload) + frames.HEADER.size <= frames.MAX_FROM_CORE
+    assert frames.decode_users(payload) == (7, 300.0, secrets)

@@ -44,6 +44,11 @@ class Action(enum.StrEnum):
 
 RESOURCE_KINDS: Final = ("Cluster", "Namespace", "Topic", "Group")
 MAX_ENTRIES: Final = 10_000  # entries of one file (bounds the work of one decision)
+#: Users of one file, and the characters of a user's name and password (the admin API's bounds
+#: too): the table crosses to every front-end in one frame, which must stay within its size.
+MAX_USERS: Final = 10_000
+MAX_USER_NAME: Final = 64
+MAX_PASSWORD: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +158,16 @@ def parse_auth_file(text: str, *, source: str = "the auth file") -> AuthTable:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected an object with 'users' and 'acls'")
     users: dict[str, User] = {}
-    for i, item in enumerate(_list(data, "users", source)):
+    listed = _list(data, "users", source)
+    if len(listed) > MAX_USERS:
+        raise ConfigError(f"{source}: {len(listed)} users; at most {MAX_USERS}")
+    for i, item in enumerate(listed):
         where = f"{source}: users[{i}]"
         name, secret = _text(item, "username", where), _text(item, "password", where)
+        if len(name) > MAX_USER_NAME or len(secret) > MAX_PASSWORD:
+            raise ConfigError(
+                f"{where}: a username may have {MAX_USER_NAME} characters, a password {MAX_PASSWORD}"
+            )
         kind = item.get("userType", "Normal")
         if kind not in ("Super", "Normal"):
             raise ConfigError(f"{where}: userType must be Super or Normal, not {kind!r}")

@@ -12,14 +12,12 @@ import secrets
 from collections.abc import Sequence
 from typing import Final
 
-from siftmq.auth.acl import MAX_ENTRIES, AuthTable, Entry, User
+from siftmq.auth.acl import MAX_ENTRIES, MAX_PASSWORD, MAX_USER_NAME, MAX_USERS, AuthTable, Entry, User
 from siftmq.errors import BadRequestError, NotFoundError, StatusCode
 
-MAX_USERS: Final = 10_000
-MAX_PASSWORD: Final = 256
 MIN_PASSWORD: Final = 8
 #: RocketMQ's user names are plain identifiers; nothing here may need quoting in a subject.
-USER_NAME: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+USER_NAME: Final = re.compile(rf"[A-Za-z0-9_.@-]{{1,{MAX_USER_NAME}}}")
 
 
 def generate_secret() -> str:

@@ -363,7 +363,7 @@ def _die_with_parent() -> None:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    link = Link(args.frame_limit + frames.CALL_ROOM)
+    link = Link(max(args.frame_limit + frames.CALL_ROOM, frames.MAX_FROM_CORE))
     await link.connect(args.socket, os.environ.get(TOKEN_ENV, "").encode())
     server = grpc.aio.server(
         options=[

@@ -47,6 +47,9 @@ STREAM_CREDIT: Final = 4
 ANSWER_CREDIT: Final = 16
 #: Bytes a CALL frame may add to the largest gRPC message (metadata, address, header).
 CALL_ROOM: Final = 64 * 1024
+#: The largest frame a front-end takes from the core: a USERS frame of the most users of the
+#: longest names and passwords, each character escaped (~20 MB), fits.
+MAX_FROM_CORE: Final = 32 * 1024 * 1024
 
 # method, deadline (ms on CLOCK_MONOTONIC, which every process of the host shares; -1: none),
 # peer length, headers, users' generation, signer's name length, the headers' bytes (so that the

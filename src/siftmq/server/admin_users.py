@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from siftmq.auth import manage
-from siftmq.auth.acl import AuthTable, Entry, parse_entries
+from siftmq.auth.acl import MAX_PASSWORD, AuthTable, Entry, parse_entries
 from siftmq.errors import BadRequestError, ConfigError, NotFoundError, StatusCode
 from siftmq.server.admin_auth import Tokens, bearer_token
 from siftmq.server.auth import Gate
@@ -31,13 +31,13 @@ UserType = Literal["Super", "Normal"]
 class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     username: str = Field(min_length=1, max_length=64)
-    password: str | None = Field(default=None, max_length=manage.MAX_PASSWORD)  # None: generate one
+    password: str | None = Field(default=None, max_length=MAX_PASSWORD)  # None: generate one
     userType: UserType = "Normal"  # RocketMQ's field names
 
 
 class UserUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    password: str | None = Field(default=None, max_length=manage.MAX_PASSWORD)
+    password: str | None = Field(default=None, max_length=MAX_PASSWORD)
     generatePassword: bool = False
     userType: UserType | None = None
 
