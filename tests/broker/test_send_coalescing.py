@@ -146,3 +146,11 @@ def test_the_acks_of_one_turn_take_one_thread_hop_and_each_gets_its_own_answer()
     assert Counting.hops == 2  # one hop for the six calls of the first turn, one for the last
     assert len({t for i, t in ran if i < 6}) == 1
     assert threading.get_ident() not in {t for _, t in ran}  # never on the event loop's thread
+
+
+def test_a_send_that_would_create_its_topic_is_left_to_a_thread(broker: Any) -> None:
+    """Creating a topic writes and syncs the topics file: not an event loop's work."""
+    assert broker.config.auto_create_topics
+    assert not broker.sends_inline("CoNew")
+    broker.send_many([_msg(0, topic="CoNew")])  # a thread's send creates it
+    assert broker.sends_inline("CoNew")

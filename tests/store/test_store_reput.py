@@ -309,3 +309,45 @@ def test_wait_dispatched_timeout(idle_store: MessageStore) -> None:
         t.join()
     assert done == [False]
     assert store.wait_dispatched(timeout=5)
+
+
+def test_a_put_that_may_not_wait_leaves_a_lagging_index_to_others(tmp_path: Path) -> None:
+    """The reput thread lags far behind (more than 32 MiB) while another thread holds the dispatch
+    lock: an event loop's put (``index_appended(may_wait=False)``) returns without waiting for
+    the lock; a thread's put waits to help index, and does once the lock is free."""
+    store = MessageStore(
+        small_config(tmp_path / "data", commit_log_segment_size=64 << 20, max_message_size=2 << 20)
+    )
+    store.start()
+    try:
+        held = threading.Event()
+        release = threading.Event()
+
+        def hold_dispatch_lock() -> None:
+            with store.reput_service.lock:
+                held.set()
+                release.wait(60)
+
+        holder = threading.Thread(target=hold_dispatch_lock)
+        holder.start()
+        assert held.wait(10)
+        body = b"x" * (1 << 20)
+        for _ in range(34):  # 34 MiB appended, nothing indexed meanwhile
+            store.put_batch("Lag", 0, [(body, {}, 0, bytes(8))], index=False)
+        assert store.reput_service.behind_bytes() > 32 << 20
+        loop_put = threading.Thread(target=lambda: store.index_appended(may_wait=False))
+        loop_put.start()
+        loop_put.join(10)
+        assert not loop_put.is_alive()  # it did not wait for the dispatch lock
+        thread_put = threading.Thread(target=store.index_appended)
+        thread_put.start()
+        thread_put.join(0.5)
+        assert thread_put.is_alive()  # it helps: waits for the lock
+        release.set()
+        holder.join(10)
+        thread_put.join(30)
+        assert not thread_put.is_alive() and store.reput_service.behind_bytes() == 0
+        assert len(_bodies(store, "Lag", 0)) == 34
+    finally:
+        release.set()
+        store.close()

@@ -48,11 +48,17 @@ class Sending(BrokerParts):
         """Validate and store one message; a retry with the same message id is stored once."""
         return self.send_many([msg])[0]
 
-    def send_many(self, msgs: Sequence[ProducedMessage]) -> list[SendResult]:
+    def sends_inline(self, topic: str) -> bool:
+        """Whether a single send to ``topic`` may be made on an event loop (``on_loop``): not when
+        it would create the topic, which writes and syncs the topics file."""
+        return self.topics.get(topic) is not None
+
+    def send_many(self, msgs: Sequence[ProducedMessage], *, on_loop: bool = False) -> list[SendResult]:
         """Validate and store a batch of one topic in one append (one fsync in sync mode).
 
         Every message is checked before anything is stored: one bad message refuses the whole batch.
-        Messages whose id is already stored (client retries) are not stored again.
+        Messages whose id is already stored (client retries) are not stored again. ``on_loop``: the
+        caller is an event loop, which must not wait to help a lagging index (other sends help).
         """
         if not msgs:
             raise BadRequestError("no message to send")
@@ -73,9 +79,9 @@ class Sending(BrokerParts):
                     "delay messages (delivery_timestamp) are not supported by this broker yet",
                     status=StatusCode.UNSUPPORTED,
                 )
-        return self.send_batch(ProducedBatch.of(msgs[0].topic, msgs))
+        return self.send_batch(ProducedBatch.of(msgs[0].topic, msgs), on_loop=on_loop)
 
-    def send_batch(self, batch: ProducedBatch) -> list[SendResult]:
+    def send_batch(self, batch: ProducedBatch, *, on_loop: bool = False) -> list[SendResult]:
         """:meth:`send_many` of messages given column by column (see :class:`ProducedBatch`)."""
         count = len(batch.bodies)
         if not count:
@@ -128,7 +134,7 @@ class Sending(BrokerParts):
             for k in reversed(stripes):
                 self._send_locks[k].release()
             if fresh:  # duplicates alone append nothing to index
-                self.store.index_appended()
+                self.store.index_appended(may_wait=not on_loop)
         return [r for r in results if r is not None]
 
     def _prepare(self, batch: ProducedBatch) -> list[BatchEntry]:

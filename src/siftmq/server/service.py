@@ -155,7 +155,7 @@ class MessagingService:
         # done on the event loop it costs less than the hop to the send thread and back (measured:
         # ~15% of the broker's CPU per official-client send). Batches and sync flush keep the hop.
         self._inline_sends = broker.config.flush == "async"
-        self._coalescer = SendCoalescer(broker.send_many)
+        self._coalescer = SendCoalescer(functools.partial(broker.send_many, on_loop=True))
         self._acks = OneHop()
 
     @staticmethod
@@ -281,7 +281,11 @@ class MessagingService:
 
     @answering(pb.SendMessageResponse, on_error=_send_error_entries)
     async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
-        if self._inline_sends and len(request.messages) == 1:
+        if (
+            self._inline_sends
+            and len(request.messages) == 1
+            and self.broker.sends_inline(convert.topic_name(request.messages[0].topic))
+        ):
             # memory work, cheaper on the loop than a thread hop; with the other single sends of
             # this turn of the loop, in one append
             message = convert.outgoing_message(request.messages[0], self.config.max_body_size)

@@ -407,11 +407,18 @@ class MessageStore:
         prepared = codec.prepare_batch(topic, queue_id, entries, max_body_size=self._max_body_size)
         return self._append(prepared, index=index)
 
-    def index_appended(self) -> None:
+    def index_appended(self, *, may_wait: bool = True) -> None:
         """After ``put_batch(..., index=False)``: index what is pending on this thread when it is
         little and the dispatch lock is free, else leave it to the reput thread (async mode; in
-        sync mode the reput thread indexes what is durable)."""
+        sync mode the reput thread indexes what is durable). When the reput thread lags far
+        behind, help it — unless not ``may_wait`` (an event loop: the other puts help)."""
         if not self._sync:
+            self._index_after_append(may_wait)
+
+    def _index_after_append(self, may_wait: bool) -> None:
+        if may_wait and self.reput_service.behind_bytes() > _MAX_DISPATCH_LAG:
+            self.reput_service.dispatch_all(None)  # waits for the dispatch lock
+        else:
             self.reput_service.dispatch_or_wake()
 
     def _append(
@@ -461,10 +468,8 @@ class MessageStore:
             self._group_commit(end)
             if self.key_index is not None:  # durable now
                 self.key_index.add_appended(results, properties)
-        elif end - self.reput_service.dispatched_offset > _MAX_DISPATCH_LAG:
-            self.reput_service.dispatch_all(None)  # the reput thread lags far behind: help it
-        elif index:
-            self.reput_service.dispatch_or_wake()
+        elif index:  # (else the caller's index_appended, once it released its own locks)
+            self._index_after_append(may_wait=True)
         return results
 
     def _group_commit(self, end: int) -> None:
