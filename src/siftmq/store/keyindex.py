@@ -23,8 +23,13 @@ class KeyIndex:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._prune_lock = threading.Lock()  # one prune at a time
         self._by_uniq_key: dict[str, int] = {}
         self._by_key: dict[tuple[str, str], list[int]] = {}
+        # while a prune filters them outside the lock: the maps it filters (written no more) and
+        # its bound; lookups read them after the current maps
+        self._pruning: tuple[dict[str, int], dict[tuple[str, str], list[int]], int] | None = None
+        self._cleared = 0  # clear() calls: a prune that raced one keeps nothing of its own
 
     def dispatch(self, requests: Iterable[DispatchRequest]) -> None:
         """Index a batch of requests."""
@@ -63,34 +68,88 @@ class KeyIndex:
                 if keys:
                     for key in keys.split(KEY_SEPARATOR):
                         if key:
-                            offsets = by_key.setdefault((rec.topic, key), [])
-                            if offsets and offsets[-1] > offset:
-                                bisect.insort(offsets, offset)
-                            else:
-                                offsets.append(offset)
+                            _insert(by_key.setdefault((rec.topic, key), []), offset)
 
     def offset_of_uniq_key(self, uniq_key: str) -> int | None:
         """The newest commit log offset stored with this UNIQ_KEY."""
-        return self._by_uniq_key.get(uniq_key)
+        with self._lock:
+            found = self._by_uniq_key.get(uniq_key)
+            if found is None and self._pruning is not None:
+                old, _, min_offset = self._pruning
+                found = old.get(uniq_key)
+                if found is not None and found < min_offset:
+                    found = None
+            return found
 
     def offsets_of_key(self, topic: str, key: str) -> list[int]:
         """Commit log offsets of the messages of ``topic`` carrying ``key``, oldest first."""
         with self._lock:
-            return list(self._by_key.get((topic, key), ()))
+            offsets = list(self._by_key.get((topic, key), ()))
+            if self._pruning is not None:
+                _, old, min_offset = self._pruning
+                before = old.get((topic, key), [])
+                kept = before[bisect.bisect_left(before, min_offset) :]
+                if kept:
+                    for offset in offsets:
+                        _insert(kept, offset)
+                    offsets = kept
+            return offsets
 
     def prune(self, min_offset: int) -> None:
-        """Forget offsets below ``min_offset``."""
-        with self._lock:
-            self._by_uniq_key = {k: v for k, v in self._by_uniq_key.items() if v >= min_offset}
-            pruned: dict[tuple[str, str], list[int]] = {}
-            for k, offsets in self._by_key.items():
-                kept = [o for o in offsets if o >= min_offset]
-                if kept:
-                    pruned[k] = kept
-            self._by_key = pruned
+        """Forget offsets below ``min_offset``.
+
+        The maps are filtered outside the lock — retention may drop millions of entries while
+        every send adds its own and looks for its retries (under the lock, ~3 s against ~0.1 s
+        for a send then): new entries go to fresh maps meanwhile, and lookups read both.
+        """
+        with self._prune_lock:
+            with self._lock:
+                old_uniq, old_keys = self._by_uniq_key, self._by_key
+                self._by_uniq_key, self._by_key = {}, {}
+                self._pruning = (old_uniq, old_keys, min_offset)
+                cleared = self._cleared
+            by_uniq_key, by_key = old_uniq, old_keys  # should the filtering fail: nothing pruned
+            try:
+                by_uniq_key = {k: v for k, v in old_uniq.items() if v >= min_offset}
+                by_key = {}
+                for k, offsets in old_keys.items():
+                    kept = offsets[bisect.bisect_left(offsets, min_offset) :]
+                    if kept:
+                        by_key[k] = kept
+            finally:
+                with self._lock:
+                    if self._cleared == cleared:  # else clear() dropped what was filtered too
+                        self._merge_into(by_uniq_key, by_key)
+                    self._pruning = None
+
+    def _merge_into(self, by_uniq_key: dict[str, int], by_key: dict[tuple[str, str], list[int]]) -> None:
+        """The entries added during a prune put into its filtered maps, which become the index
+        (under the lock)."""
+        for uniq_key, offset in self._by_uniq_key.items():
+            if by_uniq_key.get(uniq_key, -1) < offset:
+                by_uniq_key[uniq_key] = offset
+        for k, offsets in self._by_key.items():
+            kept = by_key.get(k)
+            if kept is None:
+                by_key[k] = offsets
+            else:
+                for offset in offsets:
+                    _insert(kept, offset)
+        self._by_uniq_key, self._by_key = by_uniq_key, by_key
 
     def clear(self) -> None:
         """Forget everything."""
         with self._lock:
-            self._by_uniq_key.clear()
-            self._by_key.clear()
+            self._by_uniq_key = {}
+            self._by_key = {}
+            self._cleared += 1
+            if self._pruning is not None:
+                self._pruning = ({}, {}, self._pruning[2])
+
+
+def _insert(offsets: list[int], offset: int) -> None:
+    """Add ``offset`` to a sorted list (at its end, nearly always)."""
+    if offsets and offsets[-1] > offset:
+        bisect.insort(offsets, offset)
+    else:
+        offsets.append(offset)
