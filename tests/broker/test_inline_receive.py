@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from siftmq.broker import Broker, ProducedMessage, Subscription
 from siftmq.broker import parts as parts_module
 from siftmq.broker.consumer_state import DUE_SLACK
-from siftmq.broker.receive import INLINE_SCAN
+from siftmq.broker.receive import INLINE_BYTES, INLINE_SCAN
 from siftmq.testing import SteppedClock, open_broker
 
 TOPIC = "Inline"
@@ -250,6 +250,33 @@ def test_a_long_stretch_of_other_messages_is_scanned_in_part_then_left_to_a_thre
         assert passed is not None and INLINE_SCAN <= passed - start < INLINE_SCAN + 2001
         [found] = broker.receive(GROUP, tag_sub("A"))
         assert found.message.tags == "A" and found.message.queue_offset == start + INLINE_SCAN + 2000
+    finally:
+        broker.close()
+
+
+def test_the_loop_copies_about_a_mebibyte_then_answers_with_what_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large messages: the loop's receive stops once ~1 MiB is read (new ones, and redeliveries
+    due), answering with those; the batch's rest is the next receive's."""
+    clock = SteppedClock()
+    monkeypatch.setattr(parts_module, "time", clock)
+    broker = make_broker(tmp_path / "d", default_queue_nums=1)
+    try:
+        steady(broker)
+        body = b"x" * (256 * 1024)
+        broker.send_many(
+            [ProducedMessage(topic=TOPIC, body=body, message_id=f"01BIG{i:029d}", tag="A") for i in range(12)]
+        )
+        broker.store.reput_service.dispatch_all(None)  # indexed: the loop's receive waits for none
+        first = broker.try_receive(GROUP, tag_sub("A"), batch_size=32, invisible_ms=1000)
+        assert first is not None and len(first) == INLINE_BYTES // len(body)  # the last read holds one
+        rest = broker.receive(GROUP, tag_sub("A"), batch_size=32, invisible_ms=1000)  # a thread: all
+        assert len(first) + len(rest) == 12
+        clock.advance(1.5)  # every one due again: the loop takes as many, the thread the rest
+        again = broker.try_receive(GROUP, tag_sub("A"), batch_size=32, invisible_ms=1000)
+        assert again is not None and 1 <= len(again) <= INLINE_BYTES // len(body)
+        assert len(again) + len(broker.receive(GROUP, tag_sub("A"), batch_size=32)) == 12
     finally:
         broker.close()
 

@@ -40,6 +40,7 @@ class ProgramReads(BrokerParts):
         *,
         message_filter: MessageFilter | None,
         inline: bool = False,
+        max_bytes: int | None = None,
     ) -> tuple[GetMessageResult, list[StoredMessage] | None]:
         """``store.get_messages`` for up to ``want`` deliverable messages, through the group's
         program when it has one: (the read, the messages to deliver).
@@ -52,12 +53,12 @@ class ProgramReads(BrokerParts):
         failed), and the caller delivers nothing and keeps the group's progress where it was.
         ``inline`` (an event loop's read, once the index is caught up: ``catch_up_now``) reads
         without the store's waiting catch-up, and raises :class:`NotOnTheLoop` rather than run a
-        program.
+        program. ``max_bytes`` bounds the read's bytes (it always holds one message).
         """
         ask = self.programs.read_size(group, topic, want)
         if ask is None:  # no program
             result = self.store.get_messages(
-                group, topic, queue_id, offset, want, message_filter, catch_up=not inline
+                group, topic, queue_id, offset, want, message_filter, catch_up=not inline, max_bytes=max_bytes
             )
             return result, result.messages
         if inline:

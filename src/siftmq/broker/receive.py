@@ -49,6 +49,9 @@ NONCE_BYTES: Final = 6
 #: takes up to ~800 more: a TAG filter's index pass reads 16,000 bytes of index at least); also the
 #: largest due-heap it passes through. What bounds an event loop's wait for one receive.
 INLINE_SCAN: Final = 4096
+#: Message bytes after which :meth:`Receiving.try_receive` reads no more (a read holds one message
+#: at least): what bounds its copying, as :data:`INLINE_SCAN` bounds its index reading.
+INLINE_BYTES: Final = 1 << 20
 
 
 def _ack_queue(
@@ -192,7 +195,7 @@ class Receiving(Subscribing):
             queues = queues[shift:] + queues[:shift]
         rp = _ReceivePass(group, pgroup, topic.name, _now_ms(), invisible, batch_size, message_filter)
         if inline:
-            rp.inline, rp.scan_left = True, INLINE_SCAN
+            rp.inline, rp.scan_left, rp.bytes_left = True, INLINE_SCAN, INLINE_BYTES
         try:
             for qid in queues:  # redeliveries first, across queues
                 prog = self._locked_progress(rp, qid, only_due=True)
@@ -303,10 +306,19 @@ class Receiving(Subscribing):
         if rp.inline and prog.due_count() > INLINE_SCAN:
             raise NotOnTheLoop  # passing over (or rebuilding) a large heap: left to a thread
         due = list(prog.pop_due(rp.now, limit))
-        if rp.inline and any(item.attempt >= self.config.max_delivery_attempts for item in due):
-            for item in due:  # a dead-letter move appends to the store: left to a thread
+        left: list[InFlight] = []  # inline: due, but past what the loop copies
+        if rp.inline:
+            if any(item.attempt >= self.config.max_delivery_attempts for item in due):
+                for item in due:  # a dead-letter move appends to the store: left to a thread
+                    prog.put(item)
+                raise NotOnTheLoop
+            for n, item in enumerate(due):
+                if item.size > rp.bytes_left:
+                    due, left = due[:n], due[n:]
+                    break
+                rp.bytes_left -= item.size
+            for item in left:
                 prog.put(item)
-            raise NotOnTheLoop
         for n, item in enumerate(due):
             try:
                 msg = self._load(item, rp.topic, qid)
@@ -331,6 +343,8 @@ class Receiving(Subscribing):
                     if prog.inflight.get(rest.queue_offset) is rest:
                         prog.put(rest)
                 raise
+        if left:
+            raise NotOnTheLoop  # what was taken is the answer; the rest is a thread's, or the next's
 
     def _take_new(self, rp: _ReceivePass, qid: int, prog: QueueProgress) -> None:
         scanned = 0
@@ -346,6 +360,7 @@ class Receiving(Subscribing):
                 limit,
                 message_filter=rp.message_filter,
                 inline=rp.inline,
+                max_bytes=max(rp.bytes_left, 1) if rp.inline else None,
             )
             if delivered is None:  # the group's program is held: nothing delivered, nothing passed
                 break
@@ -363,9 +378,13 @@ class Receiving(Subscribing):
                 self.consumers.mark_dirty()
             if delivered:
                 self._deliver_new(rp, qid, prog, delivered)
+                if rp.inline:
+                    rp.bytes_left -= sum(len(m.body) for m in delivered)
             limit -= len(delivered)
             scanned += max(result.scanned, 1)
             rp.scan_left -= max(result.scanned, 1)
+            if rp.inline and rp.bytes_left <= 0 and limit > 0:
+                raise NotOnTheLoop  # what was delivered is the answer
             if (
                 not moved
                 or prog.pop_offset >= result.max_offset
@@ -583,6 +602,7 @@ class _ReceivePass:
     out: list[Delivery] = field(default_factory=list)
     inline: bool = False  # on an event loop (Receiving.try_receive)
     scan_left: int = 1 << 62  # index entries it may still read (bounded inline only)
+    bytes_left: int = 1 << 62  # message bytes it may still copy (bounded inline only)
     stopped: bool = False  # inline: it met what must be left to a thread
     _nonces: list[int] = field(default_factory=list)  # drawn, not handed out yet
 

@@ -68,6 +68,7 @@ class MessageReader:
         message_filter: MessageFilter | None,
         *,
         raw: bool = False,
+        max_bytes: int | None = None,
     ) -> GetMessageResult:
         """Up to ``max_count`` messages of ``cq`` from ``offset`` (see ``MessageStore.get_messages``);
         with ``raw``, the result's ``messages`` are :class:`~siftmq.store.decoding.RawRecord`
@@ -91,7 +92,14 @@ class MessageReader:
         if entries is None or len(entries) == 0:
             return GetMessageResult(S.OFFSET_FOUND_NULL, cq.roll_next_file(offset), min_offset, max_offset)
         return self._scan(
-            cq, entries, offset, max_count, message_filter, bounds=(min_offset, max_offset), raw=raw
+            cq,
+            entries,
+            offset,
+            max_count,
+            message_filter,
+            bounds=(min_offset, max_offset),
+            raw=raw,
+            max_bytes=self.config.max_transfer_bytes if max_bytes is None else max_bytes,
         )
 
     def _scan(
@@ -104,6 +112,7 @@ class MessageReader:
         *,
         bounds: tuple[int, int],
         raw: bool,
+        max_bytes: int,
     ) -> GetMessageResult:
         """Read the records of the index candidates: each sliced from its segment's read map, or
         (not mapped yet) runs of nearby ones with one pread each."""
@@ -122,7 +131,6 @@ class MessageReader:
         scanned = n
         removing_at = -1
         exact_rejected = 0  # candidates the filter's exact stage turned down
-        max_bytes = self.config.max_transfer_bytes
         max_msgs = min(max_count, self.config.max_transfer_count)
         commit_log = self.commit_log
         segment_size = commit_log.segment_size

@@ -558,13 +558,15 @@ class MessageStore:
         message_filter: MessageFilter | None = None,
         *,
         catch_up: bool = True,
+        max_bytes: int | None = None,
     ) -> GetMessageResult:
         """Pull up to ``max_count`` messages from ``offset`` (RocketMQ's getMessage).
 
         Statuses and ``next_begin_offset`` follow RocketMQ for a master broker. At most
         ``max(16000 bytes, max_count * 20)`` of index (and never past the end of the index segment)
         is scanned per call. A batch is full at ``max_count`` messages or at the configured
-        transfer limits (``max_transfer_bytes``/``max_transfer_count``), but always holds one.
+        transfer limits (``max_transfer_bytes``, or ``max_bytes`` when given; ``max_transfer_count``),
+        but always holds one.
         Every message whose ``put_message`` returned before the call is visible.
         A damaged record (or the filler entry of one lost to damage) is passed over and counted
         in :attr:`damaged_reads`. Without ``catch_up``, only what is indexed so far is seen
@@ -575,7 +577,7 @@ class MessageStore:
         if max_count < 1:
             raise ValueError("max_count must be at least 1")
         cq = self.find_consume_queue(topic, queue_id, catch_up=catch_up)
-        return self.reader.get_messages(cq, offset, max_count, message_filter)
+        return self.reader.get_messages(cq, offset, max_count, message_filter, max_bytes=max_bytes)
 
     def get_records(
         self,
