@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from siftmq.errors import ConfigError, MessageTooLargeError, StoreClosedError, StoreLockedError
-from siftmq.store import MessageStore, codec, decoding
+from siftmq.errors import ConfigError, MessageTooLargeError, SiftError, StoreClosedError, StoreLockedError
+from siftmq.store import MessageStore, bulk, codec, decoding
+from siftmq.store.segment import Segment
 from store_helpers import msg, small_config
 
 Opener = Callable[..., MessageStore]
@@ -57,6 +60,41 @@ def test_segments_roll_over_with_blank_marker(open_store: Opener, tmp_path: Path
     store = open_store()
     assert store.max_commit_log_offset == results[-1].commit_log_offset + results[-1].size
     assert [store.get_max_offset_in_queue("T", q) for q in range(3)] == [20, 20, 20]
+
+
+@pytest.mark.parametrize(("stored", "batch"), [(20, 1), (19, 3)])
+def test_a_roll_that_cannot_open_the_next_segment_writes_nothing(
+    open_store: Opener, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, stored: int, batch: int
+) -> None:
+    """The segment is nearly full and the next cannot be created (no room for its preallocation):
+    the append fails having written nothing, so the same messages sent again are stored once,
+    with consecutive queue offsets, also after a restart."""
+    store = open_store()
+    body = b"x" * 50_000
+    for i in range(stored):  # 20 fill the first 1 MiB segment (19: one more fits)
+        store.put_message(msg(body=body, UNIQ_KEY=f"m{i}"))
+    again = [msg(body=body, UNIQ_KEY=f"m{stored + i}") for i in range(batch)]
+    opened = Segment.open
+
+    def no_room(cls: Any, *args: Any, create: bool = False, **kwargs: Any) -> Segment:
+        if create:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return opened(*args, create=create, **kwargs)
+
+    monkeypatch.setattr(Segment, "open", classmethod(no_room))
+    with pytest.raises(SiftError):
+        store.put_messages([msg(body=body, UNIQ_KEY=f"m{stored + i}") for i in range(batch)])
+    monkeypatch.undo()
+    store.put_messages(again)
+    store.close()
+    logged = [m.properties["UNIQ_KEY"] for m in bulk.iter_records(tmp_path / "data")]
+    assert logged == [f"m{i}" for i in range(stored + batch)]  # nothing of the failed append
+    store = open_store()
+    got: list[Any] = []
+    while found := store.get_messages("g", "T", 0, len(got), 64).messages:
+        got += found
+    assert [m.properties["UNIQ_KEY"] for m in got] == [f"m{i}" for i in range(stored + batch)]
+    assert [m.queue_offset for m in got] == list(range(stored + batch))
 
 
 def test_lookups_by_uniq_key_and_keys(open_store: Opener) -> None:

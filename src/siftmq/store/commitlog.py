@@ -167,9 +167,8 @@ class CommitLog:
                     raise MessageTooLargeError(f"record of {size} bytes exceeds the limit {max_record_size}")
                 if physical + size > limit:
                     chunks.append(codec.encode_blank(seg.start_offset + seg.capacity - physical))
-                    self._write(seg, chunks)
+                    seg = self._roll(seg, b"".join(chunks))
                     chunks = []
-                    seg = self._new_segment(seg.start_offset + self.segment_size)
                     physical = seg.start_offset
                     limit = physical + seg.capacity - codec.BLANK_MARKER_SIZE
                 key = (parts.topic, parts.queue_id)
@@ -203,8 +202,7 @@ class CommitLog:
         record = parts.record
         try:
             if physical + size > seg.start_offset + seg.capacity - codec.BLANK_MARKER_SIZE:
-                seg.write(codec.encode_blank(seg.start_offset + seg.capacity - physical))
-                seg = self._new_segment(seg.start_offset + self.segment_size)
+                seg = self._roll(seg, codec.encode_blank(seg.start_offset + seg.capacity - physical))
                 physical = seg.start_offset
             _pack_positions(record, 24, queue_offset, physical)
             _pack_timestamp(record, 60, store_timestamp)
@@ -247,20 +245,40 @@ class CommitLog:
             physical += size
         return results
 
-    @staticmethod
-    def _write(seg: Segment, chunks: list[bytes | bytearray]) -> None:
-        seg.write(b"".join(chunks))
+    def _roll(self, seg: Segment, tail: bytes | bytearray) -> Segment:
+        """End ``seg`` with ``tail`` (this append's records that fit, and the blank marker) and go
+        on in the next segment, opened first: when it cannot be (no room for its preallocation, no
+        file descriptor), nothing of the append is written — records left in the full segment
+        would be recovered after a restart with queue offsets the next appends reuse. (An append
+        larger than a segment, which no request can carry, may still leave its first part.)"""
+        following = self._open_segment(seg.start_offset + self.segment_size)
+        try:
+            seg.write(tail)
+        except BaseException:
+            following.close()
+            raise
+        seg.trim()
+        self._segments.append(following)
+        return following
 
     def _new_segment(self, start: int) -> Segment:
         """Create the next segment, preallocated and mapped for writing; the previous one, full
         now, is cut back to its data (see :mod:`siftmq.store.segment`)."""
         if self._segments:
             self._segments[-1].trim()
-        seg = Segment.open(self.directory, start, self.segment_size, create=True)
-        if seg.length:
-            seg.truncate(0)
+        seg = self._open_segment(start)
         self._segments.append(seg)
-        seg.map_for_writing()
+        return seg
+
+    def _open_segment(self, start: int) -> Segment:
+        seg = Segment.open(self.directory, start, self.segment_size, create=True)
+        try:
+            if seg.length:
+                seg.truncate(0)
+            seg.map_for_writing()
+        except BaseException:
+            seg.close()
+            raise
         return seg
 
     def map_for_append(self) -> None:
