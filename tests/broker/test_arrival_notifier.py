@@ -56,3 +56,21 @@ def test_waits_time_out_and_leave_no_waiter_behind() -> None:
         assert notifier.waiting("T") == 0
 
     asyncio.run(scenario())
+
+
+def test_wake_at_wakes_the_waiters_of_a_topic_then_and_keeps_the_earliest_time() -> None:
+    async def scenario() -> None:
+        notifier = ArrivalNotifier(asyncio.get_running_loop())
+        notifier.wake_at("T", 0.05)  # nobody waits: nothing scheduled
+        seen = notifier.version("T")
+        start = time.monotonic()
+        waiting = asyncio.create_task(notifier.wait("T", seen, timeout=10))
+        await asyncio.sleep(0.01)
+        notifier.wake_at("T", 5.0)
+        notifier.wake_at("T", 0.2)  # earlier: replaces the 5 s one
+        notifier.wake_at("T", 3.0)  # later: the 0.2 s one stands
+        await waiting
+        assert 0.15 < time.monotonic() - start < 2
+        assert notifier.version("T") == seen + 1 and notifier.waiting("T") == 0
+
+    asyncio.run(scenario())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any
 
 import pytest
@@ -255,5 +256,32 @@ def test_receive_from_a_named_topic(start_broker: Any) -> None:
             await c.ack_many(got[2:])
             with pytest.raises(ValueError, match="'Other' is not a topic this consumer subscribes to"):
                 await c.receive(2, 30, topic="Other")
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("back_in_s", [0, 1])
+def test_a_receive_already_waiting_gets_a_message_given_back(start_broker: Any, back_in_s: int) -> None:
+    """A receive waits (10 s) on a topic whose one message another consumer of the group holds
+    for 30 s; that one gives it back (visible at once, or in 1 s): the waiting receive gets it
+    then, not when its wait runs out."""
+    broker = start_broker(config={"min_invisible_time_s": 0.05})
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            await producer.send("ComeBack", b"once")
+        subscriptions = {"ComeBack": FilterExpression.tag()}
+        async with (
+            SimpleConsumer(broker.endpoint, "comeback", subscriptions, await_duration=10) as holder,
+            SimpleConsumer(broker.endpoint, "comeback", subscriptions, await_duration=10) as waiter,
+        ):
+            [held] = await holder.receive(1, invisible_duration=30)
+            waiting = asyncio.create_task(waiter.receive(1, invisible_duration=30))
+            await asyncio.sleep(0.5)  # it found nothing and waits
+            started = time.monotonic()
+            await holder.change_invisible_duration(held, back_in_s)
+            [got] = await asyncio.wait_for(waiting, 15)
+            assert got.message_id == held.message_id and got.delivery_attempt == 2
+            assert time.monotonic() - started < back_in_s + 4  # not the rest of a 10 s wait
 
     asyncio.run(scenario())

@@ -36,6 +36,7 @@ class ArrivalNotifier:
         self._lock = threading.Lock()
         self._versions: dict[str, int] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # see wake_at
 
     def on_arrival(self, topics: set[str]) -> None:
         woken: list[asyncio.Future[None]] = []
@@ -47,6 +48,28 @@ class ArrivalNotifier:
                     woken.extend(waiters)
         if woken and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(_resolve, woken)
+
+    def wake_at(self, topic: str, delay_s: float) -> None:
+        """Wake the calls waiting on ``topic`` in ``delay_s`` seconds (call it on the loop's thread).
+
+        A message received or given back now becomes visible again then; the receives waiting on
+        its topic computed when to look again before it was in flight (or due that soon), and
+        would otherwise wait out their whole hold. One timer per topic, at the earliest such time:
+        once woken they compute the next one themselves.
+        """
+        if not self._waiters.get(topic):
+            return  # a receive that starts waiting later counts this message in itself
+        when = self._loop.time() + max(delay_s, 0.0) + 0.005
+        timer = self._timers.get(topic)
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()
+        self._timers[topic] = self._loop.call_at(when, self._due, topic)
+
+    def _due(self, topic: str) -> None:
+        del self._timers[topic]
+        self.on_arrival({topic})
 
     def version(self, topic: str) -> int:
         return self._versions.get(topic, 0)
@@ -139,7 +162,7 @@ async def receive_long_polling(
     receive = functools.partial(broker.receive, group, subscription, **asked)
     try_receive = functools.partial(broker.try_receive, group, subscription, **asked)
     next_due = functools.partial(broker.next_redelivery_ms, group, subscription.topic, client_id)
-    return await _long_poll(
+    deliveries = await _long_poll(
         notifier,
         subscription.topic,
         hold_s,
@@ -149,6 +172,9 @@ async def receive_long_polling(
         executor=executor,
         try_inline=try_receive,
     )
+    if deliveries:  # other receives waiting on the topic look again when these come due
+        notifier.wake_at(subscription.topic, min(d.invisible_ms for d in deliveries) / 1000)
+    return deliveries
 
 
 async def pull_long_polling(

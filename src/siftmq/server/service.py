@@ -487,14 +487,17 @@ class MessagingService:
     async def ChangeInvisibleDuration(
         self, request: pb.ChangeInvisibleDurationRequest, context: Any
     ) -> pb.ChangeInvisibleDurationResponse:
+        topic = convert.topic_name(request.topic)
+        invisible_ms = convert.duration_ms(request.invisible_duration)
         handle = await self._call(
             self.broker.change_invisible_duration,
             convert.topic_name(request.group),
-            convert.topic_name(request.topic),
+            topic,
             request.receipt_handle,
-            convert.duration_ms(request.invisible_duration),
+            invisible_ms,
             client_id=_client_id(context),
         )
+        self.notifier.wake_at(topic, invisible_ms / 1000)  # receives waiting already look again then
         return pb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
     @answering(pb.ForwardMessageToDeadLetterQueueResponse)
