@@ -154,3 +154,18 @@ def test_a_send_that_would_create_its_topic_is_left_to_a_thread(broker: Any) -> 
     assert not broker.sends_inline("CoNew")
     broker.send_many([_msg(0, topic="CoNew")])  # a thread's send creates it
     assert broker.sends_inline("CoNew")
+
+
+def test_acks_made_after_the_executor_is_shut_down_fail_instead_of_hanging() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def run() -> list[Any]:
+        executor = ThreadPoolExecutor(1)
+        executor.shutdown()
+        hop = OneHop(executor)
+        return await asyncio.wait_for(
+            asyncio.gather(*(hop.run(lambda: 1) for _ in range(3)), return_exceptions=True), 5
+        )
+
+    results = asyncio.run(run())
+    assert all(isinstance(r, RuntimeError) for r in results), results

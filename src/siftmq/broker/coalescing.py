@@ -123,4 +123,11 @@ class OneHop:
                 else:
                     future.set_exception(value)
 
-        asyncio.get_running_loop().run_in_executor(self._executor, run_all).add_done_callback(settle)
+        try:
+            hop = asyncio.get_running_loop().run_in_executor(self._executor, run_all)
+        except RuntimeError as exc:  # the executor is shut down (the broker stopping): no caller may hang
+            for _, future in waiting:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        hop.add_done_callback(settle)
