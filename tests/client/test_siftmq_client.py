@@ -246,6 +246,34 @@ def test_blocking_wrapper(start_broker: Any) -> None:
         assert consumer.receive(16, 30) == []
 
 
+def test_a_blocking_call_given_up_on_is_cancelled_and_skips_nothing(start_broker: Any) -> None:
+    """A poll that outlives the wrapper's timeout raises TimeoutError and is cancelled with it: it
+    does not go on taking messages for nobody (which the next commit would skip for good)."""
+    import concurrent.futures
+
+    from siftmq.client import blocking
+
+    broker = start_broker()
+    with blocking.Producer(broker.endpoint) as producer:
+        producer.send("GiveUp", b"first")
+    with blocking.PullConsumer(broker.endpoint, "giveup", "GiveUp", timeout=1.0) as consumer:
+        assert [m.body for m in consumer.poll(32, timeout=0.2)] == [b"first"]
+        with pytest.raises((TimeoutError, concurrent.futures.TimeoutError)):
+            consumer.poll(32, timeout=3.0)  # waits past the wrapper's 1 s
+        with blocking.Producer(broker.endpoint) as producer:
+            producer.send_many([producer.message("GiveUp", b"%d" % i) for i in range(10)])
+        got: list[bytes] = []
+        for _ in range(20):
+            got += [m.body for m in consumer.poll(32, timeout=0.2)]
+            if len(got) == 10:
+                break
+        assert sorted(got, key=int) == [b"%d" % i for i in range(10)]
+        consumer.commit()
+        consumer.seek(0, 0)  # a plain method, run on the loop's thread like the rest
+    with blocking.PullConsumer(broker.endpoint, "giveup", "GiveUp", timeout=5.0) as again:
+        assert again.poll(32, timeout=0.5) == []  # all were delivered and committed
+
+
 def _fields(m: ReceivedMessage) -> tuple[Any, ...]:
     """What a delivery must carry whichever way it travelled (not its per-delivery receipt handle)."""
     return (m.topic, m.body, m.message_id, m.tag, m.keys, dict(m.properties), m.queue_id, m.queue_offset,

@@ -8,13 +8,15 @@
         for m in consumer.receive(16, 30):
             consumer.ack(m)
 
-Every coroutine method of the wrapped client becomes a plain method (same arguments); other
-attributes are passed through.
+Every method of the wrapped client becomes a blocking one (same arguments) run on that loop's
+thread, and a call given up on (``timeout``, Ctrl-C) is cancelled before the error is raised;
+other attributes are passed through.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import threading
@@ -27,6 +29,8 @@ from siftmq.client import consumers, producer
 _ASYNC_ONLY = {
     "prefetching": "use siftmq.client.SimpleConsumer in an event loop, or receive(ack=...) here",
 }
+# plain methods that touch nothing the loop's tasks use: called on the caller's thread
+_PURE = {"message"}
 _lock = threading.Lock()
 _loops: list[asyncio.AbstractEventLoop] = []  # the one shared loop, once started
 
@@ -51,7 +55,29 @@ class _Blocking:
         self._client = self._run(make())
 
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self._timeout)
+        """Run ``coro`` on the loop thread for its result. A call given up on (the timeout passed,
+        Ctrl-C) is cancelled and waited for before the error is raised: left running, a poll would
+        take messages out of the buffer for nobody, and the next commit would skip them."""
+        running: list[asyncio.Future[Any]] = []
+
+        async def call() -> Any:
+            running.append(task := asyncio.ensure_future(coro))
+            return await asyncio.shield(task)
+
+        future = asyncio.run_coroutine_threadsafe(call(), self._loop)
+        try:
+            return future.result(self._timeout)
+        except BaseException:
+            asyncio.run_coroutine_threadsafe(_cancelled(running), self._loop).result()
+            raise
+
+    def _run_plain(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A plain method, called on the loop thread too: it may touch what the loop's tasks use."""
+
+        async def call() -> Any:
+            return fn(*args, **kwargs)
+
+        return self._run(call())
 
     def __getattr__(self, name: str) -> Any:
         if name in _ASYNC_ONLY:
@@ -64,6 +90,13 @@ class _Blocking:
                 return self._run(attr(*args, **kwargs))
 
             return call
+        if inspect.ismethod(attr) and name not in _PURE:
+
+            @functools.wraps(attr)
+            def plain(*args: Any, **kwargs: Any) -> Any:
+                return self._run_plain(attr, *args, **kwargs)
+
+            return plain
         return attr
 
     def __enter__(self) -> Any:
@@ -72,6 +105,15 @@ class _Blocking:
 
     def __exit__(self, *exc: object) -> None:
         self._run(self._client.stop())
+
+
+async def _cancelled(running: list[asyncio.Future[Any]]) -> None:
+    """Cancel the call (if it started and is not done) and wait until it has ended."""
+    for task in running:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
 
 def Producer(*args: Any, timeout: float | None = 60.0, **kwargs: Any) -> Any:
