@@ -131,6 +131,62 @@ def test_pull_consumers_share_queues_and_commit(start_broker: Any, tmp_path: Pat
     run(scenario())
 
 
+def test_a_member_without_a_queue_waits_out_its_poll_timeout(start_broker: Any) -> None:
+    """Nine members, eight queues: the one without a queue waits its poll's timeout (letting other
+    tasks run) instead of answering at once, again and again."""
+    broker = start_broker()
+
+    async def scenario() -> None:
+        await _produce(broker.endpoint, "SpareTopic", 8)
+        members = [
+            PullConsumer(broker.endpoint, "spare", "SpareTopic", client_id=f"m{i:02d}") for i in range(9)
+        ]
+        for member in members:
+            await member.start()
+        try:
+            assignments = [await member.assignment() for member in members]
+            idle = members[assignments.index([])]
+            ticks = [0]
+
+            async def ticker() -> None:
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks[0] += 1
+
+            ticking = asyncio.create_task(ticker())
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert await idle.poll(32, timeout=1.0) == []
+            assert loop.time() - started >= 0.9 and ticks[0] >= 20
+            ticking.cancel()
+        finally:
+            for member in members:
+                await member.stop()
+
+    run(scenario())
+
+
+def test_polls_serve_every_queue_in_turn(start_broker: Any) -> None:
+    """Every queue has a backlog buffered: successive polls take from each in turn, so a backlog
+    on the first queues (kept full by the prefetch) does not hold back the others."""
+    broker = start_broker()
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            for _ in range(8):  # one request per queue (the broker turns to the next queue per request)
+                await producer.send_many([producer.message("TurnTopic", b"x") for _ in range(600)])
+        async with PullConsumer(broker.endpoint, "turns", "TurnTopic") as consumer:
+            for _ in range(20):  # the prefetch fills every queue's buffer
+                await consumer.poll(1, timeout=0.5)
+                await asyncio.sleep(0.02)
+            served: set[int] = set()
+            for _ in range(16):
+                served |= {m.queue_id for m in await consumer.poll(32, timeout=0.5)}
+            assert served == set(range(8))
+
+    run(scenario())
+
+
 def test_push_consumer_retries_a_failed_message(start_broker: Any, caplog: pytest.LogCaptureFixture) -> None:
     broker = start_broker()
 

@@ -545,6 +545,7 @@ class PullConsumer(_Consumer):
         self._buffered_bytes: dict[int, int] = {}  # body bytes in _buffered, per queue
         self._fetching: dict[int, asyncio.Future[None]] = {}  # the pull in flight per queue
         self._generation: dict[int, int] = {}  # bumped by seek/rebalance: an older pull's answer is dropped
+        self._serve_from = 0  # the position in the assignment the next poll serves first
         self._offset_file = (
             offset_dir or Path.home() / ".siftmq" / "offsets"
         ) / f"{group}@{self.connection.client_id}.json"
@@ -642,20 +643,40 @@ class PullConsumer(_Consumer):
                 _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             self._reap()
             if timeout > 0 and not any(self._buffered.values()):
-                await self._long_poll(queues, max_messages, timeout)
+                if not queues:  # none of this member's (more members than queues): wait all the same
+                    queues, timeout = await self._await_assignment(timeout)
+                    self._prefetch(queues, max_messages)
+                if queues and timeout > 0:
+                    await self._long_poll(queues, max_messages, timeout)
         out: list[ReceivedMessage] = []
-        for qid in queues:
+        # each poll starts where the last one stopped: a backlog on one queue does not starve the rest
+        start = self._serve_from % len(queues) if queues else 0
+        for qid in queues[start:] + queues[:start]:
             buffered = self._buffered.get(qid)
             if not buffered:
                 continue
+            if len(out) >= max_messages:
+                break
             taken = 0
             while buffered and len(out) < max_messages:
                 message = buffered.popleft()
                 taken += len(message.body)
                 out.append(message)
             self._buffered_bytes[qid] -= taken
+            self._serve_from = queues.index(qid) + 1
         self._prefetch(queues, max_messages)
         return out
+
+    async def _await_assignment(self, timeout: float) -> tuple[list[int], float]:
+        """Until this member is assigned a queue or ``timeout`` passes (looking again as the
+        assignment's cache expires): the queues, and the time left."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        queues: list[int] = []
+        while not queues and (left := end - loop.time()) > 0:
+            await asyncio.sleep(min(left, self.assignment_ttl_s))
+            queues = await self._cached_assignment()
+        return queues, end - loop.time()
 
     def _buffered_count(self) -> int:
         return sum(map(len, self._buffered.values()))
