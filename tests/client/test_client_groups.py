@@ -165,9 +165,12 @@ def test_broadcasting_members_each_get_every_message(start_broker: Any, tmp_path
         # pull consumers in broadcasting mode: each reads every queue, offsets in its own file
         offsets = tmp_path / "offsets"
         pullers = [
-            PullConsumer(broker.endpoint, "bcast-pull", TOPIC, pay, mode="BROADCASTING", offset_dir=offsets)
-            for _ in range(3)
-        ]
+            PullConsumer(
+                broker.endpoint, "bcast-pull", TOPIC, pay, mode="BROADCASTING", offset_dir=offsets,
+                instance_name=f"p{n}",
+            )
+            for n in range(3)
+        ]  # fmt: skip
         for p in pullers:
             await p.start()
         try:

@@ -16,7 +16,7 @@ from siftmq.client import (
     ReceivedMessage,
     SimpleConsumer,
 )
-from siftmq.errors import FilterSyntaxError, RemoteError
+from siftmq.errors import ConfigError, FilterSyntaxError, RemoteError
 from siftmq.hashing import java_string_hash
 
 pytestmark = pytest.mark.integration
@@ -117,16 +117,30 @@ def test_pull_consumers_share_queues_and_commit(start_broker: Any, tmp_path: Pat
             assert await c.poll(32) == []
         finally:
             await c.stop()
-        # broadcasting mode keeps offsets in a local file
-        d = PullConsumer(broker.endpoint, "solo", "PullTopic", mode="BROADCASTING", offset_dir=tmp_path)
+        # broadcasting mode keeps offsets in a local file, found again by a restarted consumer
+        # (a new client id), kept apart from another topic's of the same group
+        offsets = tmp_path / "offsets"
+        d = PullConsumer(broker.endpoint, "solo", "PullTopic", mode="BROADCASTING", offset_dir=offsets)
         await d.start()
         try:
             first = [m for _ in range(4) for m in await d.poll(32)]
             assert len(first) == 64
             await d.commit()
-            assert list(tmp_path.iterdir())
+            assert [p.name for p in offsets.iterdir()] == ["solo@PullTopic@DEFAULT.json"]
         finally:
             await d.stop()
+        await _produce(broker.endpoint, "OtherTopic", 16)
+        for topic, left in (("PullTopic", 0), ("OtherTopic", 16)):
+            e = PullConsumer(broker.endpoint, "solo", topic, mode="BROADCASTING", offset_dir=offsets)
+            await e.start()
+            try:
+                assert len([m for _ in range(2) for m in await e.poll(32)]) == left
+                await e.commit()
+            finally:
+                await e.stop()
+        (offsets / "solo@PullTopic@DEFAULT.json").write_text("{")  # damaged: refused by name
+        with pytest.raises(ConfigError, match=r"solo@PullTopic@DEFAULT\.json is damaged"):
+            PullConsumer(broker.endpoint, "solo", "PullTopic", mode="BROADCASTING", offset_dir=offsets)
 
     run(scenario())
 

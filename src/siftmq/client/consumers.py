@@ -13,6 +13,7 @@ import contextlib
 import inspect
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from siftmq.client.connection import Connection, check
 from siftmq.client.model import FilterExpression, ReceivedMessage
 from siftmq.client.prefetch import Prefetching
-from siftmq.errors import RemoteError
+from siftmq.errors import ConfigError, RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import MAX_ACK_ENTRIES
 
@@ -515,7 +516,9 @@ class PullConsumer(_Consumer):
 
     In ``CLUSTERING`` mode (or ``mode=None`` in a clustering group) the broker assigns queues and
     keeps the group's offsets; in ``BROADCASTING`` mode the consumer reads every queue and keeps its
-    offsets in a local file (``offset_dir``), as RocketMQ does.
+    offsets in a local file, as RocketMQ does: ``<offset_dir>/<group>@<topic>@<instance_name>.json``
+    (``~/.siftmq/offsets``, ``DEFAULT``), found again after a restart; consumers of one group and
+    topic sharing the directory need an ``instance_name`` each.
     """
 
     client_type = pb.ClientType.PULL_CONSUMER
@@ -529,6 +532,7 @@ class PullConsumer(_Consumer):
         *,
         mode: str | None = None,
         offset_dir: Path | None = None,
+        instance_name: str = "DEFAULT",
         **options: Any,
     ) -> None:
         super().__init__(endpoint, group, {topic: expression or FilterExpression.tag()}, mode=mode, **options)
@@ -546,11 +550,14 @@ class PullConsumer(_Consumer):
         self._fetching: dict[int, asyncio.Future[None]] = {}  # the pull in flight per queue
         self._generation: dict[int, int] = {}  # bumped by seek/rebalance: an older pull's answer is dropped
         self._serve_from = 0  # the position in the assignment the next poll serves first
+        # named by what it holds and by a name that outlives the process (a client id is new at
+        # every start): RocketMQ's instanceName, "DEFAULT" unless several consumers of one group
+        # and topic share the directory
         self._offset_file = (
             offset_dir or Path.home() / ".siftmq" / "offsets"
-        ) / f"{group}@{self.connection.client_id}.json"
+        ) / f"{group}@{topic}@{instance_name}.json"
         if mode == "BROADCASTING" and self._offset_file.exists():
-            self._offsets = {int(k): v for k, v in json.loads(self._offset_file.read_text()).items()}
+            self._offsets = _read_offsets(self._offset_file)
 
     def _queue(self, qid: int) -> pb.MessageQueue:
         return pb.MessageQueue(topic=self.connection.resource(self.topic), id=qid)
@@ -770,10 +777,7 @@ class PullConsumer(_Consumer):
     async def commit(self) -> None:
         """Store the current positions: on the broker (clustering) or in the local file (broadcasting)."""
         if self.mode == "BROADCASTING":
-            self._offset_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._offset_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({qid: self._resume_offset(qid) for qid in self._offsets}))
-            tmp.replace(self._offset_file)
+            _write_offsets(self._offset_file, {qid: self._resume_offset(qid) for qid in self._offsets})
             return
         committed = await self.connection.update_offsets(
             self.group, self.topic, {qid: self._resume_offset(qid) for qid in self._offsets}
@@ -812,3 +816,30 @@ def _raise_failed(failed: Sequence[pb.AckMessageResultEntry], count: int) -> Non
         first = failed[0]
         text = f"{len(failed)} of {count} acknowledgements failed; {first.message_id}: "
         check("AckMessage", pb.Status(code=first.status.code, message=text + first.status.message))
+
+
+def _read_offsets(path: Path) -> dict[int, int]:
+    """A broadcasting consumer's offsets file; a damaged one is refused naming it."""
+    try:
+        data = json.loads(path.read_text())
+        return {int(qid): int(offset) for qid, offset in data.items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(
+            f"the offsets file {path} is damaged ({exc}); remove it to read the topic from the start"
+        ) from exc
+
+
+def _write_offsets(path: Path, offsets: dict[int, int]) -> None:
+    """Replace the offsets file as a whole and durably: a crash leaves the old one or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(offsets))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
