@@ -13,9 +13,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
-from siftmq.client import FilterExpression, Producer, PullConsumer, PushConsumer, ReceivedMessage
+from siftmq.client import (
+    FilterExpression,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    ReceivedMessage,
+    SimpleConsumer,
+)
 from siftmq.errors import RemoteError
 
 pytestmark = pytest.mark.integration
@@ -152,6 +160,12 @@ def test_broadcasting_members_each_get_every_message(start_broker: Any, tmp_path
             assert refused.value.status == "PRECONDITION_FAILED"
             assert "broadcasting" in str(refused.value) and "bcast-g" in str(refused.value)
             await intruder.stop()
+            # refused inside ``async with`` (no __aexit__ then): its channel is closed all the same
+            refused_too = SimpleConsumer(broker.endpoint, "bcast-g", {TOPIC: pay}, mode="CLUSTERING")
+            with pytest.raises(RemoteError):
+                async with refused_too:
+                    pass
+            assert refused_too.connection._channel.get_state() == grpc.ChannelConnectivity.SHUTDOWN
             expected = await _send(broker.endpoint, 0, 90)
             for name, rec in recs.items():
                 assert await _until(lambda rec=rec: rec.consumed() >= expected, 30), name

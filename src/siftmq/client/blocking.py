@@ -100,7 +100,11 @@ class _Blocking:
         return attr
 
     def __enter__(self) -> Any:
-        self._run(self._client.start())
+        try:
+            self._run(self._client.start())
+        except BaseException:  # no __exit__ follows: the channel would stay open
+            self._run(self._client.connection.close())
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -196,7 +196,18 @@ class Connection:
             ]
         request = pb.SendMessageRequest(messages=[message_frame(self.namespace, m) for m in messages])
         response = await self.unary("SendMessage", request)
-        return [SendReceipt(e.message_id, e.offset) for e in response.entries]
+        entries = response.entries
+        if len(entries) != len(messages):
+            raise RemoteError(
+                f"malformed answer: {len(entries)} entries for {len(messages)} messages",
+                status="BAD_ANSWER",
+                call="SendMessage",
+            )
+        # a batch stored in part answers MULTIPLE_RESULTS: each entry says whether its message was
+        for entry in entries:
+            if entry.status.code != pb.Code.OK:
+                check("SendMessage", entry.status)
+        return [SendReceipt(e.message_id, e.offset) for e in entries]
 
     async def pull(self, request: pb.PullMessageRequest, *, timeout: float) -> Answer:
         """PullMessage: one frame through siftmq's extension when offered, else the standard stream."""

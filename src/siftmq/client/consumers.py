@@ -66,7 +66,11 @@ class _Consumer:
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Any:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # no __aexit__ follows: the channel would stay open
+            await self.connection.close()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -35,7 +35,11 @@ class Producer:
         self.backoff_s = backoff_s
 
     async def __aenter__(self) -> Producer:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # no __aexit__ follows: the channel would stay open
+            await self.connection.close()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
