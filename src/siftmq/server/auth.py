@@ -23,6 +23,7 @@ from siftmq.auth.acl import Action, AuthTable, User, dump_auth_file, parse_auth_
 from siftmq.auth.signature import SignatureError, Verifier, signature_headers
 from siftmq.errors import BadRequestError, ConfigError, StatusCode, UnsupportedError
 from siftmq.protocol.service import Rpc
+from siftmq.server.convert import topic_name
 from siftmq.server.status import status
 from siftmq.store.segment import write_atomically
 
@@ -39,11 +40,12 @@ Need = tuple[tuple[str, Action], ...]
 
 
 def _topic(resource: Any) -> str:
-    return f"Topic:{resource.name}"
+    # the name the broker acts on: a namespace is part of it (namespace%name), as RocketMQ wraps it
+    return f"Topic:{topic_name(resource)}"
 
 
 def _group(resource: Any) -> str:
-    return f"Group:{resource.name}"
+    return f"Group:{topic_name(resource)}"
 
 
 def _sub(request: Any, topic: Any) -> Need:
@@ -102,13 +104,12 @@ ACTIONS: Final[dict[str, Callable[[Any], Need] | None]] = {
 }
 _ROUTE_ACTIONS: Final = (Action.PUB, Action.SUB, Action.GET)
 #: The calls that create a topic they name when it does not exist (``auto_create_topics``): they
-#: also need Create on it. Dead-letter topics are never created by a call.
+#: also need Create on it (a dead-letter topic too: a route lookup would create one).
 CREATES: Final = frozenset({
     "QueryRoute", "SendMessage", "SendMessages", "ReceiveMessage", "ReceiveMessages", "PullMessage",
     "PullMessages", "QueryAssignment", "UpdateOffset", "UpdateOffsets", "GetOffset", "QueryOffset",
     "AckAndReceive",
 })  # fmt: skip
-_DLQ: Final = "Topic:%DLQ%"
 
 
 @dataclass
@@ -275,7 +276,6 @@ class Gate:
             for resource, _ in pairs:
                 if (
                     resource.startswith("Topic:")
-                    and not resource.startswith(_DLQ)
                     and self.missing_topic(resource[6:])
                     and not self.allowed(user, resource, Action.CREATE, peer)
                 ):
