@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -45,9 +47,32 @@ def test_bad_signatures_are_refused_with_a_reason(
         verify(parse(authorization, date), secret, now=NOW, skew_s=300)
 
 
-def test_the_python_clients_local_time_z_stamp_is_accepted() -> None:
-    local = NOW.astimezone().replace(tzinfo=None).strftime("%Y%m%dT%H%M%SZ")
-    verify(parse(header("alice", sign("s3cret", local)), local), "s3cret", now=NOW, skew_s=300)
+@pytest.fixture
+def new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's local time zone is five hours behind UTC (in November)."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def _stamp(moment: dt.datetime) -> str:
+    return moment.strftime("%Y%m%dT%H%M%SZ")
+
+
+def test_a_local_time_stamp_is_refused_by_name_unless_accepted_by_option(new_york: None) -> None:
+    """The official Python client stamps its local time with a Z; accepted only when the broker is
+    told to, since a UTC stamp then also passes as many hours later as the zone's offset."""
+    local = _stamp(NOW.astimezone().replace(tzinfo=None))
+    signed = parse(header("alice", sign("s3cret", local)), local)
+    with pytest.raises(SignatureError, match="the broker's local time, not UTC"):
+        verify(signed, "s3cret", now=NOW, skew_s=300)
+    verify(signed, "s3cret", now=NOW, skew_s=300, local_time=True)
+    five_hours_ago = _stamp(NOW.replace(tzinfo=None) - dt.timedelta(hours=5))  # a captured UTC stamp
+    replayed = parse(header("alice", sign("s3cret", five_hours_ago)), five_hours_ago)
+    with pytest.raises(SignatureError):
+        verify(replayed, "s3cret", now=NOW, skew_s=300)
 
 
 AUTH = {

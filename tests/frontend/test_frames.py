@@ -50,8 +50,8 @@ def test_a_call_round_trips(
 
 
 def test_users_and_refusals_round_trip_and_bad_ones_are_frame_errors() -> None:
-    payload = frames.encode_users(7, 900.0, {"alice": "s3cret", "bob": "x"})
-    assert frames.decode_users(payload) == (7, 900.0, {"alice": "s3cret", "bob": "x"})
+    payload = frames.encode_users(7, 900.0, {"alice": "s3cret", "bob": "x"}, local_time=True)
+    assert frames.decode_users(payload) == (7, 900.0, True, {"alice": "s3cret", "bob": "x"})
     many = [(4, "invalid", "ipv4:1.2.3.4:5", f"client-{i}", "x" * 5000, 3) for i in range(100)]
     refused = frames.decode_refused(frames.encode_refused(many))
     assert len(refused) == frames.MAX_REFUSED_ENTRIES  # bounded: the caller sends the rest apart
@@ -229,4 +229,4 @@ def test_the_largest_users_table_fits_in_a_frame_a_front_end_takes() -> None:
     secrets = {f"{i:05d}" + "\x01" * (MAX_USER_NAME - 5): "\x02" * MAX_PASSWORD for i in range(MAX_USERS)}
     payload = frames.encode_users(7, 300.0, secrets)
     assert len(payload) + frames.HEADER.size <= frames.MAX_FROM_CORE
-    assert frames.decode_users(payload) == (7, 300.0, secrets)
+    assert frames.decode_users(payload) == (7, 300.0, False, secrets)

@@ -93,15 +93,29 @@ def sign(secret_key: str, date_time: str) -> str:
     return hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
 
 
-def verify(request: SignedRequest, secret_key: str, *, now: dt.datetime, skew_s: float) -> None:
-    """Raise :class:`SignatureError` unless ``request`` is signed with ``secret_key`` within ``skew_s``."""
+def verify(
+    request: SignedRequest, secret_key: str, *, now: dt.datetime, skew_s: float, local_time: bool = False
+) -> None:
+    """Raise :class:`SignatureError` unless ``request`` is signed with ``secret_key`` within ``skew_s``
+    of UTC — or, with ``local_time``, of the broker's local time too: the official Python client
+    (5.1.2) stamps its local time as if it were UTC. Off by default: with it, on a broker whose zone
+    is not UTC, a captured signature also works again as many hours later as the zone's offset."""
     if not hmac.compare_digest(sign(secret_key, request.date_time), request.signature):
         raise SignatureError(INVALID, "invalid")
     stamped = _parse_date(request.date_time)
     utc = now.astimezone(dt.UTC).replace(tzinfo=None)
-    local = now.astimezone().replace(tzinfo=None)  # the Python client's "Z" is its local time
-    if min(abs((stamped - utc).total_seconds()), abs((stamped - local).total_seconds())) > skew_s:
-        raise SignatureError(f"{DATE_HEADER} is outside the allowed clock skew ({skew_s:.0f} s)", "skew")
+    if abs((stamped - utc).total_seconds()) <= skew_s:
+        return
+    local = now.astimezone().replace(tzinfo=None)
+    if abs((stamped - local).total_seconds()) <= skew_s:
+        if local_time:
+            return
+        raise SignatureError(
+            f"{DATE_HEADER} is the broker's local time, not UTC (the official Python client stamps its "
+            "local time): run the client with TZ=UTC, or accept such stamps with auth_local_time_stamps",
+            "skew",
+        )
+    raise SignatureError(f"{DATE_HEADER} is outside the allowed clock skew ({skew_s:.0f} s)", "skew")
 
 
 class Verifier:
@@ -113,9 +127,10 @@ class Verifier:
     (which refuse a bad signature before the call costs the core anything).
     """
 
-    def __init__(self, secrets: Mapping[str, str], skew_s: float) -> None:
+    def __init__(self, secrets: Mapping[str, str], skew_s: float, *, local_time: bool = False) -> None:
         self._secrets = secrets
         self.skew_s = skew_s
+        self.local_time = local_time  # see verify()
         self._signed: dict[tuple[str, str], tuple[str, float]] = {}
 
     def who(self, authorization: str | None, date_time: str | None) -> str:
@@ -130,7 +145,7 @@ class Verifier:
         if secret is None:
             sign(UNKNOWN_USER_SECRET, request.date_time)
             raise SignatureError(INVALID, "invalid")
-        verify(request, secret, now=dt.datetime.now(dt.UTC), skew_s=self.skew_s)
+        verify(request, secret, now=dt.datetime.now(dt.UTC), skew_s=self.skew_s, local_time=self.local_time)
         if len(self._signed) >= SIGNED_CACHE_SIZE:
             self._signed.clear()
         self._signed[key] = (request.access_key, now + SIGNED_CACHE_S)

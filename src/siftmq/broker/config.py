@@ -60,6 +60,9 @@ class BrokerConfig:
     authorization_enabled: bool = False
     auth_file: str = "auth.json"
     auth_clock_skew_s: float = 900.0
+    # also accept x-mq-date-time stamped in this host's local time (the official Python client's
+    # habit); off: on a host not on UTC it lets a captured signature work again hours later
+    auth_local_time_stamps: bool = False
     # gRPC over TLS with this certificate and key (PEM); with tls_client_ca_file, clients must show a
     # certificate that CA signed (mutual TLS)
     tls_cert_file: str = ""

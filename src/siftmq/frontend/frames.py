@@ -183,18 +183,22 @@ def decode_headers(block: bytes, count: int) -> tuple[tuple[str, str | bytes], .
     return tuple(metadata)
 
 
-def encode_users(generation: int, skew_s: float, secrets: Mapping[str, str]) -> bytes:
+def encode_users(
+    generation: int, skew_s: float, secrets: Mapping[str, str], *, local_time: bool = False
+) -> bytes:
     """A USERS payload: what a front-end needs to check signatures (the socket is the core's own,
     in a directory only its user can enter; the payload is never logged)."""
-    return json.dumps({"generation": generation, "skew_s": skew_s, "secrets": dict(secrets)}).encode()
+    users = {"generation": generation, "skew_s": skew_s, "local_time": local_time, "secrets": dict(secrets)}
+    return json.dumps(users).encode()
 
 
-def decode_users(payload: bytes) -> tuple[int, float, dict[str, str]]:
+def decode_users(payload: bytes) -> tuple[int, float, bool, dict[str, str]]:
     try:
         data = json.loads(payload)
         return (
             int(data["generation"]),
             float(data["skew_s"]),
+            bool(data["local_time"]),
             {str(k): str(v) for k, v in data["secrets"].items()},
         )
     except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:

@@ -160,6 +160,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
                 authenticate=True,
                 authorize=config.authorization_enabled,
                 skew_s=config.auth_clock_skew_s,
+                local_time=config.auth_local_time_stamps,
             )
             if config.auto_create_topics:  # a call on a topic that does not exist creates it
                 gate.missing_topic = lambda name: broker.topics.get(name) is None

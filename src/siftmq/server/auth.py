@@ -138,15 +138,19 @@ class Gate:
     on_change: list[Callable[[], None]] = field(default_factory=list)
     #: with front-ends: until every one of them checks signatures against the table in force
     delivered: Callable[[], Awaitable[None]] | None = None
+    #: accept dates stamped in the broker's local time as well as UTC (see signature.verify)
+    local_time: bool = False
     verifier: Verifier = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._install(self.table)
 
     @classmethod
-    def load(cls, path: Path, *, authenticate: bool, authorize: bool, skew_s: float) -> Gate:
+    def load(
+        cls, path: Path, *, authenticate: bool, authorize: bool, skew_s: float, local_time: bool = False
+    ) -> Gate:
         """Read ``path`` (refuses a missing or malformed file with what is wrong)."""
-        gate = cls(_read_table(path), authenticate, authorize, skew_s, path=path)
+        gate = cls(_read_table(path), authenticate, authorize, skew_s, path=path, local_time=local_time)
         gate._loaded_mtime = _mtime(path)
         return gate
 
@@ -187,7 +191,7 @@ class Gate:
 
     def _install(self, table: AuthTable) -> None:
         self.table = table
-        self.verifier = Verifier(self.secrets(), self.skew_s)
+        self.verifier = Verifier(self.secrets(), self.skew_s, local_time=self.local_time)
         self._decided.clear()
         self.generation = self.generation % MAX_GENERATION + 1
         for listener in list(self.on_change):

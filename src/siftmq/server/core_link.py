@@ -282,7 +282,8 @@ class CoreLink:
 
     def _users(self) -> bytes:
         assert self._gate is not None
-        return frames.encode_users(self._gate.generation, self._gate.skew_s, self._gate.secrets())
+        gate = self._gate
+        return frames.encode_users(gate.generation, gate.skew_s, gate.secrets(), local_time=gate.local_time)
 
     def _users_changed(self) -> None:
         payload = self._users()
