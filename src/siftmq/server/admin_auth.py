@@ -29,6 +29,8 @@ from siftmq.server.auth import Gate
 
 OPEN_PATHS: Final = frozenset({"/healthz"})
 SUPER_PATHS: Final = ("users", "acls")  # first path parts only Super users may touch
+#: A group's routes that name a topic after it: /groups/{group}/<route>/{topic}.
+GROUP_TOPIC_ROUTES: Final = frozenset({"subscriptions", "programs", "lag"})
 MAX_TOKENS: Final = 10_000
 MAX_TOKENS_PER_USER: Final = 20
 _BY_METHOD: Final = {"GET": Action.GET, "POST": Action.CREATE, "PATCH": Action.UPDATE, "PUT": Action.UPDATE}
@@ -113,6 +115,17 @@ def basic_user(gate: Gate, authorization: str | None) -> User | None:
     if not hmac.compare_digest(secret.encode(), password.encode()) or user is None:
         return None
     return user
+
+
+def admin_actions(method: str, path: str, query_topic: str | None) -> list[tuple[str, Action]]:
+    """What an admin request needs, every one: its resource and action, and for a group's route
+    that names a topic (its subscription, program or lag there) Get on that topic too — a program
+    is tried on the topic's newest message, and the lag tells the topic's offsets."""
+    needs = [admin_action(method, path, query_topic)]
+    parts = [p for p in path.split("/") if p]
+    if len(parts) == 4 and parts[0] == "groups" and parts[2] in GROUP_TOPIC_ROUTES:
+        needs.append((f"Topic:{parts[3]}", Action.GET))
+    return needs
 
 
 def admin_action(method: str, path: str, query_topic: str | None) -> tuple[str, Action]:

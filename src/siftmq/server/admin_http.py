@@ -23,12 +23,13 @@ from pydantic import BaseModel, Field
 from siftmq.auth.acl import Action
 from siftmq.broker import deletion
 from siftmq.broker.broker import Broker
+from siftmq.broker.config import parse_listen
 from siftmq.broker.inspect import message_view
 from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
 from siftmq.console import CONSOLE_PATHS, console_router
 from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError, StatusCode
-from siftmq.server.admin_auth import OPEN_PATHS, Tokens, admin_action, login, needs_super
+from siftmq.server.admin_auth import OPEN_PATHS, Tokens, admin_actions, login, needs_super
 from siftmq.server.admin_inspect import History, inspect_router
 from siftmq.server.admin_users import users_router
 from siftmq.server.auth import Gate
@@ -63,6 +64,9 @@ class SubscriptionSet(BaseModel):
     expression: str = Field(default="*", max_length=65_536)
 
 
+_Next = Callable[[Request], Awaitable[Any]]
+
+
 def create_app(
     broker: Broker,
     gate: Gate | None = None,
@@ -91,6 +95,19 @@ def create_app(
         peer = request.client.host if request.client else None
         return user is not None and gate.allowed(user, resource, action, peer)
 
+    if _serves_loopback(broker.config.admin_listen):
+
+        @app.middleware("http")
+        async def loopback_names_only(request: Request, call_next: _Next) -> Any:
+            # a page on another site that makes its name resolve to 127.0.0.1 (DNS rebinding) would
+            # otherwise drive a loopback admin API from the user's browser: it names itself in Host
+            if not _loopback_name(request.headers.get("host", "")):
+                return JSONResponse(
+                    {"error": "FORBIDDEN", "message": "the admin API answers to loopback host names only"},
+                    status_code=403,
+                )
+            return await call_next(request)
+
     if gate is not None and tokens is not None:
         open_paths = OPEN_PATHS | ({"/metrics"} if broker.config.admin_metrics_open else set())
         open_paths |= CONSOLE_PATHS  # the console's page and files: no data, which its calls fetch
@@ -118,8 +135,12 @@ def create_app(
             elif path == "/tokens":
                 resource, action, allowed = "", Action.GET, True  # a login's own token
             else:
-                resource, action = admin_action(request.method, path, request.query_params.get("topic"))
-                allowed = may(request, resource, action)
+                allowed = True
+                needs = admin_actions(request.method, path, request.query_params.get("topic"))
+                for resource, action in needs:
+                    allowed = may(request, resource, action)
+                    if not allowed:
+                        break
             if not allowed:
                 gate.denials[action.value] += 1
                 line = "admin API denied %s %s: user %s may not %s %s (from %s)"
@@ -428,3 +449,21 @@ class BrokerCollector(Collector):
                 work.add_metric([program.group, program.topic, kind], n)
             held.add_metric([program.group, program.topic, program.status], int(program.status != "active"))
         yield from (work, held)
+
+
+def _serves_loopback(listen: str) -> bool:
+    """Whether the admin API listens on a loopback address only."""
+    if not listen:
+        return False
+    host = parse_listen(listen)[0]
+    return _loopback_name(host)
+
+
+def _loopback_name(host: str) -> bool:
+    """Whether a Host header (or address) names this machine's loopback: localhost, 127.x, ::1."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    return name in ("localhost", "::1") or name.startswith("127.")

@@ -1,0 +1,65 @@
+"""The admin API's own bounds, against a real broker process: a group's rights do not reach the
+topics its routes name, a request body is bounded, and a loopback admin API answers to loopback
+host names only (a page using DNS rebinding names itself)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from security_users import ALICE, ROOT, auth_file
+from siftmq.server.http_limits import MAX_REQUEST_BYTES
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_groups_routes_need_get_on_the_topic_they_name(start_broker: Any, tmp_path: Path) -> None:
+    """Alice may only Get and Update her group: trying a program on Payroll's newest message, or
+    reading the group's lag there, would tell her what she may not read."""
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps(auth_file([{"resource": ["Group:alice-g"], "actions": ["Get", "Update"]}])))
+    broker = start_broker(
+        "data",
+        config={"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(path)},
+    )
+    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT) as root:
+        assert root.post("/topics", json={"name": "Payroll"}).status_code == 201
+    program = {"source": "def match(message):\n    raise ValueError(message.body)\n"}
+    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ALICE) as alice:
+        for method, route, body in (
+            ("PUT", "/groups/alice-g/programs/Payroll", program),
+            ("GET", "/groups/alice-g/lag/Payroll", None),
+            ("PUT", "/groups/alice-g/subscriptions/Payroll", {"type": "TAG", "expression": "*"}),
+        ):
+            answer = alice.request(method, route, json=body)
+            assert answer.status_code == 403, (route, answer.text)
+            assert "may not Get Topic:Payroll" in answer.json()["message"]
+        assert alice.get("/groups/alice-g").status_code != 403  # her group itself she may
+
+
+def test_a_request_body_past_the_bound_is_refused_and_the_broker_serves_on(start_broker: Any) -> None:
+    broker = start_broker()
+    with httpx.Client(base_url=broker.admin_url, timeout=30) as http:
+        big = b'{"expression": "' + b"a" * (MAX_REQUEST_BYTES + 1) + b'"}'
+        try:
+            answer = http.post("/filter/check", content=big, headers={"content-type": "application/json"})
+            assert answer.status_code == 413 and answer.json()["error"] == "REQUEST_TOO_LARGE"
+        except httpx.TransportError:
+            pass  # closed while the client was still sending: refused all the same
+        assert http.get("/healthz").status_code == 200
+
+
+def test_a_loopback_admin_api_answers_to_loopback_names_only(start_broker: Any) -> None:
+    broker = start_broker()
+    port = broker.admin_url.rsplit(":", 1)[1]
+    with httpx.Client(base_url=broker.admin_url, timeout=10) as http:
+        for host in ("attacker.example", f"attacker.example:{port}", "10.0.0.1"):
+            answer = http.post("/topics", json={"name": "Rebound"}, headers={"host": host})
+            assert answer.status_code == 403, host
+        assert http.get("/topics/Rebound").status_code == 404  # nothing was created
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost"):
+            assert http.get("/healthz", headers={"host": host}).status_code == 200, host
