@@ -211,3 +211,18 @@ def test_a_live_change_waits_for_every_front_end_but_not_for_one_that_left() -> 
 
     waited = asyncio.run(run())
     assert 0.09 < waited < 1.0  # until the one left; not the 2 s a silent front-end would cost
+
+
+def test_a_client_id_cannot_forge_audit_lines(caplog: Any) -> None:
+    class Forging(Context):
+        def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+            return (("x-mq-client-id", "c1)\nWARNING siftmq: admin login ok for root (forged"),)
+
+    g = gate()
+    g.missing_topic = lambda name: False
+    send = pb.SendMessageRequest(messages=[pb.Message(topic=pb.Resource(name="Orders"))])
+    nobody = parse_auth_file(json.dumps({"users": [{"username": "eve", "password": "Ev3-s3cret-pw"}]}))
+    with caplog.at_level("WARNING"):
+        assert g.authorized(nobody.users["eve"], "SendMessage", send, Forging()) is not None
+    lines = "\n".join(r.getMessage() for r in caplog.records)
+    assert "denied SendMessage" in lines and "\n" not in lines and "c1)?WARNING" in lines

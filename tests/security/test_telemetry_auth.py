@@ -133,8 +133,20 @@ def test_a_stream_outlives_the_skew_window_and_each_command_is_authorized(broker
     assert "client telemetry-test)" in broker.log()  # the audit line names the client
 
 
-def test_an_open_stream_ends_when_its_users_password_changes(broker: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("authorization", [True, False])
+def test_an_open_stream_ends_when_its_users_password_changes(
+    start_broker: Any, tmp_path: Path, authorization: bool
+) -> None:
+    """Checked at every command, with authorization off too: authentication alone must not let a
+    stream opened with an old password go on."""
     import signal
+
+    (tmp_path / "auth.json").write_text(json.dumps(AUTH))
+    broker = start_broker(
+        "data",
+        config={"authentication_enabled": True, "authorization_enabled": authorization,
+                "auth_file": str(tmp_path / "auth.json"), "auth_clock_skew_s": SKEW_S},
+    )  # fmt: skip
 
     with grpc.insecure_channel(broker.endpoint) as channel:
         stream = Stream(channel, signed())
