@@ -118,6 +118,13 @@ def test_a_result_round_trips() -> None:
     assert result.codes == bytes([1, 2, 0]) and result.errors == {1: "ValueError: x"}
 
 
+def test_error_texts_keep_printable_characters_only() -> None:
+    """A text becomes a property of the message's dead-letter copy, which may not hold control
+    characters or lone surrogates (a stored property refused: the group's reads failed)."""
+    payload = _result(b"\x02", [[0, "ValueError: \x02a\nb\ud800c"]])
+    assert wire.parse_result(payload, 1).errors == {0: "ValueError: ?a?b?c"}
+
+
 def _result(codes: bytes, errors: object, count: int | None = None) -> bytes:
     return struct.pack(">I", len(codes) if count is None else count) + codes + json.dumps(errors).encode()
 
@@ -136,6 +143,8 @@ def _result(codes: bytes, errors: object, count: int | None = None) -> bytes:
         _result(b"\x01\x02\x01", {"1": "x"}),
         _result(b"\x01\x02\x01", [[1, 5]]),
         struct.pack(">I", 3) + b"\x01\x01\x01" + b"\xff\xfe",
+        struct.pack(">I", 3) + b"\x01\x02\x01" + b"[" * 5000,  # nested past the parser's recursion
+        _result(b"\x01\x02\x01", [[1, "x" * 500]] + [[1, "y"]] * 2000),  # longer than one error may be
     ],
 )
 def test_a_broken_result_is_refused(payload: bytes) -> None:

@@ -296,3 +296,82 @@ def test_a_budget_stops_a_long_batch_between_chunks() -> None:
         assert len(server.evaluate(key, slow, rows[:10], budget_s=0.0).codes) == 10  # one chunk at least
     finally:
         server.close()
+
+
+PATCH_WRITE = OS + (
+    "MAIN = _os()['sys'].modules['__main__']\n"
+    "WRITE = MAIN._write\n"
+    "WRITES = []\n"
+    "def _after(fd, data):\n"
+    "    WRITE(fd, data)\n"
+    "    WRITES.append(1)\n"
+    "    AFTER()\n"
+    "MAIN._write = _after\n"
+)  # the program replaces the worker's own result writer: it runs after each answer it sends
+
+
+def test_a_worker_that_dies_between_batches_counts_toward_suspension() -> None:
+    """The program ends its worker right after each answer: no batch fails, yet every one needs a
+    new worker (each start costing a read thread its load time) — counted, so it is suspended."""
+    import time
+
+    after_result = "if len(WRITES) >= 2:\n        _os()['_exit'](0)"  # (the first write: it loaded)
+    source = PATCH_WRITE.replace("AFTER()", after_result) + "def match(m):\n    return True\n"
+    fs = FilterServer(Limits(max_failures=3), 1)
+    key = ProgramKey("g", "t", 1)
+    try:
+        with pytest.raises(ProgramSuspended, match="died between batches"):
+            for _ in range(10):
+                assert list(fs.evaluate(key, source, ROWS[:1]).codes) == [wire.MATCH]
+                time.sleep(0.2)  # the worker is gone before the next batch
+    finally:
+        fs.close()
+
+
+def test_a_worker_that_spins_between_batches_is_replaced_and_counted() -> None:
+    import time
+
+    spin = "if len(WRITES) == 2:\n        while True:\n            pass"  # after its first result
+    source = PATCH_WRITE.replace("AFTER()", spin) + "def match(m):\n    return True\n"
+    fs = FilterServer(Limits(timeout_ms=500, max_failures=100), 1)
+    key = ProgramKey("g", "t", 1)
+    try:
+        assert list(fs.evaluate(key, source, ROWS[:2]).codes) == [wire.MATCH] * 2
+        time.sleep(1.0)  # it spins meanwhile
+        assert list(fs.evaluate(key, source, ROWS[:2]).codes) == [wire.MATCH] * 2  # in a new worker
+        assert "spun between batches" in (fs.counters(key).last_error or "")
+    finally:
+        fs.close()
+
+
+def test_a_program_new_to_a_full_pool_waits_for_room_and_the_bound_holds() -> None:
+    """One worker allowed, taken by a long batch: another program (a trial run at registration,
+    say) waits for room instead of starting a second worker."""
+    import threading
+
+    fs = FilterServer(Limits(timeout_ms=2000, batch_timeout_ms=4000), 1)
+    slow = "import math\ndef match(m):\n    for i in range(400_000):\n        math.sqrt(i)\n    return True\n"
+    most = [0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            live = sum(1 for slots in list(fs._workers.values()) for s in list(slots) if s.worker is not None)
+            most[0] = max(most[0], live)
+            done.wait(0.005)
+
+    watcher = threading.Thread(target=watch)
+    busy = threading.Thread(target=lambda: fs.evaluate(ProgramKey("g", "slow", 1), slow, ROWS[:4]))
+    try:
+        watcher.start()
+        busy.start()
+        while not fs._workers.get(ProgramKey("g", "slow", 1)):
+            pass
+        codes = fs.evaluate(ProgramKey("g", "other", 1), "def match(m):\n    return True\n", ROWS[:1]).codes
+        assert list(codes) == [wire.MATCH]
+        busy.join(30)
+    finally:
+        done.set()
+        watcher.join(10)
+        fs.close()
+    assert most[0] == 1

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final
 
 from siftmq.filterserver import wire
@@ -34,6 +35,11 @@ from siftmq.filterserver.message import Row
 _log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT_S: Final = 10.0  # a worker's start: interpreter, allowed modules, the program's module code
+#: CPU seconds a worker may use between batches (its result written, waiting for the next): more
+#: is a program spinning outside its deadlines; the worker is killed and that counts as a failure.
+IDLE_CPU_S: Final = 0.5
+ROOM_WAIT_S: Final = 2.0  # a program without a worker waits this long for room in the pool
+CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 FAILURE_WINDOW_S: Final = 60.0
 RECURSION_LIMIT: Final = 400
 F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -142,10 +148,11 @@ class Worker:
             raise WorkerDied(self._death(exc)) from exc
         if kind == wire.LOAD_FAILED:
             self.kill()
-            raise ProgramLoadError(answer.decode("utf-8", "replace")[: wire.MAX_ERROR_TEXT])
+            raise ProgramLoadError(wire.printable(answer.decode("utf-8", "replace")[: wire.MAX_ERROR_TEXT]))
         if kind != wire.LOADED:
             self.kill()
             raise WorkerDied("the worker answered its load with something else")
+        self._cpu_after_last = self._cpu_seconds()  # its start is not idle time
 
     def evaluate(self, rows: Sequence[Row]) -> wire.Result:
         budget = min(self.limits.timeout_ms * len(rows), self.limits.batch_timeout_ms) / 1000
@@ -155,9 +162,24 @@ class Worker:
             kind, payload = wire.receive(self._from_worker, deadline)
             if kind != wire.RESULT:
                 raise wire.WireError("the worker answered a batch with something else")
-            return wire.parse_result(payload, len(rows))
+            result = wire.parse_result(payload, len(rows))
         except wire.WireError as exc:
             raise WorkerDied(self._death(exc), timed_out=exc.timed_out) from exc
+        self._cpu_after_last = self._cpu_seconds()
+        return result
+
+    @property
+    def spun_idle(self) -> bool:
+        """Whether it used more than :data:`IDLE_CPU_S` of CPU since its last batch ended."""
+        return self._cpu_seconds() > self._cpu_after_last + IDLE_CPU_S
+
+    def _cpu_seconds(self) -> float:
+        """The worker's CPU time so far (0 when it cannot be read: then nothing is compared)."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
     def _death(self, exc: wire.WireError) -> str:
         """Kill the worker; why it failed, in words."""
@@ -211,6 +233,7 @@ class FilterServer:
         self._workdir = tempfile.mkdtemp(prefix="siftmq-filter-")  # empty; the workers' cwd
         os.chmod(self._workdir, 0o555)
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # waited on for a worker's room (see _checkout)
         self._workers: collections.OrderedDict[ProgramKey, list[_Slot]] = collections.OrderedDict()
         self._counters: dict[ProgramKey, Counters] = {}
         self._suspended: dict[ProgramKey, str] = {}
@@ -264,9 +287,16 @@ class FilterServer:
         slot = self._checkout(key)
         try:
             worker = slot.worker
-            if worker is None or not worker.alive:
-                if worker is not None:  # died between batches: reap it, close its pipes
+            if worker is None or not worker.alive or worker.spun_idle:
+                if worker is not None:  # died, or worked, between batches: the program's doing
+                    why = (
+                        "the worker died between batches"
+                        if not worker.alive
+                        else "the worker spun between batches"
+                    )
                     worker.kill()
+                    self._set(key, slot, None)
+                    self._killed(key, WorkerDied(why), counters)
                 worker = self._start(key, source, counters)
                 self._set(key, slot, worker)
             try:
@@ -323,19 +353,31 @@ class FilterServer:
 
     def _checkout(self, key: ProgramKey) -> _Slot:
         """A slot of the program, locked: an idle one; else a new one while there is room (idle
-        workers of the least recently used other programs make room); else its first, once free."""
-        with self._lock:
-            slots = self._workers.setdefault(key, [])
-            self._workers.move_to_end(key)
-            for slot in slots:
-                if slot.lock.acquire(blocking=False):
+        workers of the least recently used other programs make room); else its first, once free;
+        a program with none waits up to :data:`ROOM_WAIT_S` for room (``max_workers`` holds, trial
+        runs of new programs included), then :class:`WorkerDied` (the batch is tried again later)."""
+        deadline = time.monotonic() + ROOM_WAIT_S
+        with self._room:
+            while True:
+                slots = self._workers.setdefault(key, [])
+                self._workers.move_to_end(key)
+                for slot in slots:
+                    if slot.lock.acquire(blocking=False):
+                        return slot
+                if self._make_room(key):
+                    slot = _Slot()
+                    slot.lock.acquire()
+                    slots.append(slot)
                     return slot
-            if self._make_room(key) or not slots:
-                slot = _Slot()
-                slot.lock.acquire()
-                slots.append(slot)
-                return slot
-            waited = slots[0]
+                if slots:
+                    waited = slots[0]
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    if not slots:
+                        self._workers.pop(key, None)
+                    raise WorkerDied(f"no filter worker free: all {self.max_workers} are busy")
+                self._room.wait(min(left, 0.05))  # the lock is let go meanwhile
         waited.lock.acquire()
         return waited
 

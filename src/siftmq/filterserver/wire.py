@@ -21,6 +21,8 @@ LOAD, BATCH = b"L", b"B"
 LOADED, LOAD_FAILED, RESULT = b"K", b"E", b"R"
 REJECT, MATCH, ERROR = 0, 1, 2
 MAX_ERROR_TEXT: Final = 500  # characters of one error a worker may report
+#: Bytes of one error in a result, at most: its index and text, every character JSON-escaped.
+MAX_ERROR_TEXT_BYTES: Final = MAX_ERROR_TEXT * 12 + 32
 MAX_WORKER_FRAME: Final = 8 * 1024 * 1024
 HEADER: Final = struct.Struct(">IB")  # length (kind and payload), kind
 
@@ -95,6 +97,12 @@ def encode_result(codes: bytes, errors: dict[int, str]) -> bytes:
     return struct.pack(">I", len(codes)) + codes + texts
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters and lone surrogates as ``?``: an error text becomes a
+    property of the dead-letter copy, which a stored property may not hold."""
+    return "".join(c if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF else "?" for c in text)
+
+
 def parse_result(payload: bytes, expected: int) -> Result:
     """A worker's result for a batch of ``expected`` messages; raises :class:`WireError` for anything
     else (wrong count, unknown code, an error without its text or out of range)."""
@@ -106,9 +114,12 @@ def parse_result(payload: bytes, expected: int) -> Result:
     codes = payload[4 : 4 + n]
     if codes.translate(None, b"\x00\x01\x02"):
         raise WireError("a result code that is not reject, match or error")
+    texts = payload[4 + n :]
+    if len(texts) > codes.count(ERROR) * MAX_ERROR_TEXT_BYTES + 2:  # parsed by the broker: bounded
+        raise WireError("error texts longer than the failed messages may have")
     try:
-        listed = json.loads(payload[4 + n :].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        listed = json.loads(texts.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise WireError("error texts that are not JSON") from exc
     errors: dict[int, str] = {}
     if not isinstance(listed, list):
@@ -119,7 +130,7 @@ def parse_result(payload: bytes, expected: int) -> Result:
             or not isinstance(item[1], str) or not 0 <= item[0] < n or codes[item[0]] != ERROR
         ):  # fmt: skip
             raise WireError("an error text for a message that did not fail")
-        errors[item[0]] = item[1][:MAX_ERROR_TEXT]
+        errors[item[0]] = printable(item[1][:MAX_ERROR_TEXT])
     if sum(1 for c in codes if c == ERROR) != len(errors):
         raise WireError("a failed message without its error text")
     return Result(codes, errors)
