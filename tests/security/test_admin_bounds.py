@@ -63,3 +63,17 @@ def test_a_loopback_admin_api_answers_to_loopback_names_only(start_broker: Any) 
         assert http.get("/topics/Rebound").status_code == 404  # nothing was created
         for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost"):
             assert http.get("/healthz", headers={"host": host}).status_code == 200, host
+
+
+def test_failed_logins_from_one_address_are_throttled(start_broker: Any, tmp_path: Path) -> None:
+    from siftmq.server.admin_auth import LOGIN_FAILURES
+
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps(auth_file([])))
+    broker = start_broker("data", config={"authentication_enabled": True, "auth_file": str(path)})
+    with httpx.Client(base_url=broker.admin_url, timeout=10) as http:
+        wrong = [http.get("/topics", auth=(ROOT[0], f"guess-{i}")).status_code for i in range(LOGIN_FAILURES)]
+        assert wrong == [401] * LOGIN_FAILURES
+        throttled = http.get("/topics", auth=ROOT)  # the right one too, from this address, for now
+        assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+        assert http.get("/healthz").status_code == 200  # what needs no login is served on

@@ -29,7 +29,7 @@ from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
 from siftmq.console import CONSOLE_PATHS, console_router
 from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError, StatusCode
-from siftmq.server.admin_auth import OPEN_PATHS, Tokens, admin_actions, login, needs_super
+from siftmq.server.admin_auth import OPEN_PATHS, LoginThrottle, Tokens, admin_actions, login, needs_super
 from siftmq.server.admin_inspect import History, inspect_router
 from siftmq.server.admin_users import users_router
 from siftmq.server.auth import Gate
@@ -110,6 +110,7 @@ def create_app(
 
     if gate is not None and tokens is not None:
         open_paths = OPEN_PATHS | ({"/metrics"} if broker.config.admin_metrics_open else set())
+        throttle = LoginThrottle()
         open_paths |= CONSOLE_PATHS  # the console's page and files: no data, which its calls fetch
 
         @app.middleware("http")
@@ -118,8 +119,16 @@ def create_app(
             if path in open_paths:
                 return await call_next(request)
             peer = request.client.host if request.client else None
+            wait_s = throttle.wait_s(peer)
+            if wait_s > 0:
+                return JSONResponse(
+                    {"error": "TOO_MANY_REQUESTS", "message": "too many failed logins from this address"},
+                    status_code=429,
+                    headers={"Retry-After": str(max(1, round(wait_s)))},
+                )
             user = login(gate, tokens, request.headers.get("authorization"))
             if user is None:
+                throttle.failed(peer)
                 gate.failures["admin"] += 1
                 gate.audit("failure", "admin API login failed: %s %s from %s", request.method, path, peer)
                 # the console logs in itself: a browser's own Basic prompt would pop up over it
