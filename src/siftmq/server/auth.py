@@ -11,6 +11,7 @@ answers ``FORBIDDEN`` (40300) naming the resource and the action.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections import Counter
@@ -34,6 +35,9 @@ AUDIT_INTERVAL_S: Final = 10.0
 #: Generations of the users table count 1 to this and round again (a frame holds 32 bits).
 MAX_GENERATION: Final = 2**32 - 1
 CACHE_SIZE: Final = 4096  # remembered decisions (cleared when full)
+#: Calls that act on the calling client's session by its id (their own, or its owner's, only).
+SESSION_CALLS: Final = frozenset({"Telemetry", "Heartbeat", "NotifyClientTermination"})
+MAX_OWNED_CLIENTS: Final = 65_536
 
 Need = tuple[tuple[str, Action], ...]
 """Resource/action pairs a request needs, all of them."""
@@ -141,6 +145,8 @@ class Gate:
     #: accept dates stamped in the broker's local time as well as UTC (see signature.verify)
     local_time: bool = False
     verifier: Verifier = field(init=False, repr=False)
+    #: client id -> the user who first used it (see session_refusal), oldest first
+    _owners: collections.OrderedDict[str, str] = field(default_factory=collections.OrderedDict)
 
     def __post_init__(self) -> None:
         self._install(self.table)
@@ -241,9 +247,36 @@ class Gate:
     def refusal(self, rpc: str, request: Any, context: Any) -> Any:
         """The status to answer with, or None when the call may go on."""
         user, refused = self.authenticated(rpc, context)
-        if refused is not None or user is None or not self.authorize:
+        if refused is not None or user is None:
             return refused
+        if rpc in SESSION_CALLS:
+            refused = self.session_refusal(user, rpc, context)
+            if refused is not None:
+                return refused
+        if not self.authorize:
+            return None
         return self.authorized(user, rpc, request, context)
+
+    def session_refusal(self, user: User, rpc: str, context: Any) -> Any:
+        """A client id belongs to the user who first used it (its Telemetry stream, or a heartbeat):
+        another user's call on it — which could end or take over that client's session, and needs
+        no right on any resource — is refused."""
+        client = _client_id(context)
+        if not client:
+            return None
+        owner = self._owners.get(client)
+        if owner is None:
+            if len(self._owners) >= MAX_OWNED_CLIENTS:
+                self._owners.popitem(last=False)  # the oldest claim goes
+            self._owners[client] = user.name
+            return None
+        self._owners.move_to_end(client)
+        if owner == user.name:
+            return None
+        self.denials["session"] += 1
+        line = "denied %s: user %s may not act as client %s of another user (from %s)"
+        self.audit("denial", line, rpc, user.name, _client(context), _peer(context))
+        return status(StatusCode.FORBIDDEN, f"{rpc}: the client id belongs to another user")
 
     def authenticated(self, rpc: str, context: Any) -> tuple[User | None, Any]:
         """Who signed the call (None with authentication off), or the UNAUTHORIZED status."""
@@ -337,6 +370,13 @@ def _peer(context: Any) -> str:
     return str(context.peer() or "")
 
 
+def _client_id(context: Any) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id":
+            return str(value)
+    return ""
+
+
 def _client(context: Any) -> str:
     """The client id the call names (for the audit log; ``-`` when it names none), printable
     characters only: a line break in it would forge lines of the audit log."""
@@ -381,6 +421,8 @@ def guard(behaviour: Any, rpc: Rpc, gate: Gate) -> Any:
 
     async def bidi(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         user, refused = gate.authenticated(rpc.name, context)  # once, when it opens
+        if refused is None and user is not None:
+            refused = gate.session_refusal(user, rpc.name, context)
         if refused is not None:
             yield rpc.status_answer(refused)
             return

@@ -1,6 +1,7 @@
-"""The admin API's own bounds, against a real broker process: a group's rights do not reach the
-topics its routes name, a request body is bounded, and a loopback admin API answers to loopback
-host names only (a page using DNS rebinding names itself)."""
+"""Bounds found by a security review, against a real broker process: a group's admin rights do not
+reach the topics its routes name, a request body is bounded, a loopback admin API answers to
+loopback host names only (a page using DNS rebinding names itself), failed logins are throttled,
+and a client id belongs to the user who first used it."""
 
 from __future__ import annotations
 
@@ -77,3 +78,37 @@ def test_failed_logins_from_one_address_are_throttled(start_broker: Any, tmp_pat
         throttled = http.get("/topics", auth=ROOT)  # the right one too, from this address, for now
         assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
         assert http.get("/healthz").status_code == 200  # what needs no login is served on
+
+
+def test_a_client_id_belongs_to_the_user_who_first_used_it(start_broker: Any, tmp_path: Path) -> None:
+    """Ending or taking over a client's session needs no right on any resource, so the id itself is
+    guarded: alice may not act as root's client (end its session, open a stream as it)."""
+    import asyncio
+
+    from siftmq.client import FilterExpression, SimpleConsumer
+    from siftmq.client.connection import Connection
+    from siftmq.errors import RemoteForbidden
+    from siftmq.protocol import rocketmq_v2_pb2 as pb
+
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps(auth_file([])))
+    broker = start_broker(
+        "data", config={"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(path)}
+    )
+
+    async def scenario() -> None:
+        creds = {"access_key": ROOT[0], "secret_key": ROOT[1], "client_id": "victim-1"}
+        async with SimpleConsumer(broker.endpoint, "svc", {"Svc": FilterExpression.tag()}, **creds):
+            alice = Connection(
+                broker.endpoint, access_key=ALICE[0], secret_key=ALICE[1], client_id="victim-1"
+            )
+            try:
+                with pytest.raises(RemoteForbidden, match="belongs to another user"):
+                    await alice.unary("NotifyClientTermination", pb.NotifyClientTerminationRequest())
+            finally:
+                await alice.close()
+            with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT) as root:
+                clients = root.get("/groups/svc").json()
+            assert "victim-1" in json.dumps(clients)  # its session is still there
+
+    asyncio.run(scenario())
