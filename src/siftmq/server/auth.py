@@ -380,10 +380,8 @@ def _client_id(context: Any) -> str:
 def _client(context: Any) -> str:
     """The client id the call names (for the audit log; ``-`` when it names none), printable
     characters only: a line break in it would forge lines of the audit log."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "x-mq-client-id":
-            return "".join(c if c.isprintable() else "?" for c in str(value)[:128])
-    return "-"
+    client = _client_id(context)[:128]
+    return "".join(c if c.isprintable() else "?" for c in client) if client else "-"
 
 
 def _peer_ip(context: Any) -> str:
