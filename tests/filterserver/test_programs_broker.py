@@ -429,3 +429,28 @@ def test_messages_that_kill_their_worker_cost_one_failure_each(broker: Any) -> N
     assert report["status"] == "active", report
     dead = httpx.get(f"{broker.admin_url}/topics/%25DLQ%25g-poisoned", timeout=10).json()
     assert dead["messages"] == 2
+
+
+def test_a_slow_program_does_not_hold_up_other_groups_reads(broker: Any) -> None:
+    """A group's reads through its program run on the program threads: a program whose worker takes
+    seconds to start (its module code; each read that starts a worker waits for it) leaves the read
+    thread to the groups without one (a pull here)."""
+    import threading
+
+    send_orders(broker.endpoint)
+    slow = "import math\nfor n in range(25_000_000):\n    math.sqrt(n)\n"  # ~2 s, each worker start
+    slow += "def match(message):\n    return True\n"
+    assert put(broker, "g-slow", slow).status_code == 200
+    busy = threading.Thread(target=receive_all, args=(broker.endpoint, "g-slow"), kwargs={"rounds": 2})
+    busy.start()
+    time.sleep(0.5)  # its read is under way on the program threads
+
+    async def pull() -> tuple[int, float]:
+        async with PullConsumer(broker.endpoint, "g-plain", TOPIC) as consumer:
+            started = time.monotonic()
+            got = await consumer.poll(32, timeout=5)
+            return len(got), time.monotonic() - started
+
+    got, took = asyncio.run(pull())
+    busy.join(120)
+    assert got > 0 and took < 1.0, (got, took)

@@ -145,6 +145,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
     reads = ThreadPoolExecutor(config.read_threads, thread_name_prefix="siftmq-read")
     send_threads = config.send_threads or (1 if config.flush == "async" else RPC_THREADS)
     sends = ThreadPoolExecutor(send_threads, thread_name_prefix="siftmq-send")
+    program_reads = ThreadPoolExecutor(max(1, config.filter_server_nums), thread_name_prefix="siftmq-program")
     broker = Broker(config)
     broker.start()
     try:
@@ -152,7 +153,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
         broker.add_arrival_listener(notifier.on_arrival)
         # one bound both ways: the largest message, or the largest pull answer, plus room for the rest
         frame_limit = max(config.max_body_size, config.max_pull_bytes) + FRAME_OVERHEAD
-        service = MessagingService(broker, notifier, reads, sends)
+        service = MessagingService(broker, notifier, reads, sends, program_reads)
         gate = None
         if config.authentication_enabled:
             gate = auth.Gate.load(
@@ -190,6 +191,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             await edge.stop()
     finally:
         reads.shutdown(cancel_futures=True)
+        program_reads.shutdown(cancel_futures=True)
         sends.shutdown()
         broker.close()
     print("siftmq broker stopped", flush=True)

@@ -143,6 +143,7 @@ class MessagingService:
         notifier: ArrivalNotifier,
         read_executor: Executor | None = None,
         send_executor: Executor | None = None,
+        program_executor: Executor | None = None,
     ) -> None:
         self.broker = broker
         self.notifier = notifier
@@ -151,12 +152,21 @@ class MessagingService:
         # since CPU-bound work in many threads loses time fighting over the GIL
         self.read_executor = read_executor
         self.send_executor = send_executor
+        # reads through a group's filter program: a program slow to start or to run (up to its
+        # deadlines) holds these threads, not the ones every other group's reads wait for
+        self.program_executor = program_executor
         # With async flush a single message's append is a copy into the mapped CommitLog (no fsync):
         # done on the event loop it costs less than the hop to the send thread and back (measured:
         # ~15% of the broker's CPU per official-client send). Batches and sync flush keep the hop.
         self._inline_sends = broker.config.flush == "async"
         self._coalescer = SendCoalescer(functools.partial(broker.send_many, on_loop=True))
         self._acks = OneHop()
+
+    def _reads_for(self, group: str, topic: str) -> Executor | None:
+        """Where a read of ``group`` on ``topic`` runs: the program threads when it has a program."""
+        if self.program_executor is not None and self.broker.programs.holds(group, topic):
+            return self.program_executor
+        return self.read_executor
 
     @staticmethod
     async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -380,7 +390,7 @@ class MessagingService:
                 invisible_ms=invisible,
                 hold_s=hold,
                 client_id=_client_id(context),
-                executor=self.read_executor,
+                executor=self._reads_for(group, subscription.topic),
             )
         except Exception as exc:
             return status_of(exc, call="ReceiveMessage"), []
@@ -534,7 +544,7 @@ class MessagingService:
                 batch_size=request.batch_size or 32,
                 hold_s=hold,
                 client_id=_client_id(context),
-                executor=self.read_executor,
+                executor=self._reads_for(group, subscription.topic),
             )
         except Exception as exc:
             return status_of(exc, call="PullMessage"), [], request.offset
