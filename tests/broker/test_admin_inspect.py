@@ -18,6 +18,8 @@ from siftmq.client import FilterExpression, Producer, PullConsumer
 from siftmq.server.admin_auth import admin_action
 
 pytestmark = pytest.mark.integration
+#: what siftmq's own callers send: a POST without a JSON body needs it (see the admin API)
+OWN = {"X-Siftmq-Client": "test"}
 
 TOPIC = "Inspect"
 
@@ -43,7 +45,7 @@ def broker(start_broker: Any) -> Any:
 
 
 def test_check_try_and_browse_answer_with_the_broker_engine(broker: Any) -> None:
-    with httpx.Client(base_url=broker.admin_url, timeout=30) as api:
+    with httpx.Client(base_url=broker.admin_url, timeout=30, headers=OWN) as api:
         ok = api.post("/filter/check", json={"type": "SQL92", "expression": "region  =  'eu'"}).json()
         assert ok == {"valid": True, "type": "SQL92", "normalized": "region = 'eu'"}
         bad = api.post("/filter/check", json={"type": "SQL92", "expression": "a = 1 AND\n  b >> 2"}).json()
@@ -99,7 +101,7 @@ def test_check_try_and_browse_answer_with_the_broker_engine(broker: Any) -> None
 def test_bad_input_is_answered_with_what_is_wrong(  # noqa: PLR0917 - the parameters
     broker: Any, method: str, path: str, body: Any, status: int, says: str
 ) -> None:
-    with httpx.Client(base_url=broker.admin_url, timeout=30) as api:
+    with httpx.Client(base_url=broker.admin_url, timeout=30, headers=OWN) as api:
         r = api.request(method, path, json=body)
         assert r.status_code == status and says in r.json()["message"], r.text
         assert api.get(f"/topics/{TOPIC}").json()["messages"] == 30  # nothing changed
@@ -108,7 +110,7 @@ def test_bad_input_is_answered_with_what_is_wrong(  # noqa: PLR0917 - the parame
 
 def test_a_dead_letter_is_resent_to_its_origin_once(start_broker: Any, tmp_path: Path) -> None:
     broker = start_broker(config={"filter_server_nums": 1})
-    api = httpx.Client(base_url=broker.admin_url, timeout=30)
+    api = httpx.Client(base_url=broker.admin_url, timeout=30, headers=OWN)
     api.post("/topics", json={"name": TOPIC, "queue_nums": 1}).raise_for_status()
     send(broker.endpoint, 6)
     failing = (
@@ -175,8 +177,8 @@ def test_inspection_routes_check_the_topics_they_reach(start_broker: Any, tmp_pa
               "filter_server_nums": 1}  # fmt: skip
     broker = start_broker(config=config)
     with (
-        httpx.Client(base_url=broker.admin_url, auth=root, timeout=30) as as_root,
-        httpx.Client(base_url=broker.admin_url, auth=alice, timeout=30) as as_alice,
+        httpx.Client(base_url=broker.admin_url, auth=root, timeout=30, headers=OWN) as as_root,
+        httpx.Client(base_url=broker.admin_url, auth=alice, timeout=30, headers=OWN) as as_alice,
     ):
         for name in (TOPIC, "Public"):
             as_root.post("/topics", json={"name": name, "queue_nums": 1}).raise_for_status()

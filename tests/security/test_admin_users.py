@@ -20,6 +20,8 @@ from siftmq.client import Producer
 from siftmq.errors import RemoteForbidden, RemoteUnauthorized
 
 pytestmark = pytest.mark.integration
+#: what siftmq's own callers send: a POST without a JSON body needs it (see the admin API)
+OWN = {"X-Siftmq-Client": "test"}
 
 AUTH = auth_file(
     [
@@ -57,7 +59,7 @@ def auth_file(tmp_path: Path) -> Path:
 def test_users_and_acls_change_live_and_survive_a_restart(start_broker: Any, auth_file: Path) -> None:
     broker = start(start_broker, auth_file)
     url = broker.admin_url
-    with httpx.Client(base_url=url, timeout=10, auth=ROOT) as http:
+    with httpx.Client(base_url=url, timeout=10, auth=ROOT, headers=OWN) as http:
         created = http.post("/users", json={"username": "bob"})
         assert created.status_code == 201, created.text
         bob = created.json()["password"]  # generated, shown once
@@ -113,7 +115,8 @@ def test_users_and_acls_change_live_and_survive_a_restart(start_broker: Any, aut
         with pytest.raises(RemoteForbidden):
             send(broker.endpoint, "bob", new_bob)
 
-    with httpx.Client(base_url=url, timeout=10, auth=ALICE) as http:  # a Normal user: no user admin
+    # a Normal user: no user admin
+    with httpx.Client(base_url=url, timeout=10, auth=ALICE, headers=OWN) as http:
         program = {"source": "def match(m):\n    return True\n"}
         denied = http.put("/groups/alice-app/programs/Orders", json=program)  # needs Update on the group
         assert denied.status_code == 403 and "may not Update Group:alice-app" in denied.json()["message"]
@@ -130,7 +133,7 @@ def test_users_and_acls_change_live_and_survive_a_restart(start_broker: Any, aut
     assert send(broker.endpoint, "alice", ALICE[1])
     with pytest.raises(RemoteForbidden):
         send(broker.endpoint, "bob", new_bob)
-    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT) as http:
+    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT, headers=OWN) as http:
         assert http.delete("/users/bob").status_code == 204
     with pytest.raises(RemoteUnauthorized):
         send(broker.endpoint, "bob", new_bob)
@@ -142,7 +145,7 @@ def test_an_edit_by_hand_is_not_overwritten_by_the_api(start_broker: Any, auth_f
     edited = json.loads(auth_file.read_text())
     edited["users"].append({"username": "handmade", "password": "H4ndmade-pw"})
     auth_file.write_text(json.dumps(edited))  # and the API changes something before the watcher looks
-    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT) as http:
+    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT, headers=OWN) as http:
         stale = http.post("/users", json={"username": "viaapi"})
         assert stale.status_code == 409 and "changed on disk" in stale.json()["message"]
         assert http.post("/users", json={"username": "viaapi"}).status_code == 201  # against the edit
@@ -164,7 +167,7 @@ def test_a_topic_the_call_would_create_needs_create(start_broker: Any, auth_file
 def test_bearer_tokens(start_broker: Any, auth_file: Path) -> None:
     broker = start(start_broker, auth_file)
     url = broker.admin_url
-    with httpx.Client(base_url=url, timeout=10) as http:
+    with httpx.Client(base_url=url, timeout=10, headers=OWN) as http:
         assert http.post("/tokens").status_code == 401
         issued = http.post("/tokens", auth=ROOT)
         assert issued.status_code == 201 and issued.json()["token_type"] == "Bearer"

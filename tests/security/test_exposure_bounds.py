@@ -112,3 +112,17 @@ def test_a_client_id_belongs_to_the_user_who_first_used_it(start_broker: Any, tm
             assert "victim-1" in json.dumps(clients)  # its session is still there
 
     asyncio.run(scenario())
+
+
+def test_a_post_a_web_page_could_make_is_refused(start_broker: Any) -> None:
+    """A page of another site can make the browser POST a form here (no preflight), with its
+    cached login or — with authentication off on loopback — none at all: such a POST is refused."""
+    broker = start_broker()
+    resend = "/topics/%25DLQ%25g/queues/0/messages/0/resend"
+    with httpx.Client(base_url=broker.admin_url, timeout=10) as http:
+        forms = ({"content-type": "application/x-www-form-urlencoded"}, {"content-type": "text/plain"}, {})
+        for headers in forms:
+            answer = http.post(resend, content=b"a=1" if headers else b"", headers=headers)
+            assert answer.status_code == 403 and "X-Siftmq-Client" in answer.json()["message"], headers
+        own = http.post(resend, headers={"X-Siftmq-Client": "test"})  # reaches the route: no such topic
+        assert own.status_code == 404

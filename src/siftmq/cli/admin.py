@@ -44,6 +44,7 @@ def call_api(
     token = os.environ.get(TOKEN_ENV)
     login = (user, password or "") if user and not token else None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers["X-Siftmq-Client"] = "cli"  # (a POST without a body needs it: see the admin API)
     verify: Any = ssl.create_default_context(cafile=ca_file) if ca_file else True
     try:
         response = httpx.request(

@@ -95,6 +95,21 @@ def create_app(
         peer = request.client.host if request.client else None
         return user is not None and gate.allowed(user, resource, action, peer)
 
+    @app.middleware("http")
+    async def not_from_other_sites(request: Request, call_next: _Next) -> Any:
+        # a page on another site can make a browser POST here (a form: no preflight), with its
+        # cached login or none at all: a POST must say it is JSON or carry siftmq's own header,
+        # which a page can send only after a preflight this API never grants
+        if request.method == "POST" and not _own_request(request):
+            return JSONResponse(
+                {
+                    "error": "FORBIDDEN",
+                    "message": "a POST needs Content-Type: application/json or an X-Siftmq-Client header",
+                },
+                status_code=403,
+            )
+        return await call_next(request)
+
     if _serves_loopback(broker.config.admin_listen):
 
         @app.middleware("http")
@@ -476,3 +491,10 @@ def _loopback_name(host: str) -> bool:
     elif name.count(":") == 1:
         name = name.split(":", 1)[0]
     return name in ("localhost", "::1") or name.startswith("127.")
+
+
+def _own_request(request: Request) -> bool:
+    """A request a web page of another site cannot have made without a CORS preflight."""
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    headers = request.headers
+    return content_type == "application/json" or "x-siftmq-client" in headers or "x-siftmq-console" in headers
