@@ -247,19 +247,18 @@ class CommitLog:
 
     def _roll(self, seg: Segment, tail: bytes | bytearray) -> Segment:
         """End ``seg`` with ``tail`` (this append's records that fit, and the blank marker) and go
-        on in the next segment, opened first: when it cannot be (no room for its preallocation, no
-        file descriptor), nothing of the append is written — records left in the full segment
-        would be recovered after a restart with queue offsets the next appends reuse. (An append
-        larger than a segment, which no request can carry, may still leave its first part.)"""
-        following = self._open_segment(seg.start_offset + self.segment_size)
+        on in the next segment. When the next cannot be made (no file descriptor left, say), the
+        tail is taken back: records left in the full segment would be recovered after a restart
+        with queue offsets the next appends reuse, and the client's retry would store them again.
+        (The tail goes first: a reader of the files that finds the next segment finds this one
+        ended. An append larger than a segment, which no request can carry, may keep a first part.)"""
+        before = seg.length
+        seg.write(tail)
         try:
-            seg.write(tail)
+            return self._new_segment(seg.start_offset + self.segment_size)
         except BaseException:
-            following.close()
+            seg.unwrite(before)
             raise
-        seg.trim()
-        self._segments.append(following)
-        return following
 
     def _new_segment(self, start: int) -> Segment:
         """Create the next segment, preallocated and mapped for writing; the previous one, full

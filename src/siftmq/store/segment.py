@@ -215,6 +215,16 @@ class Segment:
         self.length = end
         self.dirty = True
 
+    def unwrite(self, length: int) -> None:
+        """Take back what was written past ``length`` (a write that must not stand): zeroed in the
+        map, or cut from the file, so that neither recovery nor a reader takes it for records."""
+        if self.write_map is not None:
+            self.write_map[length : self.length] = bytes(self.length - length)
+        else:
+            os.ftruncate(self.fd, length)
+        self.length = length
+        self.dirty = True
+
     def read(self, pos: int, size: int) -> bytes:
         """Up to ``size`` bytes at file position ``pos`` (short only at the end of valid data)."""
         size = max(0, min(size, self.length - pos))
