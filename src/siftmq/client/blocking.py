@@ -68,6 +68,7 @@ class _Blocking:
         try:
             return future.result(self._timeout)
         except BaseException:
+            future.cancel()  # not started yet: it never will
             asyncio.run_coroutine_threadsafe(_cancelled(running), self._loop).result()
             raise
 
