@@ -58,7 +58,8 @@ def test_a_loopback_admin_api_answers_to_loopback_names_only(start_broker: Any) 
     broker = start_broker()
     port = broker.admin_url.rsplit(":", 1)[1]
     with httpx.Client(base_url=broker.admin_url, timeout=10) as http:
-        for host in ("attacker.example", f"attacker.example:{port}", "10.0.0.1"):
+        rebound = f"127.0.0.1.attacker.example:{port}"  # a name that merely starts like a loopback address
+        for host in ("attacker.example", f"attacker.example:{port}", "10.0.0.1", rebound):
             answer = http.post("/topics", json={"name": "Rebound"}, headers={"host": host})
             assert answer.status_code == 403, host
         assert http.get("/topics/Rebound").status_code == 404  # nothing was created

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal
 
@@ -490,7 +491,12 @@ def _loopback_name(host: str) -> bool:
         name = name[1 : name.find("]")] if "]" in name else name[1:]
     elif name.count(":") == 1:
         name = name.split(":", 1)[0]
-    return name in ("localhost", "::1") or name.startswith("127.")
+    if name == "localhost":
+        return True
+    try:  # an address, not a name that merely starts like one (127.0.0.1.attacker.example)
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _own_request(request: Request) -> bool:
