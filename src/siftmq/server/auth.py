@@ -12,6 +12,7 @@ answers ``FORBIDDEN`` (40300) naming the resource and the action.
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -38,6 +39,7 @@ CACHE_SIZE: Final = 4096  # remembered decisions (cleared when full)
 #: Calls that act on the calling client's session by its id (their own, or its owner's, only).
 SESSION_CALLS: Final = frozenset({"Telemetry", "Heartbeat", "NotifyClientTermination"})
 MAX_OWNED_CLIENTS: Final = 65_536
+MAX_CLIENT_KEY: Final = 128  # characters of a client id kept as it is (a longer one by its digest)
 
 Need = tuple[tuple[str, Action], ...]
 """Resource/action pairs a request needs, all of them."""
@@ -264,6 +266,8 @@ class Gate:
         client = _client_id(context)
         if not client:
             return None
+        if len(client) > MAX_CLIENT_KEY:  # the table's memory stays bounded whatever ids arrive
+            client = "#" + hashlib.sha256(client.encode()).hexdigest()
         owner = self._owners.get(client)
         if owner is None:
             if len(self._owners) >= MAX_OWNED_CLIENTS:
