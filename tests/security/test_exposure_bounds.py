@@ -97,20 +97,24 @@ def test_a_client_id_belongs_to_the_user_who_first_used_it(start_broker: Any, tm
         "data", config={"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(path)}
     )
 
+    victim = "victim-" + "1" * 249  # as long as the broker keeps a client id (256)
+
     async def scenario() -> None:
-        creds = {"access_key": ROOT[0], "secret_key": ROOT[1], "client_id": "victim-1"}
+        creds = {"access_key": ROOT[0], "secret_key": ROOT[1], "client_id": victim}
         async with SimpleConsumer(broker.endpoint, "svc", {"Svc": FilterExpression.tag()}, **creds):
-            alice = Connection(
-                broker.endpoint, access_key=ALICE[0], secret_key=ALICE[1], client_id="victim-1"
-            )
-            try:
-                with pytest.raises(RemoteForbidden, match="belongs to another user"):
-                    await alice.unary("NotifyClientTermination", pb.NotifyClientTerminationRequest())
-            finally:
-                await alice.close()
+            # the id itself, and a longer one the broker cuts to it
+            for claimed in (victim, victim + "-more"):
+                alice = Connection(
+                    broker.endpoint, access_key=ALICE[0], secret_key=ALICE[1], client_id=claimed
+                )
+                try:
+                    with pytest.raises(RemoteForbidden, match="belongs to another user"):
+                        await alice.unary("NotifyClientTermination", pb.NotifyClientTerminationRequest())
+                finally:
+                    await alice.close()
             with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT) as root:
                 clients = root.get("/groups/svc").json()
-            assert "victim-1" in json.dumps(clients)  # its session is still there
+            assert victim in json.dumps(clients)  # its session is still there
 
     asyncio.run(scenario())
 

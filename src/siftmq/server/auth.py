@@ -12,7 +12,6 @@ answers ``FORBIDDEN`` (40300) naming the resource and the action.
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -25,7 +24,7 @@ from siftmq.auth.acl import Action, AuthTable, User, dump_auth_file, parse_auth_
 from siftmq.auth.signature import SignatureError, Verifier, signature_headers
 from siftmq.errors import BadRequestError, ConfigError, StatusCode, UnsupportedError
 from siftmq.protocol.service import Rpc
-from siftmq.server.convert import topic_name
+from siftmq.server.convert import client_id_of, topic_name
 from siftmq.server.status import status
 from siftmq.store.segment import write_atomically
 
@@ -39,7 +38,6 @@ CACHE_SIZE: Final = 4096  # remembered decisions (cleared when full)
 #: Calls that act on the calling client's session by its id (their own, or its owner's, only).
 SESSION_CALLS: Final = frozenset({"Telemetry", "Heartbeat", "NotifyClientTermination"})
 MAX_OWNED_CLIENTS: Final = 65_536
-MAX_CLIENT_KEY: Final = 128  # characters of a client id kept as it is (a longer one by its digest)
 
 Need = tuple[tuple[str, Action], ...]
 """Resource/action pairs a request needs, all of them."""
@@ -263,11 +261,9 @@ class Gate:
         """A client id belongs to the user who first used it (its Telemetry stream, or a heartbeat):
         another user's call on it — which could end or take over that client's session, and needs
         no right on any resource — is refused."""
-        client = _client_id(context)
+        client = client_id_of(context)  # as the broker keys the session (cut at 256 characters)
         if not client:
             return None
-        if len(client) > MAX_CLIENT_KEY:  # the table's memory stays bounded whatever ids arrive
-            client = "#" + hashlib.sha256(client.encode()).hexdigest()
         owner = self._owners.get(client)
         if owner is None:
             if len(self._owners) >= MAX_OWNED_CLIENTS:
@@ -374,17 +370,10 @@ def _peer(context: Any) -> str:
     return str(context.peer() or "")
 
 
-def _client_id(context: Any) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == "x-mq-client-id":
-            return str(value)
-    return ""
-
-
 def _client(context: Any) -> str:
     """The client id the call names (for the audit log; ``-`` when it names none), printable
     characters only: a line break in it would forge lines of the audit log."""
-    client = _client_id(context)[:128]
+    client = client_id_of(context)[:128]
     return "".join(c if c.isprintable() else "?" for c in client) if client else "-"
 
 

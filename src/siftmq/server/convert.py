@@ -34,8 +34,25 @@ _CRC32 = pb.DigestType.CRC32
 _NORMAL = pb.MessageType.NORMAL
 
 
+#: Characters of a client id the broker keeps (its sessions, and who owns them): a longer one is cut.
+MAX_CLIENT_ID_LENGTH = 256
+
+
 def topic_name(resource: pb.Resource) -> str:
     return _qualified(resource.resource_namespace, resource.name)
+
+
+def call_header(context: Any, name: str, limit: int) -> str | None:
+    """A request metadata value (at most ``limit`` characters), or None when absent."""
+    for key, value in context.invocation_metadata() or ():
+        if key == name:
+            return str(value)[:limit]
+    return None
+
+
+def client_id_of(context: Any) -> str:
+    """The client id a call names, as the broker keys the client's session by it ("" for none)."""
+    return call_header(context, "x-mq-client-id", MAX_CLIENT_ID_LENGTH) or ""
 
 
 #: Distinct names (topics, groups, hosts) remembered by the per-message conversions: names repeat.

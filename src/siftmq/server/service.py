@@ -41,24 +41,11 @@ DEADLINE_MARGIN_S = 0.5
 PRODUCER_MAX_ATTEMPTS = 3
 MESSAGE_MODEL_HEADER = "x-siftmq-message-model"
 #: Characters of a client id kept (longer ids are cut, so one header cannot grow the session table).
-MAX_CLIENT_ID_LENGTH = 256
-
-
-def _header(context: grpc.aio.ServicerContext[Any, Any], name: str, limit: int) -> str | None:
-    """A request metadata value (at most ``limit`` characters), or None when absent."""
-    for key, value in context.invocation_metadata() or ():
-        if key == name:
-            return str(value)[:limit]
-    return None
-
-
-def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    return _header(context, "x-mq-client-id", MAX_CLIENT_ID_LENGTH) or ""
 
 
 def _message_model(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     """siftmq's own clients declare their message model (official v5 clients only cluster)."""
-    model = _header(context, MESSAGE_MODEL_HEADER, 32)
+    model = convert.call_header(context, MESSAGE_MODEL_HEADER, 32)
     return model.lower() if model is not None else None
 
 
@@ -214,20 +201,20 @@ class MessagingService:
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         group = convert.topic_name(request.group) if request.HasField("group") else None
         self.broker.heartbeat(
-            _client_id(context), _client_type(request.client_type), group, address=_peer(context)
+            convert.client_id_of(context), _client_type(request.client_type), group, address=_peer(context)
         )
         return pb.HeartbeatResponse(status=ok())
 
     async def NotifyClientTermination(
         self, request: pb.NotifyClientTerminationRequest, context: Any
     ) -> pb.NotifyClientTerminationResponse:
-        self.broker.client_terminated(_client_id(context))
+        self.broker.client_terminated(convert.client_id_of(context))
         return pb.NotifyClientTerminationResponse(status=ok())
 
     async def Telemetry(
         self, requests: AsyncIterator[pb.TelemetryCommand], context: Any
     ) -> AsyncIterator[pb.TelemetryCommand]:
-        client_id = _client_id(context)
+        client_id = convert.client_id_of(context)
         model = _message_model(context)
         async for command in requests:
             if command.WhichOneof("command") != "settings":
@@ -345,9 +332,8 @@ class MessagingService:
     ) -> pb.QueryAssignmentResponse:
         topic_name = convert.topic_name(request.topic)
         topic = await self._call(self.broker.route, topic_name)
-        queue_ids = await self._call(
-            self.broker.assignment, convert.topic_name(request.group), topic_name, _client_id(context)
-        )
+        group = convert.topic_name(request.group)
+        queue_ids = await self._call(self.broker.assignment, group, topic_name, convert.client_id_of(context))
         broker = pb.Broker(name=self.config.broker_name, id=0, endpoints=request.endpoints)
         perm = pb.Permission.READ_WRITE if topic.perm == 6 else pb.Permission.READ
         # As RocketMQ's proxy: receive (pop) consumers get one assignment per broker (queue id -1 = every
@@ -389,7 +375,7 @@ class MessagingService:
                 batch_size=request.batch_size or 1,
                 invisible_ms=invisible,
                 hold_s=hold,
-                client_id=_client_id(context),
+                client_id=convert.client_id_of(context),
                 executor=self._reads_for(group, subscription.topic),
             )
         except Exception as exc:
@@ -456,7 +442,7 @@ class MessagingService:
         constructor arguments) unless every entry was acknowledged (None)."""
         group = convert.topic_name(request.group)
         topic = convert.topic_name(request.topic)
-        client_id = _client_id(context)
+        client_id = convert.client_id_of(context)
 
         if len(request.entries) > MAX_ACK_ENTRIES:
             return status(
@@ -505,7 +491,7 @@ class MessagingService:
             topic,
             request.receipt_handle,
             invisible_ms,
-            client_id=_client_id(context),
+            client_id=convert.client_id_of(context),
         )
         self.notifier.wake_at(topic, invisible_ms / 1000)  # receives waiting already look again then
         return pb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
@@ -519,7 +505,7 @@ class MessagingService:
             convert.topic_name(request.group),
             convert.topic_name(request.topic),
             request.receipt_handle,
-            client_id=_client_id(context),
+            client_id=convert.client_id_of(context),
         )
         return pb.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
@@ -543,7 +529,7 @@ class MessagingService:
                 offset=request.offset,
                 batch_size=request.batch_size or 32,
                 hold_s=hold,
-                client_id=_client_id(context),
+                client_id=convert.client_id_of(context),
                 executor=self._reads_for(group, subscription.topic),
             )
         except Exception as exc:
@@ -588,7 +574,7 @@ class MessagingService:
             convert.topic_name(request.message_queue.topic),
             request.message_queue.id,
             request.offset,
-            client_id=_client_id(context),
+            client_id=convert.client_id_of(context),
         )
         return pb.UpdateOffsetResponse(status=ok())
 
@@ -604,7 +590,7 @@ class MessagingService:
             convert.topic_name(request.group),
             convert.topic_name(request.topic),
             list(zip(request.queue_id, request.offset, strict=True)),
-            client_id=_client_id(context),
+            client_id=convert.client_id_of(context),
         )
         return batch_pb.UpdateOffsetsResponse(status=ok(), assigned_queue_id=assigned)
 
@@ -615,7 +601,7 @@ class MessagingService:
             convert.topic_name(request.group),
             convert.topic_name(request.message_queue.topic),
             request.message_queue.id,
-            client_id=_client_id(context),
+            client_id=convert.client_id_of(context),
         )
         return pb.GetOffsetResponse(status=ok(), offset=offset)
 
