@@ -4,7 +4,7 @@
 receives made ahead), ``PushConsumer`` (listener), ``PullConsumer`` (``poll``/``seek``/``commit``).
 Filters are validated locally (``FilterExpression.tag``/``.sql92``) and every delivered message is
 re-checked on the client.
-Depends only on the protocol stubs, the error types and the filter engine.
+Depends only on the protocol stubs, the error types, the filter engine and durable file writes.
 """
 
 from siftmq.client.consumers import PullConsumer, PushConsumer, SimpleConsumer

@@ -13,7 +13,6 @@ import contextlib
 import inspect
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from siftmq.client.connection import Connection, check
 from siftmq.client.model import FilterExpression, ReceivedMessage
 from siftmq.client.prefetch import Prefetching
+from siftmq.durable import write_atomically
 from siftmq.errors import ConfigError, RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import MAX_ACK_ENTRIES
@@ -836,14 +836,4 @@ def _read_offsets(path: Path) -> dict[int, int]:
 def _write_offsets(path: Path, offsets: dict[int, int]) -> None:
     """Replace the offsets file as a whole and durably: a crash leaves the old one or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(offsets))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    write_atomically(path, json.dumps(offsets).encode())

@@ -22,11 +22,11 @@ from typing import Any, Final
 
 from siftmq.auth.acl import Action, AuthTable, User, dump_auth_file, parse_auth_file
 from siftmq.auth.signature import SignatureError, Verifier, signature_headers
+from siftmq.durable import write_atomically
 from siftmq.errors import BadRequestError, ConfigError, StatusCode, UnsupportedError
 from siftmq.protocol.service import Rpc
 from siftmq.server.convert import client_id_of, topic_name
 from siftmq.server.status import status
-from siftmq.store.segment import write_atomically
 
 _log = logging.getLogger(__name__)
 

@@ -24,17 +24,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final, NamedTuple
 
+from siftmq.durable import fsync_dir
 from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
 from siftmq.store import codec, decoding
 from siftmq.store.codec import EncodedBatch, EncodedParts, StoredMessage
 from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, next_intact
-from siftmq.store.segment import (
-    Segment,
-    fsync_dir,
-    list_segment_starts,
-    segment_name,
-    sequential_starts,
-)
+from siftmq.store.segment import Segment, list_segment_starts, segment_name, sequential_starts
 
 _log = logging.getLogger(__name__)
 

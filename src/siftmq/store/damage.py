@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
+from siftmq.durable import fsync_dir
 from siftmq.errors import CorruptRecordError
 from siftmq.store import codec, decoding
-from siftmq.store.segment import Segment, fsync_dir, segment_name
+from siftmq.store.segment import Segment, segment_name
 
 _log = logging.getLogger(__name__)
 

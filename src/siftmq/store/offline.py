@@ -40,11 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from siftmq.durable import fsync_dir, write_atomically
 from siftmq.errors import StoreError, StoreLockedError
 from siftmq.store.consumequeue import ConsumeQueue
 from siftmq.store.consumequeue_ext import ConsumeQueueExt
 from siftmq.store.recovery import Checkpoint
-from siftmq.store.segment import fsync_dir, write_atomically
 
 _log = logging.getLogger(__name__)
 

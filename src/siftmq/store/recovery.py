@@ -34,12 +34,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from siftmq.durable import write_atomically
 from siftmq.store.commitlog import CommitLog
 from siftmq.store.consumequeue import ConsumeQueue
 from siftmq.store.damage import DamagedRange, damaged_range, quarantine
 from siftmq.store.dispatch import DispatchRequest, Reput
 from siftmq.store.keyindex import KeyIndex
-from siftmq.store.segment import write_atomically
 
 _log = logging.getLogger(__name__)
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from siftmq.durable import fsync_dir
+
 _log = logging.getLogger(__name__)
 
 NAME_DIGITS: Final = 20
@@ -78,32 +80,6 @@ def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, pos: int) -> None
     written = os.pwrite(fd, data, pos)
     while written < len(data):
         written += os.pwrite(fd, memoryview(data)[written:], pos + written)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a file creation, deletion or rename in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, payload: bytes, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``payload`` durably: write a temporary file, fsync it, rename, fsync the dir.
-    The file gets ``mode`` (a temporary file left over from a crash may have had another)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.fchmod(fd, mode)
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 @dataclass(slots=True)

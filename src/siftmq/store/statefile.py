@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
+from siftmq.durable import fsync_dir
 from siftmq.errors import ConfigError
-from siftmq.store.segment import fsync_dir
 
 _log = logging.getLogger(__name__)
 

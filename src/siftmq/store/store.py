@@ -52,6 +52,7 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Final, cast
 
+from siftmq.durable import fsync_dir
 from siftmq.errors import StoreClosedError, StoreError, StoreLockedError
 from siftmq.store import codec, retention
 from siftmq.store.codec import Message, StoredMessage
@@ -68,7 +69,6 @@ from siftmq.store.offline import finish_pending_install
 from siftmq.store.reader import MessageReader
 from siftmq.store.recovery import Checkpoint, recover
 from siftmq.store.reput import INLINE_BACKLOG_BYTES, MessageArrivingListener, ReputService
-from siftmq.store.segment import fsync_dir
 from siftmq.store.tombstones import Tombstones
 
 _log = logging.getLogger(__name__)
