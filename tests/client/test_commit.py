@@ -93,3 +93,35 @@ def test_a_bad_offset_stores_nothing(start_broker: Any) -> None:
             await consumer.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_refused_queue_does_not_keep_the_others_unstored_on_the_standard_path(start_broker: Any) -> None:
+    """Against a broker without the batch extension each queue is one UpdateOffset: one refused
+    (an offset past the queue's end) is reported after the others are stored."""
+    broker = start_broker()
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            for _ in range(80):  # one at a time: spread over the queues
+                await producer.send("PartCommit", b"x", tag="t")
+        consumer = PullConsumer(broker.endpoint, "part-commit", "PartCommit", FilterExpression.tag())
+        consumer.connection.batch_extension = False
+        await consumer.start()
+        try:
+            got = 0
+            for _ in range(10):
+                got += len(await consumer.poll(64, timeout=0.2))
+            assert got == 80
+            queues = list(consumer._offsets)  # the order commit goes through them
+            consumer.seek(queues[0], 10_000)  # past the end: the broker refuses this one
+            with pytest.raises(RemoteError, match=f"1 of {len(queues)} queue offsets were not stored"):
+                await consumer.commit()
+            expected = {q: consumer._resume_offset(q) for q in queues[1:]}
+            committed = await _committed(consumer, 8)
+            assert committed[queues[0]] is None
+            assert {q: committed[q] for q in queues[1:]} == expected  # every other queue's was stored
+            assert sum(expected.values()) > 0 and len(queues) > 1
+        finally:
+            await consumer.stop()
+
+    asyncio.run(scenario())

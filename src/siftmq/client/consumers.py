@@ -793,8 +793,13 @@ class PullConsumer(_Consumer):
                 del self._offsets[qid]  # rebalanced away: its new owner continues from the group's offset
             return
         owned = set(await self.assignment())
+        refused: list[tuple[int, RemoteError]] = []
         for qid in list(self._offsets):
-            if qid in owned:
+            if qid not in owned:
+                self._forget(qid)
+                del self._offsets[qid]  # rebalanced away: its new owner continues from the group's offset
+                continue
+            try:
                 await self.connection.unary(
                     "UpdateOffset",
                     pb.UpdateOffsetRequest(
@@ -803,9 +808,17 @@ class PullConsumer(_Consumer):
                         offset=self._resume_offset(qid),
                     ),
                 )
-            else:
-                self._forget(qid)
-                del self._offsets[qid]  # rebalanced away: its new owner continues from the group's offset
+            except RemoteError as exc:  # one queue's refusal does not keep the others' positions unstored
+                refused.append((qid, exc))
+        if refused:
+            qid, first = refused[0]
+            attempted = len(owned & set(self._offsets))
+            raise RemoteError.for_status(
+                f"{len(refused)} of {attempted} queue offsets were not stored (the others were); "
+                f"queue {qid}: {first}",
+                status=first.status,
+                status_code=first.status_code,
+            ) from first
 
 
 def _failed_entries(response: pb.AckMessageResponse) -> list[pb.AckMessageResultEntry]:
