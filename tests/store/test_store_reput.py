@@ -351,3 +351,31 @@ def test_a_put_that_may_not_wait_leaves_a_lagging_index_to_others(tmp_path: Path
     finally:
         release.set()
         store.close()
+
+
+def test_records_indexed_before_a_failed_round_are_announced(idle_store: MessageStore) -> None:
+    """dispatch_all indexes in rounds of BATCH records; when a later round fails (a full disk) the
+    rounds before it stand, readable, so their waiting readers are told of them all the same."""
+    from siftmq.store.reput import BATCH
+
+    announced: list[tuple[str, int, int]] = []
+    idle_store.add_message_arriving_listener(lambda t, q, o: announced.append((t, q, o)))
+    idle_store.put_messages([msg(body=b"x") for _ in range(BATCH)])
+    idle_store.put_messages([msg(body=b"y") for _ in range(10)])
+    real = idle_store._reput.dispatch_appended
+    rounds: list[int] = []
+
+    def second_round_fails(records: Any, properties: Any) -> Any:
+        rounds.append(len(records))
+        if len(rounds) == 2:
+            raise OSError(28, "No space left on device")
+        return real(records, properties)
+
+    idle_store._reput.dispatch_appended = second_round_fails  # type: ignore[method-assign]
+    with pytest.raises(StoreError, match="No space left"):
+        idle_store.reput_service.dispatch_all(None)
+    assert rounds == [BATCH, 10]
+    assert announced == [("T", 0, BATCH)]
+    idle_store.reput_service.dispatch_all(None)  # the disk has room again: the rest follows
+    assert announced[-1] == ("T", 0, BATCH + 10)
+    assert len(_bodies(idle_store, "T", 0)) == BATCH + 10

@@ -162,16 +162,18 @@ class ReputService:
     def dispatch_all(self, limit: int | None, then: Callable[[], None] | None = None) -> None:
         """Dispatch every pending record ending at or before ``limit``; run ``then`` under the lock."""
         arrivals: list[QueueArrival] = []
-        with self.lock:
-            while True:
-                batch_arrivals, count = self._dispatch_locked(limit)
-                arrivals += batch_arrivals
-                if count < BATCH:
-                    break
-            if then is not None:
-                then()
-        if arrivals:
-            self._notify(arrivals)
+        try:
+            with self.lock:
+                while True:
+                    batch_arrivals, count = self._dispatch_locked(limit)
+                    arrivals += batch_arrivals
+                    if count < BATCH:
+                        break
+                if then is not None:
+                    then()
+        finally:  # what was indexed before a later batch failed is readable: its waiters are told
+            if arrivals:
+                self._notify(arrivals)
 
     def _dispatch_locked(self, limit: int | None) -> tuple[list[QueueArrival], int]:
         """Dispatch up to one batch (the caller holds the lock); returns the arrivals and how many
