@@ -68,16 +68,27 @@ def test_a_loopback_admin_api_answers_to_loopback_names_only(start_broker: Any) 
 
 
 def test_failed_logins_from_one_address_are_throttled(start_broker: Any, tmp_path: Path) -> None:
+    """Password guesses are throttled per address; a request carrying no credentials, or a valid
+    token, neither counts nor is held back."""
     from siftmq.server.admin_auth import LOGIN_FAILURES
 
     path = tmp_path / "auth.json"
     path.write_text(json.dumps(auth_file([])))
     broker = start_broker("data", config={"authentication_enabled": True, "auth_file": str(path)})
     with httpx.Client(base_url=broker.admin_url, timeout=10) as http:
+        # requests without credentials guess no password (a page on another site can send them,
+        # never an Authorization header): they do not lock the operator out
+        anonymous = [http.get("/overview").status_code for _ in range(3 * LOGIN_FAILURES)]
+        assert anonymous == [401] * (3 * LOGIN_FAILURES)
+        token = http.post("/tokens", auth=ROOT, headers={"x-siftmq-client": "1"}).json()["token"]
         wrong = [http.get("/topics", auth=(ROOT[0], f"guess-{i}")).status_code for i in range(LOGIN_FAILURES)]
         assert wrong == [401] * LOGIN_FAILURES
-        throttled = http.get("/topics", auth=ROOT)  # the right one too, from this address, for now
+        throttled = http.get("/topics", auth=ROOT)  # the right password too, from this address, for now
         assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+        bad_token = http.get("/topics", headers={"authorization": "Bearer not-a-token"})
+        assert bad_token.status_code == 429
+        # a token issued before is not guessable: the console logged in already keeps working
+        assert http.get("/topics", headers={"authorization": f"Bearer {token}"}).status_code == 200
         assert http.get("/healthz").status_code == 200  # what needs no login is served on
 
 

@@ -120,14 +120,6 @@ def bearer_token(authorization: str | None) -> str | None:
     return None
 
 
-def login(gate: Gate, tokens: Tokens, authorization: str | None) -> User | None:
-    """The user an ``Authorization`` header proves (Basic or Bearer); None otherwise."""
-    token = bearer_token(authorization)
-    if token is not None:
-        return tokens.user(gate, token)
-    return basic_user(gate, authorization)
-
-
 def needs_super(path: str) -> bool:
     parts = [p for p in path.split("/") if p]  # as admin_action splits it: "//users" is users too
     return bool(parts) and parts[0] in SUPER_PATHS

@@ -30,7 +30,15 @@ from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
 from siftmq.console import CONSOLE_PATHS, console_router
 from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError, StatusCode
-from siftmq.server.admin_auth import OPEN_PATHS, LoginThrottle, Tokens, admin_actions, login, needs_super
+from siftmq.server.admin_auth import (
+    OPEN_PATHS,
+    LoginThrottle,
+    Tokens,
+    admin_actions,
+    basic_user,
+    bearer_token,
+    needs_super,
+)
 from siftmq.server.admin_inspect import History, inspect_router
 from siftmq.server.admin_users import users_router
 from siftmq.server.auth import Gate
@@ -135,16 +143,24 @@ def create_app(
             if path in open_paths:
                 return await call_next(request)
             peer = request.client.host if request.client else None
-            wait_s = throttle.wait_s(peer)
-            if wait_s > 0:
-                return JSONResponse(
-                    {"error": "TOO_MANY_REQUESTS", "message": "too many failed logins from this address"},
-                    status_code=429,
-                    headers={"Retry-After": str(max(1, round(wait_s)))},
-                )
-            user = login(gate, tokens, request.headers.get("authorization"))
+            authorization = request.headers.get("authorization")
+            token = bearer_token(authorization)
+            user = tokens.user(gate, token) if token is not None else None
+            # The throttle guards passwords: a valid token (not guessable) is honoured while the
+            # address waits, and a request with no credentials guesses nothing (a page on another
+            # site can send those, never an Authorization header): neither locks the operator out
+            if user is None and authorization:
+                wait_s = throttle.wait_s(peer)
+                if wait_s > 0:
+                    return JSONResponse(
+                        {"error": "TOO_MANY_REQUESTS", "message": "too many failed logins from this address"},
+                        status_code=429,
+                        headers={"Retry-After": str(max(1, round(wait_s)))},
+                    )
+                user = basic_user(gate, authorization) if token is None else None
+                if user is None:
+                    throttle.failed(peer)
             if user is None:
-                throttle.failed(peer)
                 gate.failures["admin"] += 1
                 gate.audit("failure", "admin API login failed: %s %s from %s", request.method, path, peer)
                 # the console logs in itself: a browser's own Basic prompt would pop up over it
