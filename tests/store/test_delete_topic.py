@@ -73,3 +73,23 @@ def test_the_tombstone_goes_once_retention_deleted_every_dead_record(tmp_path: P
         assert store.tombstones.offset("T") is not None
         store.delete_expired_files(now_ms=1 << 62)
         assert store.tombstones.offset("T") is None
+
+
+def test_a_flush_meeting_a_queue_its_deletion_destroyed_stops_nothing(tmp_path: Path) -> None:
+    """The flush takes the list of queues, then syncs them outside the dispatch lock: a topic
+    deleted in between leaves a queue whose files are gone. That is no disk failure (which would
+    refuse every append until a later flush succeeded)."""
+    with MessageStore.open(small_config(tmp_path)) as store:
+        store.put_message(msg("T", b"t", queue_id=0))
+        store.put_message(msg("U", b"u", queue_id=0))
+        doomed = store._queues[("T", 0)]
+        segments = list(doomed.log._segments)  # as the flush of the queue's files had them
+
+        def deleted_meanwhile() -> None:
+            store.delete_topic("T")
+            for segment in segments:
+                segment.flush()
+
+        doomed.log.flush = deleted_meanwhile  # type: ignore[method-assign]
+        store.flush()
+        assert store.put_message(msg("U", b"after", queue_id=0)).queue_offset == 1

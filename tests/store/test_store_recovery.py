@@ -70,7 +70,11 @@ def test_torn_tail_is_truncated(tmp_path: Path, crash: bool) -> None:
         assert {b for _q, _o, b in got} == set(list(bodies.values())[:39])
         r = store.put_message(msg(body=b"after", queue_id=1))
         assert r.commit_log_offset == max(bodies)
-        assert r.queue_offset == 19  # message 39 (queue 1, offset 19) was lost; its offset is reused
+        # message 39 (queue 1, offset 19) was lost; a consumer may have read it, so its offset stays
+        # taken (given to "after", a consumer resuming at 20 would pass over it)
+        assert r.queue_offset == 20
+        assert [m.body for m in store.get_messages("g", "T", 1, 20, 8).messages] == [b"after"]
+        assert store.get_messages("g", "T", 1, 19, 8).messages[0].body == b"after"  # 19 passed over
     [copy] = (tmp_path / "quarantine").iterdir()  # the torn bytes are kept aside
     assert copy.name.startswith(f"commitlog-{max(bodies):020d}-") and copy.stat().st_size == size - 100 - (
         max(bodies) - int(last.name)
@@ -138,15 +142,18 @@ def test_lost_consume_queues_are_rebuilt(tmp_path: Path) -> None:
         assert _read_all(store) == expected
 
 
-def test_stale_consume_queue_tail_is_cut(tmp_path: Path) -> None:
+def test_stale_consume_queue_tail_is_cut_and_its_offset_stays_taken(tmp_path: Path) -> None:
+    """An index entry past the log's end (the log's tail lost in a crash) is cut, a torn partial
+    entry dropped; the whole entry's queue offset stays taken (a consumer may have read it)."""
     cfg = small_config(tmp_path)
     _write(cfg, 30, crash=True)
     cq_file = sorted((tmp_path / "consumequeue" / "T" / "0").iterdir())[-1]
     with open(cq_file, "ab") as f:
         f.write(b"\x00\x00\x00\x00\x7f\x00\x00\x00" + b"\x00\x00\x01\x00" + bytes(8) + b"\x01\x02\x03")
     with MessageStore.open(cfg) as store:
-        assert store.get_max_offset_in_queue("T", 0) == 15
+        assert store.get_max_offset_in_queue("T", 0) == 16
         assert len(_read_all(store)) == 30
+        assert store.put_message(msg(body=b"next", queue_id=0)).queue_offset == 16
 
 
 def test_crash_rebuilds_index_past_checkpoint(tmp_path: Path) -> None:
@@ -420,3 +427,67 @@ def test_writes_fall_back_to_pwrite_when_a_segment_cannot_be_preallocated(
     assert "writing with pwrite" in caplog.text
     with MessageStore.open(cfg) as store:
         assert len(_read_all(store)) == 60
+
+
+def test_a_damaged_index_entry_costs_that_entry_only(tmp_path: Path) -> None:
+    """One flipped high byte of an old index entry's commit log offset points it past the log's
+    end: that entry is passed over and counted, not every entry of its block (as if removed by
+    retention), and ``store check`` names it."""
+    cfg = small_config(tmp_path, consume_queue_entries_per_file=4096, commit_log_segment_size=8 << 20)
+    with MessageStore.open(cfg) as store:
+        for i in range(3000):
+            store.put_message(msg(body=b"m%05d" % i))
+    [cq_file] = (tmp_path / "consumequeue" / "T" / "0").iterdir()
+    with open(cq_file, "r+b") as f:
+        f.seek(100 * 20 + 2)
+        f.write(b"\x7f")
+    report = check_store(tmp_path)
+    assert not report.ok and [(e.topic, e.queue_id, e.queue_offsets) for e in report.bad_entries] == [
+        ("T", 0, (100,))
+    ]
+    with MessageStore.open(cfg) as store:
+        got = [o for _q, o, _b in _read_all(store)]
+        assert got == [o for o in range(3000) if o != 100]
+        assert store.damaged_reads == 1
+
+
+def test_a_rebuild_keeps_the_offsets_of_a_queue_retention_emptied(tmp_path: Path) -> None:
+    """Retention removed every record of queue A; a rebuild of the consume queues (another queue's
+    index was lost) starts A where it was, not at 0 below its consumers' progress."""
+    import time
+
+    cfg = small_config(tmp_path)
+    with MessageStore.open(cfg) as store:
+        for i in range(10):
+            store.put_message(msg(topic="A", body=b"a%d" % i))
+        while len(store.commit_log.segments()) < 3:
+            store.put_message(msg(topic="B", body=bytes(60_000)))
+        store.delete_expired_files(now_ms=int(time.time() * 1000) + 10**12)
+        assert (store.get_min_offset_in_queue("A", 0), store.get_max_offset_in_queue("A", 0)) == (10, 10)
+    shutil.rmtree(tmp_path / "consumequeue" / "B")
+    for _ in range(2):  # and again after a restart: the offsets were kept on disk
+        with MessageStore.open(cfg) as store:
+            assert (store.get_min_offset_in_queue("A", 0), store.get_max_offset_in_queue("A", 0)) == (10, 10)
+    with MessageStore.open(cfg) as store:
+        assert store.put_message(msg(topic="A", body=b"new")).queue_offset == 10
+        assert [m.body for m in store.get_messages("g", "A", 0, 10, 8).messages] == [b"new"]
+
+
+def test_filler_entries_do_not_make_every_start_rebuild(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fillers (size 0) stand for records lost to damage; the next start keeps them, rather than
+    cutting the queue there and rebuilding every consume queue from the whole log each time."""
+    cfg = small_config(tmp_path)
+    bodies = _write(cfg, 20, crash=False, body_size=100)
+    offsets = sorted(bodies)
+    _flip(_commitlog_files(tmp_path)[0], offsets[4] + 80)  # queue 0, offset 2
+    shutil.rmtree(tmp_path / "consumequeue" / "T" / "1")  # a lost index: one rebuild writes the filler
+    with caplog.at_level("ERROR"), MessageStore.open(cfg) as store:
+        first = _read_all(store)
+    assert "rebuilding them all" in caplog.text
+    caplog.clear()
+    with caplog.at_level("ERROR"), MessageStore.open(cfg) as store:
+        assert _read_all(store) == first
+        assert [o for q, o, _b in first if q == 0] == [o for o in range(10) if o != 2]
+    assert "rebuilding" not in caplog.text

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from siftmq.cli.console import err, fail, note, out
+
+if TYPE_CHECKING:
+    from siftmq.store.check import LostEntry
 
 store_app = typer.Typer(no_args_is_help=True, help="Check a stopped broker's store.")
 
@@ -26,6 +29,21 @@ def _store_dir(data_dir: Path) -> Path:
     if (data_dir / "commitlog").is_dir():
         return data_dir
     fail(f"no siftmq store under {data_dir} (expected {data_dir / 'store' / 'commitlog'})", code=2)
+
+
+def _entry_fields(e: LostEntry) -> dict[str, object]:
+    offsets = list(e.queue_offsets)
+    return {"topic": e.topic, "queue_id": e.queue_id, "count": e.count, "queue_offsets": offsets}
+
+
+def _entries_table(title: str, entries: list[LostEntry]) -> Table:
+    table = Table(title=title)
+    for column in ("topic", "queue", "count", "queue offsets"):
+        table.add_column(column)
+    for e in entries:
+        shown = ", ".join(map(str, e.queue_offsets)) + (" ..." if e.count > len(e.queue_offsets) else "")
+        table.add_row(escape(e.topic), str(e.queue_id), str(e.count), shown)
+    return table
 
 
 @store_app.command("check")
@@ -53,10 +71,7 @@ def check(
             report = check_store(store_dir, segment_size=segment_size, on_progress=progress)
     except StoreError as exc:
         fail(exc, code=2)
-    lost = [
-        {"topic": e.topic, "queue_id": e.queue_id, "count": e.count, "queue_offsets": list(e.queue_offsets)}
-        for e in report.lost
-    ]
+    lost, bad_entries = ([_entry_fields(e) for e in entries] for entries in (report.lost, report.bad_entries))
     damaged = [
         {
             "offset": d.offset,
@@ -79,6 +94,7 @@ def check(
                     "torn_tail": report.torn_tail is not None,
                     "misplaced_segments": report.misplaced_segments,
                     "lost": lost,
+                    "bad_index_entries": bad_entries,
                     "fillers": report.fillers,
                     "quarantined": report.quarantined,
                     "crashed": report.crashed,
@@ -103,14 +119,11 @@ def check(
                 escape(str(d["reason"])),
             )
         out.print(table)
-    if lost:
-        table = Table(title="messages in damaged bytes")
-        for column in ("topic", "queue", "count", "queue offsets"):
-            table.add_column(column)
-        for e in report.lost:
-            shown = ", ".join(map(str, e.queue_offsets)) + (" ..." if e.count > len(e.queue_offsets) else "")
-            table.add_row(escape(e.topic), str(e.queue_id), str(e.count), shown)
-        out.print(table)
+    if report.lost:
+        out.print(_entries_table("messages in damaged bytes", report.lost))
+    if report.bad_entries:
+        title = "damaged index entries (pointing outside the commit log; reads pass over them)"
+        out.print(_entries_table(title, report.bad_entries))
     for name in report.misplaced_segments:
         out.print(
             f"segment file {name} breaks the sequence of segments (the broker moves it to quarantine)",

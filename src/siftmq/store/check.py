@@ -60,13 +60,17 @@ class CheckReport:
     #: segment files that break the sequence of start offsets
     misplaced_segments: list[str] = field(default_factory=list)
     lost: list[LostEntry] = field(default_factory=list)
+    #: index entries that point outside the commit log or give an impossible size: the index is
+    #: damaged (the records they stand for may be intact; reads pass over these entries)
+    bad_entries: list[LostEntry] = field(default_factory=list)
     fillers: int = 0
     quarantined: list[str] = field(default_factory=list)
     crashed: bool = False
 
     @property
     def ok(self) -> bool:
-        return not (self.damaged or self.torn_tail or self.misplaced_segments or self.lost or self.fillers)
+        problems = (self.damaged, self.torn_tail, self.misplaced_segments, self.lost, self.bad_entries)
+        return not (any(problems) or self.fillers)
 
 
 def check_store(
@@ -107,13 +111,16 @@ def check_store(
                 if on_progress is not None and report.records % 65536 == 0:
                     on_progress(msg.commit_log_offset + msg.store_size - first, total)
             report.bytes_scanned = total
+            log_span = (commit_log.min_offset, commit_log.max_offset)
             report.damaged = list(commit_log.damaged)
             if commit_log.scan_error is not None:
                 report.torn_tail = _tail(commit_log)
         finally:
             for seg in segments:
                 seg.close()
-        report.lost, report.fillers = _lost_entries(store_dir, [*report.damaged, *_opt(report.torn_tail)])
+        report.lost, report.bad_entries, report.fillers = _lost_entries(
+            store_dir, [*report.damaged, *_opt(report.torn_tail)], log_span, size
+        )
         quarantine = store_dir / QUARANTINE_DIR
         report.quarantined = sorted(p.name for p in quarantine.iterdir()) if quarantine.is_dir() else []
         return report
@@ -142,9 +149,13 @@ def _segment_size(starts: list[int]) -> int:
     return DEFAULT_SEGMENT_SIZE
 
 
-def _lost_entries(store_dir: Path, damaged: list[DamagedRange]) -> tuple[list[LostEntry], int]:
-    """The entries of every ConsumeQueue that point into ``damaged``, and the filler entries."""
+def _lost_entries(
+    store_dir: Path, damaged: list[DamagedRange], log_span: tuple[int, int], segment_size: int
+) -> tuple[list[LostEntry], list[LostEntry], int]:
+    """The entries of every ConsumeQueue that point into ``damaged``, those that point past the
+    log's end ``log_span[1]`` or give an impossible size, and the number of filler entries."""
     lost: list[LostEntry] = []
+    bad: list[LostEntry] = []
     fillers = 0
     starts = np.array([d.offset for d in damaged], dtype=np.int64)
     ends = np.array([d.offset + d.length for d in damaged], dtype=np.int64)
@@ -152,6 +163,13 @@ def _lost_entries(store_dir: Path, damaged: list[DamagedRange]) -> tuple[list[Lo
         phy = entries["commit_log_offset"].astype(np.int64)
         sizes = entries["size"].astype(np.int64)
         fillers += int(np.count_nonzero((sizes == 0) & (phy != 0)))
+        # below the log's start is removed by retention, not damage; a filler may sit at the end
+        impossible = (sizes < 0) | (sizes > segment_size) | (phy + sizes > log_span[1])
+        impossible &= phy + sizes > log_span[0]
+        wrong = np.nonzero(impossible)[0]
+        if len(wrong):
+            listed = tuple(int(first + i) for i in wrong[:MAX_LISTED])
+            bad.append(LostEntry(topic, queue_id, listed, len(wrong)))
         if not len(damaged):
             continue
         at = np.searchsorted(starts, phy, side="right") - 1
@@ -160,7 +178,7 @@ def _lost_entries(store_dir: Path, damaged: list[DamagedRange]) -> tuple[list[Lo
         if len(hits):
             offsets = tuple(int(first + i) for i in hits[:MAX_LISTED])
             lost.append(LostEntry(topic, queue_id, offsets, len(hits)))
-    return lost, fillers
+    return lost, bad, fillers
 
 
 def _queue_entries(store_dir: Path) -> Iterator[tuple[str, int, int, np.ndarray]]:

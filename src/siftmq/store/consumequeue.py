@@ -110,6 +110,18 @@ class ConsumeQueue:
             self.ext.put_encoded(first_offset, ext_units)
         self.log.append(first_offset, entries)
 
+    def fill_to(self, queue_offset: int, commit_log_offset: int) -> None:
+        """Take the queue offsets up to ``queue_offset`` with filler entries (size 0) pointing at
+        ``commit_log_offset``: a queue rebuilt from the CommitLog keeps the offsets its removed or
+        lost records held, so no offset a consumer has passed is given to a new message. An empty
+        queue gets one filler, just below ``queue_offset`` (the slots before it stay holes)."""
+        first = max(self.max_offset, queue_offset - 1) if not self.log.segment_count() else self.max_offset
+        if first >= queue_offset:
+            return
+        count = queue_offset - first
+        units = [self.ext.encode(0, 0, None)] * count if self.ext is not None else None
+        self.put_entries(first, [(commit_log_offset, 0, 0)] * count, units)
+
     def truncate(self, queue_offset: int) -> None:
         """Drop the entries from ``queue_offset`` on (and their extension units)."""
         self.log.truncate(queue_offset)
@@ -191,6 +203,21 @@ class ConsumeQueue:
         self.correct_min_offset(commit_log_min_offset)
         return deleted
 
+    def written_max_offset(self) -> int:
+        """:attr:`max_offset` without a tail of unwritten (all-zero) slots."""
+        end = self.max_offset
+        while end > self.min_offset:
+            first = max(self.min_offset, end - 1024)
+            data = self.log.read(first, end - first, within_segment=False)
+            if not data:
+                return end
+            arr = np.frombuffer(data, dtype=CQ_DTYPE)
+            written = np.flatnonzero((arr["commit_log_offset"] != 0) | (arr["size"] != 0))
+            if len(written):
+                return first + int(written[-1]) + 1
+            end = first
+        return end
+
     def truncate_dirty(self, commit_log_max_offset: int) -> None:
         """Drop tail entries that point at or beyond ``commit_log_max_offset`` (not in the log)."""
         while self.max_offset > self.min_offset:
@@ -199,8 +226,11 @@ class ConsumeQueue:
             if not data:
                 break
             arr = np.frombuffer(data, dtype=CQ_DTYPE)
-            ends = arr["commit_log_offset"].astype(np.int64) + arr["size"].astype(np.int64)
-            bad = (ends > commit_log_max_offset) | (arr["size"] <= 0)
+            phy = arr["commit_log_offset"].astype(np.int64)
+            sizes = arr["size"].astype(np.int64)
+            # a filler (size 0, the next record's position) stands for a record lost to damage and
+            # keeps its queue offset taken; only an unwritten slot (all zeros) or a negative size is dirty
+            bad = (phy + sizes > commit_log_max_offset) | (sizes < 0) | ((sizes == 0) & (phy == 0))
             if not bad.any():
                 break
             first_bad = int(np.flatnonzero(bad)[0])

@@ -190,6 +190,12 @@ class MessageReader:
                             end = nxt_end
                             k += 1
                         read = commit_log.read_range(phy, end - phy)
+                        if read is None and phy >= commit_log.min_offset:
+                            # not removed by retention (it removes whole segments from the front):
+                            # an entry pointing past the log's end is damaged itself; it alone is
+                            # passed over, not the rest of the block behind it
+                            self._skip_damaged(cq, offset + idx, phy, "index entry past the commit log")
+                            continue
                         if read is None:
                             if not messages:
                                 status = GetMessageStatus.MESSAGE_WAS_REMOVING

@@ -105,6 +105,7 @@ def recover(
     records scanned (every record appended after the checkpoint was written is scanned; without a
     checkpoint after a clean stop, only the last segment is).
     """
+    handed_out = {key: cq.written_max_offset() for key, cq in queues.items()}
     cl_min = commit_log.min_offset
     redispatch_from = commit_log.max_offset
     if abnormal:
@@ -160,6 +161,7 @@ def recover(
     if rebuild:
         _log.error("consume queues disagree with the commit log; rebuilding them all from the commit log")
         _rebuild_all(commit_log, queues, reput)
+    _keep_taken(commit_log, queues, handed_out)
     commit_log.queue_offsets = {key: cq.max_offset for key, cq in queues.items()}
     return latest
 
@@ -269,3 +271,23 @@ def _rebuild_all(commit_log: CommitLog, queues: dict[tuple[str, int], ConsumeQue
         commit_log.truncate(commit_log.scan_end)
     for cq in queues.values():
         cq.correct_min_offset(commit_log.min_offset)
+
+
+def _keep_taken(
+    commit_log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue], handed_out: dict[tuple[str, int], int]
+) -> None:
+    """Give every queue back the offsets it had handed out before recovery cut or rebuilt it.
+
+    Records cut from the log's end (damaged, or torn by a power loss) and records removed by
+    retention before a rebuild no longer index anything, but consumers may have read past their
+    queue offsets: given to new messages, those would be passed over as read. Filler entries keep
+    them taken (at the log's end: a read counts them as lost, as a damaged record's)."""
+    for key, cq in queues.items():
+        taken = handed_out.get(key, 0)
+        if cq.max_offset < taken:
+            _log.warning(
+                "%s:%d: queue offsets %d..%d stand for records no longer in the commit log; they stay taken",
+                key[0], key[1], cq.max_offset, taken - 1,
+            )  # fmt: skip
+            cq.fill_to(taken, commit_log.max_offset)
+            cq.correct_min_offset(commit_log.min_offset)

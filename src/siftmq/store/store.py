@@ -526,7 +526,14 @@ class MessageStore:
                 dispatched = self.reput_service.dispatched_offset
                 queues = list(self._queues.values())
             for cq in queues:
-                cq.flush()
+                try:
+                    cq.flush()
+                except OSError:
+                    # a queue its topic's deletion destroyed after the list was taken has nothing
+                    # to flush; anything else is the disk's failure and stops appends
+                    with self._queues_lock:
+                        if self._queues.get((cq.topic, cq.queue_id)) is cq:
+                            raise
             flushed = self.commit_log.flushed_offset
             # read after the offsets: covers every record below them (recovery scans the rest)
             latest = self._max_store_timestamp
