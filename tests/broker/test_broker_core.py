@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from siftmq.broker import filter_registry as filter_registry_module
 from siftmq.broker import parts as parts_module
 from siftmq.broker.model import ProducedBatch
 from siftmq.broker.receipts import ReceiptHandle
+from siftmq.broker.receive import DLQ_RETRY_MS
 from siftmq.errors import BadRequestError, FilterError, UnsupportedError
 from siftmq.hashing import java_string_hash
 from siftmq.store import store as store_module
@@ -493,28 +495,98 @@ def test_retention_deletes_old_segments_and_consumers_move_on(tmp_path: Path) ->
         broker.close()
 
 
-def test_a_failing_dlq_move_keeps_the_message_due(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_dlq_move_keeps_the_message_in_flight_and_serves_the_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     clock = SteppedClock()
     monkeypatch.setattr(parts_module, "time", clock)
-    broker = make_broker(tmp_path / "d", max_delivery_attempts=1)
+    broker = make_broker(tmp_path / "d", max_delivery_attempts=2, default_queue_nums=1)
+    group, sub = "g-move-fails", tag_sub("T")
     try:
-        send(broker, "T", n="1")
-        [d] = broker.receive("g", tag_sub("T"), invisible_ms=60)
+        poison = send(broker, "T", n="poison")
+        assert [d.message_id for d in broker.receive(group, sub, invisible_ms=60)] == [poison]
         clock.advance(0.1)
+        assert [d.delivery_attempt for d in broker.receive(group, sub, invisible_ms=60)] == [2]  # its last
+        other = send(broker, "T", n="other")
+        assert [d.message_id for d in broker.receive(group, sub, invisible_ms=60)] == [other]
+        clock.advance(0.1)  # both due: the poison for the dead-letter topic, first in line
+        fresh = send(broker, "T", n="fresh")
         real = broker._to_dlq
 
         def broken(*args: object, **kwargs: object) -> None:
-            raise OSError("disk full")
+            raise RuntimeError("the dead-letter topic cannot take it")
 
         broker._to_dlq = broken  # type: ignore[method-assign]
-        with pytest.raises(OSError):
-            broker.receive("g", tag_sub("T"))
+        with caplog.at_level(logging.WARNING, logger="siftmq.broker.receive"):
+            got = broker.receive(group, sub, batch_size=16, invisible_ms=60_000)
+            # the redelivery taken in the same pass and the new message are answered, not thrown away
+            assert [(d.message_id, d.delivery_attempt) for d in got] == [(other, 2), (fresh, 1)]
+            prog = broker.consumers.get((group, TOPIC, 0))
+            assert prog is not None
+            item = prog.inflight[0]  # the poison: in flight, tried again later
+            assert item.attempt == 2 and 0 < item.visible_at_ms - parts_module._now_ms() <= DLQ_RETRY_MS
+            clock.advance(DLQ_RETRY_MS / 1000 + 0.01)
+            assert (
+                broker.receive(group, sub, batch_size=16, invisible_ms=60_000) == []
+            )  # failed again, quietly
+        warned = [r.getMessage() for r in caplog.records if "could not be moved" in r.getMessage()]
+        assert len(warned) == 1 and "RuntimeError: the dead-letter topic cannot take it" in warned[0]
+        assert group in warned[0]
         broker._to_dlq = real  # type: ignore[method-assign]
-        assert broker.receive("g", tag_sub("T")) == []  # moved now, not stranded in flight
-        assert len(drain(broker, "dlq", tag_sub("*", topic="%DLQ%g"))) == 1
-        assert broker.consumers.get(("g", TOPIC, d.message.queue_id)).inflight == {}  # type: ignore[union-attr]
+        clock.advance(DLQ_RETRY_MS / 1000 + 0.01)
+        assert broker.receive(group, sub, batch_size=16, invisible_ms=60_000) == []  # moved now
+        dead = drain(broker, "dlq", tag_sub("*", topic=f"%DLQ%{group}"))
+        assert [p["DLQ_ORIGIN_MESSAGE_ID"] for _, p, _ in dead] == [poison]
+        assert 0 not in prog.inflight and len(prog.inflight) == 2  # the other two, still unacked
     finally:
         broker.close()
+
+
+def test_a_pass_cut_short_by_an_error_answers_what_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SteppedClock()
+    monkeypatch.setattr(parts_module, "time", clock)
+    broker = make_broker(tmp_path / "d", default_queue_nums=1)
+    group, sub = "g-cut-short", tag_sub("T")
+    try:
+        first, second = send(broker, "T"), send(broker, "T")
+        [a] = broker.receive(group, sub, batch_size=1, invisible_ms=60)
+        clock.advance(0.01)
+        [b] = broker.receive(group, sub, batch_size=1, invisible_ms=60)
+        assert (a.message_id, b.message_id) == (first, second)
+        clock.advance(0.1)  # both due, the first one first
+        real = broker.store.look_message_by_offset
+
+        def failing(offset: int, size: int) -> object:
+            if offset == b.message.commit_log_offset:
+                raise OSError(5, "Input/output error")
+            return real(offset, size)
+
+        monkeypatch.setattr(broker.store, "look_message_by_offset", failing)
+        got = broker.receive(group, sub, batch_size=16, invisible_ms=60_000)
+        assert [(d.message_id, d.delivery_attempt) for d in got] == [(first, 2)]  # before: the error, and
+        prog = broker.consumers.get((group, TOPIC, 0))  # the first lost in flight under a handle never sent
+        assert prog is not None
+        item = prog.inflight[b.message.queue_offset]
+        assert item.attempt == 1 and item.visible_at_ms <= parts_module._now_ms()  # untouched: still due
+        with pytest.raises(OSError):  # nothing taken before it: the read error is the answer
+            broker.receive(group, sub, batch_size=16, invisible_ms=60_000)
+        monkeypatch.setattr(broker.store, "look_message_by_offset", real)
+        got = broker.receive(group, sub, batch_size=16, invisible_ms=60_000)
+        assert [(d.message_id, d.delivery_attempt) for d in got] == [(second, 2)]
+    finally:
+        broker.close()
+
+
+def test_a_dead_letter_copy_cuts_a_long_filter_error_to_fit(broker: Broker) -> None:
+    send(broker, "T")
+    [d] = broker.receive("g", tag_sub("T"))
+    why = "TypeError: " + "\u00e9" * 1000  # 2 bytes a character: far over the copy's room
+    broker._to_dlq("g", d.message, 0, {"FILTER_ERROR": why})
+    [(_, props, _)] = drain(broker, "dlq", tag_sub("*", topic="%DLQ%g"))
+    kept = props["FILTER_ERROR"]
+    assert why.startswith(kept) and 698 < len(kept.encode()) <= 700  # MAX_FILTER_ERROR_BYTES
 
 
 def test_group_names_leave_room_for_the_dlq_topic(broker: Broker) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
+from siftmq.broker.validation import MAX_MESSAGE_ID_LENGTH, MAX_TOPIC_LENGTH
 from siftmq.store import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, StoredMessage
 
 PROPERTY_BORN_HOST = "__BORN_HOST"
@@ -13,6 +14,17 @@ PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
 #: Why a filter program failed on a message it sent to the dead-letter topic ("Type: message").
 PROPERTY_FILTER_ERROR = "FILTER_ERROR"
+#: UTF-8 bytes of a dead-letter copy's FILTER_ERROR text, at most (a longer one is cut).
+MAX_FILTER_ERROR_BYTES: Final = 700
+#: Property bytes every sent message leaves free below the record limit (32,767): what a
+#: dead-letter copy adds, each ``name\x01value\x02`` at its largest (the origin topic and
+#: message id are ASCII). A message the broker accepted must always fit its dead-letter copy:
+#: one that did not could never leave its group, and the move is retried until it fits.
+DEAD_LETTER_RESERVE: Final = (
+    len(PROPERTY_DLQ_ORIGIN_TOPIC) + 2 + MAX_TOPIC_LENGTH
+    + len(PROPERTY_DLQ_ORIGIN_MESSAGE_ID) + 2 + MAX_MESSAGE_ID_LENGTH
+    + len(PROPERTY_FILTER_ERROR) + 2 + MAX_FILTER_ERROR_BYTES
+)  # fmt: skip
 #: Properties the broker keeps in the system part of a delivered message, not the user part.
 SYSTEM_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_BORN_HOST})
 

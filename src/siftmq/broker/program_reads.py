@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from siftmq.broker.model import (
+    MAX_FILTER_ERROR_BYTES,
     PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
     PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_FILTER_ERROR,
@@ -91,12 +92,19 @@ class ProgramReads(BrokerParts):
     def _to_dlq(
         self, group: str, msg: StoredMessage, attempts: int, extra: dict[str, str] | None = None
     ) -> None:
+        """Store a copy of ``msg`` in ``group``'s dead-letter topic (created when missing).
+
+        The copy's added properties fit within what every send leaves free (``DEAD_LETTER_RESERVE``),
+        a FILTER_ERROR text cut to :data:`MAX_FILTER_ERROR_BYTES`.
+        """
         topic = dlq_topic(group)
         cfg = self.topics.get_or_create(topic, system=True)
         props = dict(msg.properties)
         props[PROPERTY_DLQ_ORIGIN_TOPIC] = msg.topic
         props[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = msg.uniq_key or msg.offset_msg_id
         props.update(extra or {})
+        if extra and PROPERTY_FILTER_ERROR in extra:
+            props[PROPERTY_FILTER_ERROR] = _cut_utf8(extra[PROPERTY_FILTER_ERROR], MAX_FILTER_ERROR_BYTES)
         self.store.put_message(
             Message(
                 topic=cfg.name,
@@ -147,3 +155,11 @@ def _positions(codes: bytes, code: int, limit: int) -> list[int]:
         found.append(at)
         at = codes.find(needle, at + 1)
     return found
+
+
+def _cut_utf8(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, at a character boundary."""
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) <= limit:
+        return text
+    return encoded[:limit].decode("utf-8", "ignore")

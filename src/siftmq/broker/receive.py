@@ -10,6 +10,7 @@ import logging
 import secrets
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, overload
@@ -41,8 +42,11 @@ from siftmq.store import (
 _log = logging.getLogger(__name__)
 _new_delivery: Final = functools.partial(tuple.__new__, Delivery)  # one per message received
 
-#: A dead-letter move refused for disk space is tried again this much later (ms).
+#: A dead-letter move that failed (a full disk, or anything else) is tried again this much later (ms).
 DLQ_RETRY_MS: Final = 1000
+#: Seconds between two log lines about failed dead-letter moves of one group and topic (or about
+#: receives cut short by an error); the ones in between are counted in the next line.
+FAILURE_LOG_INTERVAL_S: Final = 10.0
 #: A receipt handle's nonce: 48 random bits.
 NONCE_BYTES: Final = 6
 #: Index entries after which :meth:`Receiving.try_receive` reads no more, over all queues (a read
@@ -92,6 +96,32 @@ def _handle_problem(item: InFlight | None, handle: ReceiptHandle, now_ms: int) -
     else:
         return None
     return BadRequestError(problem, status=StatusCode.INVALID_RECEIPT_HANDLE)
+
+
+class _FailureLog:
+    """One WARNING per (what, group, topic) per :data:`FAILURE_LOG_INTERVAL_S`: a failure that
+    repeats on every receive (a dead-letter move that cannot succeed yet) must not flood the log."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, str, str], tuple[float, int]] = {}
+
+    def warn(self, what: str, group: str, topic: str, text: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        key = (what, group, topic)
+        with self._lock:
+            last, suppressed = self._last.get(key, (-FAILURE_LOG_INTERVAL_S, 0))
+            if now - last < FAILURE_LOG_INTERVAL_S:
+                self._last[key] = (last, suppressed + 1)
+                return
+            if len(self._last) >= 4096:  # bounded: groups and topics come and go
+                self._last.clear()
+            self._last[key] = (now, 0)
+        more = f" ({suppressed} more since the last such line)" if suppressed else ""
+        _log.warning("%s%s: %s: %s", text, more, type(exc).__name__, exc)
+
+
+_failures = _FailureLog()
 
 
 class Receiving(Subscribing):
@@ -220,6 +250,14 @@ class Receiving(Subscribing):
                         break
         except NotOnTheLoop:
             rp.stopped = True  # (inline only) what was delivered so far is the answer
+        except Exception as exc:
+            if not rp.out:
+                raise
+            # What was taken before the error is in flight under new handles, its attempt counted:
+            # thrown away with the answer, it would only come back once its invisible time is over.
+            _failures.warn(
+                "receive", group, topic.name, f"a receive of {group} on {topic.name} was cut short", exc
+            )
         if inline and not rp.out and (rp.stopped or rp.scan_left <= 0):
             return None
         if rp.out:
@@ -329,10 +367,21 @@ class Receiving(Subscribing):
                 if item.attempt >= self.config.max_delivery_attempts:
                     try:
                         self._to_dlq(rp.group, msg, item.attempt)
-                    except DiskFullError:
-                        # the dead-letter copy waits for room; the message stays in flight and the
-                        # group's other messages are served meanwhile
+                    except Exception as exc:  # whatever failed, the group must go on
+                        # The message stays in flight and the move is tried again later: raised,
+                        # the failure would end every receive of the group on the topic, since the
+                        # message is first in line. The rest of the group is served meanwhile.
                         prog.put(item._replace(visible_at_ms=rp.now + DLQ_RETRY_MS))
+                        if not isinstance(exc, DiskFullError):  # (a full disk is reported by sends)
+                            _failures.warn(
+                                "dead letter",
+                                rp.group,
+                                rp.topic,
+                                f"message {msg.uniq_key} of {rp.topic} could not be moved to the dead-letter "
+                                f"topic of {rp.group} after {item.attempt} attempts; it stays in flight and "
+                                f"is tried again every {DLQ_RETRY_MS} ms",
+                                exc,
+                            )
                         continue
                     del prog.inflight[item.queue_offset]
                     self.consumers.mark_dirty()

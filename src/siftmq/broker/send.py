@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from siftmq.broker.model import (
+    DEAD_LETTER_RESERVE,
     PROPERTY_BORN_HOST,
     ProducedBatch,
     ProducedMessage,
@@ -125,7 +126,9 @@ class Sending(BrokerParts):
                 stored = entries if len(fresh) == count else [entries[i] for i in fresh]
                 # indexed below, once the send locks are released: a send waiting for a stripe
                 # (maybe on the event loop) waits for the append alone
-                records = self.store.put_batch(topic.name, queue_id, stored, index=False)
+                records = self.store.put_batch(
+                    topic.name, queue_id, stored, index=False, properties_reserve=DEAD_LETTER_RESERVE
+                )
                 for i, record in zip(fresh, records, strict=True):
                     results[i] = SendResult(message_ids[i], record.queue_id, record.queue_offset)
                 self.stats.count(self.stats.sends, topic.name, len(fresh))

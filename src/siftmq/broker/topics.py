@@ -71,7 +71,12 @@ class TopicManager:
             return sorted(self._topics.values(), key=lambda t: t.name)
 
     def get_or_create(self, name: str, *, for_send: bool = False, system: bool = False) -> TopicConfig:
-        """The topic's config; creates it (default queue count) when auto-creation is on or ``system``."""
+        """The topic's config; creates it (default queue count) when auto-creation is on or ``system``.
+
+        ``system``: a topic the broker needs for its own work (a group's dead-letter topic, one per
+        group at most), created with one queue whatever ``max_topics`` says: a limit that clients'
+        topics reach must not stop a group's messages from being moved out of its way.
+        """
         found = self._topics.get(name)
         if found is not None:
             return found
@@ -81,12 +86,21 @@ class TopicManager:
                 f"topic {name!r} does not exist and auto-creation is off; create it first",
                 status=StatusCode.TOPIC_NOT_FOUND,
             )
-        return self.create(name, 1 if system else self._default_queue_nums, exist_ok=True)
+        if system:
+            return self.create(name, 1, exist_ok=True, beyond_limit=True)
+        return self.create(name, self._default_queue_nums, exist_ok=True)
 
     def create(
-        self, name: str, queue_nums: int, *, perm: int = PERM_READ_WRITE, exist_ok: bool = False
+        self,
+        name: str,
+        queue_nums: int,
+        *,
+        perm: int = PERM_READ_WRITE,
+        exist_ok: bool = False,
+        beyond_limit: bool = False,
     ) -> TopicConfig:
-        """Create (or with ``exist_ok`` return) a topic."""
+        """Create (or with ``exist_ok`` return) a topic; past ``max_topics`` only ``beyond_limit``
+        (the broker's own topics, see :meth:`get_or_create`)."""
         check_topic(name)
         if not 1 <= queue_nums <= self._max_queue_nums:
             raise BadRequestError(f"queue_nums must be in 1..{self._max_queue_nums}, not {queue_nums}")
@@ -96,7 +110,7 @@ class TopicManager:
                 if exist_ok:
                     return found
                 raise BadRequestError(f"topic {name!r} already exists", status=StatusCode.ILLEGAL_TOPIC)
-            if len(self._topics) >= self._max_topics:
+            if len(self._topics) >= self._max_topics and not beyond_limit:
                 raise BadRequestError(
                     f"cannot create topic {name!r}: the broker holds {len(self._topics)} topics, its "
                     "max_topics; delete topics or raise max_topics",

@@ -285,14 +285,22 @@ def _checked_body(body: object, max_body_size: int) -> bytes:
     return bytes(body)
 
 
-def _encode_bounded(properties: Mapping[str, str]) -> bytes:
-    """:func:`encode_properties`, refusing more than :data:`MAX_PROPERTIES_LENGTH` bytes."""
+def _encode_bounded(properties: Mapping[str, str], reserve: int = 0) -> bytes:
+    """:func:`encode_properties`, refusing more than :data:`MAX_PROPERTIES_LENGTH` less ``reserve`` bytes."""
     encoded = encode_properties(properties)
-    if len(encoded) > MAX_PROPERTIES_LENGTH:
-        raise MessageTooLargeError(
-            f"properties of {len(encoded)} bytes exceed the limit {MAX_PROPERTIES_LENGTH}"
-        )
+    if len(encoded) > MAX_PROPERTIES_LENGTH - reserve:
+        raise MessageTooLargeError(_too_long(len(encoded), reserve))
     return encoded
+
+
+def _too_long(length: int, reserve: int) -> str:
+    if not reserve:
+        return f"properties of {length} bytes exceed the limit {MAX_PROPERTIES_LENGTH}"
+    return (
+        f"properties of {length} bytes exceed the limit {MAX_PROPERTIES_LENGTH - reserve} (the record "
+        f"limit {MAX_PROPERTIES_LENGTH} less {reserve} bytes kept for the properties the broker adds "
+        "to a copy it makes, such as a dead letter)"
+    )
 
 
 def prepare(message: Message, *, max_body_size: int) -> EncodedParts:
@@ -362,12 +370,19 @@ BatchEntry = tuple[bytes, dict[str, str], int, bytes]
 
 
 def prepare_batch(
-    topic: str, queue_id: int, entries: Sequence[BatchEntry], *, max_body_size: int
+    topic: str,
+    queue_id: int,
+    entries: Sequence[BatchEntry],
+    *,
+    max_body_size: int,
+    properties_reserve: int = 0,
 ) -> EncodedBatch:
     """Validate and encode messages of one topic and queue (flag, sys flag and reconsume times 0).
 
     The batch counterpart of :func:`prepare`, with its checks and errors; the properties dicts
-    are not copied, so the caller must not change them afterwards.
+    are not copied, so the caller must not change them afterwards. ``properties_reserve``: bytes
+    each message's properties must leave free below :data:`MAX_PROPERTIES_LENGTH`, so that a copy
+    with properties added (a dead letter) still fits.
     """
     topic_prefix = _checked_prefix(topic, queue_id)
     chunks: list[bytes] = []
@@ -384,7 +399,7 @@ def prepare_batch(
         body_length = len(body)
         if type(born_host) is not bytes or len(born_host) != 8:
             raise ValueError("born_host must be 8 bytes (see encode_host)")
-        properties_bytes = _encode_bounded(properties)
+        properties_bytes = _encode_bounded(properties, properties_reserve)
         properties_length = len(properties_bytes)
         size = fixed + body_length + properties_length
         chunks += (

@@ -389,7 +389,13 @@ class MessageStore:
         return self._append(prepared)
 
     def put_batch(
-        self, topic: str, queue_id: int, entries: Sequence[codec.BatchEntry], *, index: bool = True
+        self,
+        topic: str,
+        queue_id: int,
+        entries: Sequence[codec.BatchEntry],
+        *,
+        index: bool = True,
+        properties_reserve: int = 0,
     ) -> list[AppendedRecord]:
         """:meth:`put_messages` for messages of one topic and queue, given as plain tuples.
 
@@ -401,10 +407,14 @@ class MessageStore:
 
         ``index=False``: the caller calls :meth:`index_appended` itself once it has released its
         own locks (a small put is indexed on the appending thread, which need not hold them then).
+        ``properties_reserve``: bytes each message's properties must leave free below the record
+        limit (``codec.MAX_PROPERTIES_LENGTH``), for a copy with properties added (a dead letter).
         """
         if not entries:
             return []
-        prepared = codec.prepare_batch(topic, queue_id, entries, max_body_size=self._max_body_size)
+        prepared = codec.prepare_batch(
+            topic, queue_id, entries, max_body_size=self._max_body_size, properties_reserve=properties_reserve
+        )
         return self._append(prepared, index=index)
 
     def index_appended(self, *, may_wait: bool = True) -> None:
