@@ -225,3 +225,42 @@ def test_seed_004_with_pull_consumers(start_broker: Any, policy: str) -> None:
         assert set(seen_b) <= {f"MsgStr{i}" for i in range(4, 8)} and seen_b  # B: only tagB, from its queues
     a.channel.close()
     b.channel.close()
+
+
+def test_update_offset_commits_only_the_members_own_queues(start_broker: Any) -> None:
+    broker = start_broker(config={"broadcasting_groups": ["bc-commits"]})
+    send(broker.endpoint, 0, 40)
+    p1, p2 = RawClient(broker.endpoint, "p1", "commits"), RawClient(broker.endpoint, "p2", "commits")
+    for c in (p1, p2):
+        assert c.declare().code == pb.Code.OK
+    mine, theirs = p1.assignment(), p2.assignment()
+    assert sorted(mine + theirs) == list(range(8)) and mine and theirs
+
+    def commit(client: RawClient, qid: int, offset: int, group: pb.Resource | None = None) -> pb.Status:
+        queue = pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=qid)
+        request = pb.UpdateOffsetRequest(group=group or client.group, message_queue=queue, offset=offset)
+        return client.call("UpdateOffset", request).status
+
+    def committed(qid: int, group: str = "commits") -> int:
+        queue = pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=qid)
+        answer = p1.call("GetOffset", pb.GetOffsetRequest(group=pb.Resource(name=group), message_queue=queue))
+        assert answer.status.code == pb.Code.OK, answer.status.message
+        return int(answer.offset)
+
+    assert commit(p2, theirs[0], 3).code == pb.Code.OK  # its own queue
+    # p1 moving p2's queue (a former owner's late commit, say) is refused and changes nothing
+    refused = commit(p1, theirs[0], 0)
+    assert refused.code == pb.Code.PRECONDITION_FAILED, refused.message
+    assert f"queue {theirs[0]} of topic {TOPIC!r}" in refused.message and "'p1'" in refused.message
+    assert "assigned to another member" in refused.message
+    assert committed(theirs[0]) == 3
+    assert commit(p1, mine[0], 2).code == pb.Code.OK and committed(mine[0]) == 2
+    # a caller that is no member of the group (an admin tool) commits any queue, as before
+    admin = RawClient(broker.endpoint, "admin-tool", "commits")
+    assert commit(admin, theirs[0], 1).code == pb.Code.OK and committed(theirs[0]) == 1
+    # in a broadcasting group every member owns every queue
+    b1 = RawClient(broker.endpoint, "b1", "bc-commits")
+    assert b1.declare().code == pb.Code.OK
+    assert all(commit(b1, qid, 1).code == pb.Code.OK for qid in range(8))
+    for c in (p1, p2, admin, b1):
+        c.channel.close()

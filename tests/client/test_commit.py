@@ -125,3 +125,44 @@ def test_a_refused_queue_does_not_keep_the_others_unstored_on_the_standard_path(
             await consumer.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_queue_rebalanced_away_before_its_update_offset_is_forgotten(start_broker: Any) -> None:
+    """The standard path asks QueryAssignment, then UpdateOffset per queue: a member joining in
+    between takes some of them, whose commits the broker refuses (PRECONDITION_FAILED). Those are
+    rebalanced away, not an error, and the new owner's offsets stay as they were."""
+    broker = start_broker()
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            for _ in range(40):  # one at a time: spread over the queues
+                await producer.send("Rebalanced", b"x", tag="t")
+        first = PullConsumer(broker.endpoint, "rebalanced", "Rebalanced", FilterExpression.tag())
+        first.connection.batch_extension = False
+        await first.start()
+        second = PullConsumer(broker.endpoint, "rebalanced", "Rebalanced", FilterExpression.tag())
+        try:
+            got = 0
+            for _ in range(10):
+                got += len(await first.poll(64, timeout=0.2))
+            assert got == 40
+            stale = await first.assignment()  # every queue, while it is alone
+            assert stale == list(range(8))
+
+            async def answered_before_the_join() -> list[int]:
+                return stale
+
+            first.assignment = answered_before_the_join  # type: ignore[method-assign]
+            await second.start()
+            taken = await second.assignment()
+            assert taken and len(taken) < 8
+            await first.commit()  # before: the broker took all 8, moving the second one's queues
+            committed = await _committed(first, 8)
+            assert all(committed[q] is None for q in taken)  # untouched: the second one's to commit
+            assert all(committed[q] is not None and committed[q] > 0 for q in range(8) if q not in taken)
+            assert not set(first._offsets) & set(taken)  # forgotten by the first one
+        finally:
+            await second.stop()
+            await first.stop()
+
+    asyncio.run(scenario())

@@ -110,9 +110,16 @@ class Pulling(Subscribing):
     def update_offset(
         self, group: str, topic_name: str, queue_id: int, offset: int, *, client_id: str = ""
     ) -> None:
-        """Commit a pull consumer's offset (the next offset it will read)."""
+        """Commit a pull consumer's offset (the next offset it will read).
+
+        In a clustering group a registered pull member commits only the queues assigned to it, as
+        it pulls only those (a former owner's commit landing after a rebalance would move the new
+        owner's position); a caller that is no member (an admin tool) commits any queue.
+        """
         check_group(group)
-        self.offsets.set(self._offset_key(group, topic_name, queue_id, offset, client_id), offset)
+        topic = self._queue(topic_name, queue_id)
+        self._check_owner(group, topic, queue_id, client_id, action="commit the offset of")
+        self.offsets.set(self._offset_key(group, topic.name, queue_id, offset, client_id), offset)
 
     def update_offsets(
         self, group: str, topic_name: str, offsets: Sequence[tuple[int, int]], *, client_id: str = ""
@@ -219,8 +226,11 @@ class Pulling(Subscribing):
             return []
         return allocate_averagely(queues, members, client_id)
 
-    def _check_owner(self, group: str, topic: TopicConfig, queue_id: int, client_id: str) -> None:
-        """In a clustering group, a registered pull member may pull only the queues assigned to it."""
+    def _check_owner(
+        self, group: str, topic: TopicConfig, queue_id: int, client_id: str, *, action: str = "pull"
+    ) -> None:
+        """In a clustering group, a registered pull member may pull (or commit) only the queues
+        assigned to it; PRECONDITION_FAILED otherwise."""
         session = self.clients.get(client_id)
         if (
             session is None
@@ -233,8 +243,9 @@ class Pulling(Subscribing):
             list(range(topic.queue_nums)), members, client_id
         ):
             raise BadRequestError(
-                f"queue {queue_id} of topic {topic.name!r} is assigned to another member of group {group!r}; "
-                "query the assignment again",
+                f"client {client_id!r} may not {action} queue {queue_id} of topic {topic.name!r}: it is "
+                f"assigned to another member of group {group!r}, not to this client; query the assignment "
+                "again",
                 status=StatusCode.PRECONDITION_FAILED,
             )
 

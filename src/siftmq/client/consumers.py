@@ -809,6 +809,13 @@ class PullConsumer(_Consumer):
                     ),
                 )
             except RemoteError as exc:  # one queue's refusal does not keep the others' positions unstored
+                if exc.status == "PRECONDITION_FAILED":
+                    # rebalanced away since the assignment above: the broker keeps a queue's offset
+                    # for its owner, whose position this one would move
+                    self._forget(qid)
+                    del self._offsets[qid]
+                    self._assigned = None  # ask again before the next pull
+                    continue
                 refused.append((qid, exc))
         if refused:
             qid, first = refused[0]

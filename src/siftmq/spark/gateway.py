@@ -7,7 +7,7 @@ and a :class:`siftmq.client.connection.Connection` (or a :class:`~siftmq.client.
 on that loop, and runs each call to completion on it.
 
 The gateway never sends a heartbeat or client settings as a consumer, so the broker treats its
-pulls as anonymous offset reads: no queue ownership check (``Broker._check_owner`` applies to
+pulls and offset commits as anonymous: no queue ownership check (``Broker._check_owner`` applies to
 registered PULL_CONSUMER members only), no rebalancing. ``close()`` sends NotifyClientTermination
 so the broker forgets the session (and its hold on the group's subscription) at once.
 """
