@@ -97,6 +97,37 @@ def test_a_roll_that_cannot_open_the_next_segment_writes_nothing(
     assert [m.queue_offset for m in got] == list(range(stored + batch))
 
 
+def test_a_batch_whose_write_fails_after_the_roll_leaves_nothing_in_the_log(
+    open_store: Opener, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A batch that does not fit the segment goes whole into the next one: when the write there
+    fails (the next segment could not be preallocated and its pwrite meets a full disk), none of
+    its records stand in the old segment, where a restart would find them with queue offsets the
+    next appends reuse (and the key index would answer the retry as a duplicate of them)."""
+    store = open_store()
+    body = b"x" * 50_000
+    for i in range(17):  # three more fit in the first 1 MiB segment, not five
+        store.put_message(msg(body=body, UNIQ_KEY=f"m{i}"))
+    written = Segment.write
+
+    def full_disk_past_the_first(self: Segment, data: Any) -> None:
+        if self.start_offset > 0 and len(data) > codec.BLANK_MARKER_SIZE:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written(self, data)
+
+    monkeypatch.setattr(Segment, "write", full_disk_past_the_first)
+    batch = [msg(body=body, UNIQ_KEY=f"b{i}") for i in range(5)]
+    with pytest.raises(SiftError):
+        store.put_messages(batch)
+    monkeypatch.undo()
+    store.close()
+    logged = [m.properties["UNIQ_KEY"] for m in bulk.iter_records(tmp_path / "data")]
+    assert logged == [f"m{i}" for i in range(17)]
+    store = open_store()
+    assert store.query_message_by_uniq_key("b0") is None  # the retry is not a "duplicate"
+    assert [r.queue_offset for r in store.put_messages(batch)] == list(range(17, 22))
+
+
 def test_lookups_by_uniq_key_and_keys(open_store: Opener) -> None:
     store = open_store()
     for i in range(10):

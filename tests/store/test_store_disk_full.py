@@ -86,3 +86,22 @@ def test_the_os_refusing_a_write_is_a_disk_full_error(
         store.put_message(msg(body=b"x"))
     assert "no room for the message" in exc.value.message and "Errno" not in exc.value.message
     assert isinstance(exc.value.__cause__, OSError)
+
+
+def test_a_full_disk_met_by_the_commit_logs_own_write_is_a_disk_full_error(
+    disk_store: tuple[MessageStore, FakeDisk], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit log wraps the OS's error in a StoreError; the store still answers DiskFullError
+    (retriable, no OS text), not an internal error."""
+    from siftmq.store.segment import Segment
+
+    store, _ = disk_store
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Segment, "write", no_space)
+    for batch in ([msg(body=b"x")], [msg(body=b"x"), msg(body=b"y")]):
+        with pytest.raises(DiskFullError) as exc:
+            store.put_messages(batch)
+        assert "no room for the message" in exc.value.message and "Errno" not in exc.value.message

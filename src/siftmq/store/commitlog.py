@@ -155,12 +155,25 @@ class CommitLog:
         limit = seg.start_offset + seg.capacity - codec.BLANK_MARKER_SIZE
         max_record_size = self.max_record_size
         finish = codec.finish_record
+        total = 0
+        for parts in batch:
+            if parts.size > max_record_size:
+                raise MessageTooLargeError(
+                    f"record of {parts.size} bytes exceeds the limit {max_record_size}"
+                )
+            total += parts.size
         try:
+            if physical + total > limit and total <= limit - seg.start_offset:
+                # A batch that does not fit goes whole into the next segment (as RocketMQ's batch
+                # append does): records of it written here before a failed write there would stand
+                # in the log with queue offsets the next appends reuse, and its retry, deduplicated
+                # by the key index rebuilt from the log, would be answered with another message
+                seg = self._roll(seg, codec.encode_blank(seg.start_offset + seg.capacity - physical))
+                physical = seg.start_offset
+                limit = physical + seg.capacity - codec.BLANK_MARKER_SIZE
             for parts in batch:
                 size = parts.size
-                if size > max_record_size:
-                    raise MessageTooLargeError(f"record of {size} bytes exceeds the limit {max_record_size}")
-                if physical + size > limit:
+                if physical + size > limit:  # only a batch larger than a segment
                     chunks.append(codec.encode_blank(seg.start_offset + seg.capacity - physical))
                     seg = self._roll(seg, b"".join(chunks))
                     chunks = []
@@ -241,10 +254,11 @@ class CommitLog:
         return results
 
     def _roll(self, seg: Segment, tail: bytes | bytearray) -> Segment:
-        """End ``seg`` with ``tail`` (this append's records that fit, and the blank marker) and go
-        on in the next segment. When the next cannot be made (no file descriptor left, say), the
-        tail is taken back: records left in the full segment would be recovered after a restart
-        with queue offsets the next appends reuse, and the client's retry would store them again.
+        """End ``seg`` with ``tail`` (the blank marker; before it, for an append larger than a
+        segment only, the records of it that fit) and go on in the next segment. When the next
+        cannot be made (no file descriptor left, say), the tail is taken back: records left in the
+        full segment would be recovered after a restart with queue offsets the next appends reuse,
+        and the client's retry would store them again.
         (The tail goes first: a reader of the files that finds the next segment finds this one
         ended. An append larger than a segment, which no request can carry, may keep a first part.)"""
         before = seg.length

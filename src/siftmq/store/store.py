@@ -437,10 +437,13 @@ class MessageStore:
         self.disk.check()
         try:
             return self._append_checked(prepared, index)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            raise self.disk.refused_by_os() from exc
+        except (OSError, StoreError) as exc:
+            # the commit log wraps the OS's error in a StoreError; a full disk (or quota) is the
+            # documented DiskFullError, which clients retry, not an internal error with OS text
+            cause = exc if isinstance(exc, OSError) else exc.__cause__
+            if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self.disk.refused_by_os() from exc
+            raise
 
     def _append_checked(
         self, prepared: Sequence[codec.EncodedParts] | codec.EncodedBatch, index: bool
