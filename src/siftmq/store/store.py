@@ -65,6 +65,7 @@ from siftmq.store.disk import DiskGuard, DiskUsage
 from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, Reput
 from siftmq.store.filtering import GetMessageResult, MessageFilter
 from siftmq.store.keyindex import KeyIndex
+from siftmq.store.layout import settle
 from siftmq.store.offline import finish_pending_install
 from siftmq.store.reader import MessageReader
 from siftmq.store.recovery import Checkpoint, recover
@@ -161,6 +162,8 @@ class MessageStore:
             if abnormal:
                 _log.warning("%s: the previous run did not close cleanly; recovering", self.data_dir)
             self.tombstones = self._reput.tombstones = Tombstones(self.data_dir)
+            layout = settle(self.data_dir, self.config.commit_log_segment_size, self.config.max_record_size)
+            self.commit_log.max_record_size = layout.max_record_size  # new messages: max_message_size
             self.commit_log.load()
             self._load_queues()
             self._max_store_timestamp = recover(
