@@ -42,6 +42,45 @@ def test_a_groups_routes_need_get_on_the_topic_they_name(start_broker: Any, tmp_
         assert alice.get("/groups/alice-g").status_code != 403  # her group itself she may
 
 
+def test_a_groups_reports_leave_out_topics_the_user_may_not_get(start_broker: Any, tmp_path: Path) -> None:
+    """The routes reporting on every topic a group reads (its report, programs and lag history) are
+    checked on the group only: alice, with rights on her group and on Public but not on Payroll,
+    sees Public's lag, program and history and nothing of Payroll's; root sees both."""
+    path = tmp_path / "auth.json"
+    alice_may = [
+        {"resource": ["Group:alice-g"], "actions": ["Get", "Update"]},
+        {"resource": ["Topic:Public"], "actions": ["Get"]},
+    ]
+    path.write_text(json.dumps(auth_file(alice_may)))
+    config = {
+        "authentication_enabled": True, "authorization_enabled": True, "auth_file": str(path),
+        "filter_server_nums": 1,
+    }  # fmt: skip
+    broker = start_broker("data", config=config)
+    program = {"source": "def match(message):\n    return True\n", "sample": {"body": "x"}}
+    with httpx.Client(base_url=broker.admin_url, timeout=30, auth=ROOT) as root:
+        for topic in ("Payroll", "Public"):
+            assert root.post("/topics", json={"name": topic}).status_code == 201
+            sub = {"type": "TAG", "expression": "*"}
+            assert root.put(f"/groups/alice-g/subscriptions/{topic}", json=sub).status_code == 200
+            assert root.put(f"/groups/alice-g/programs/{topic}", json=program).status_code == 200
+
+        def topics_seen(http: httpx.Client) -> dict[str, list[str]]:
+            report = http.get("/groups/alice-g").json()
+            changed = http.patch("/groups/alice-g", json={"consistency": "compat"}).json()
+            return {
+                "report": [s["topic"] for s in report["subscriptions"]],
+                "changed": [s["topic"] for s in changed["subscriptions"]],
+                "programs": sorted(p["topic"] for p in http.get("/groups/alice-g/programs").json()),
+                "lag-history": sorted(http.get("/groups/alice-g/lag-history").json()),
+            }
+
+        routes = ("report", "changed", "programs", "lag-history")
+        assert topics_seen(root) == {route: ["Payroll", "Public"] for route in routes}
+        with httpx.Client(base_url=broker.admin_url, timeout=30, auth=ALICE) as alice:
+            assert topics_seen(alice) == {route: ["Public"] for route in routes}
+
+
 def test_a_request_body_past_the_bound_is_refused_and_the_broker_serves_on(start_broker: Any) -> None:
     broker = start_broker()
     with httpx.Client(base_url=broker.admin_url, timeout=30) as http:

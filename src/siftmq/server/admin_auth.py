@@ -143,7 +143,9 @@ def basic_user(gate: Gate, authorization: str | None) -> User | None:
 def admin_actions(method: str, path: str, query_topic: str | None) -> list[tuple[str, Action]]:
     """What an admin request needs, every one: its resource and action, and for a group's route
     that names a topic (its subscription, program or lag there) Get on that topic too — a program
-    is tried on the topic's newest message, and the lag tells the topic's offsets."""
+    is tried on the topic's newest message, and the lag tells the topic's offsets. The group's
+    routes reporting on all its topics leave out those the user may not Get (the routes' own check,
+    :func:`siftmq.server.admin_inspect.may_get_topic`)."""
     needs = [admin_action(method, path, query_topic)]
     parts = [p for p in path.split("/") if p]
     if len(parts) == 4 and parts[0] == "groups" and parts[2] in GROUP_TOPIC_ROUTES:

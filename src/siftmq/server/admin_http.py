@@ -39,7 +39,7 @@ from siftmq.server.admin_auth import (
     bearer_token,
     needs_super,
 )
-from siftmq.server.admin_inspect import History, inspect_router
+from siftmq.server.admin_inspect import History, inspect_router, may_get_topic
 from siftmq.server.admin_users import users_router
 from siftmq.server.auth import Gate
 
@@ -275,16 +275,25 @@ def create_app(
             })  # fmt: skip
         return out
 
-    @app.get("/groups/{group}")
-    async def get_group(group: str) -> dict[str, Any]:
-        report: dict[str, Any] = await call(broker.group_report, group)
+    def readable_report(request: Request, report: dict[str, Any]) -> dict[str, Any]:
+        """``report`` without the topics the user may not Get: a subscription's lag and filter
+        counts are that topic's data, and the login checked only the group."""
+        readable = functools.partial(may_get_topic, may, request)
+        report["subscriptions"] = [s for s in report["subscriptions"] if readable(s["topic"])]
+        for member in report["clients"]:
+            member["subscriptions"] = {t: e for t, e in member["subscriptions"].items() if readable(t)}
         return report
 
+    @app.get("/groups/{group}")
+    async def get_group(request: Request, group: str) -> dict[str, Any]:
+        report: dict[str, Any] = await call(broker.group_report, group)
+        return readable_report(request, report)
+
     @app.patch("/groups/{group}")
-    async def update_group(group: str, body: GroupUpdate) -> dict[str, Any]:
+    async def update_group(request: Request, group: str, body: GroupUpdate) -> dict[str, Any]:
         await call(broker.configure_group, group, mode=body.mode, consistency=body.consistency)
         report: dict[str, Any] = await call(broker.group_report, group)
-        return report
+        return readable_report(request, report)
 
     @app.delete("/groups/{group}", status_code=204)
     async def remove_group(group: str) -> Response:

@@ -100,11 +100,19 @@ class History:
             await asyncio.sleep(SAMPLE_EVERY_S)
 
 
-def inspect_router(
-    broker: Broker, history: History, may: Callable[[Request, str, Action], bool]
-) -> APIRouter:
+Authorize = Callable[[Request, str, Action], bool]
+
+
+def may_get_topic(may: Authorize, request: Request, topic: str) -> bool:
+    """Whether the request's user may read ``topic``'s data: a group's routes that report on every
+    topic the group reads are checked on the group only, and leave out the topics this refuses."""
+    return may(request, f"Topic:{topic}", Action.GET)
+
+
+def inspect_router(broker: Broker, history: History, may: Authorize) -> APIRouter:
     """The routes; ``may(request, resource, action)`` is the login's authorization, for the checks
-    a route makes on what it finds (the resent dead letter's origin topic)."""
+    a route makes on what it finds (the resent dead letter's origin topic, the topics a group's
+    programs and lag history are on)."""
     router = APIRouter()
     started = time.time()
 
@@ -154,16 +162,17 @@ def inspect_router(
         return result
 
     @router.get("/groups/{group}/programs")
-    async def programs(group: str) -> list[dict[str, Any]]:
-        return [broker.programs.report(group, p.topic) for p in broker.programs.all() if p.group == group]
+    async def programs(request: Request, group: str) -> list[dict[str, Any]]:
+        mine = [p for p in broker.programs.all() if p.group == group]
+        return [broker.programs.report(group, p.topic) for p in mine if may_get_topic(may, request, p.topic)]
 
     @router.get("/groups/{group}/lag-history")
-    async def lag_history(group: str) -> dict[str, list[tuple[int, int]]]:
+    async def lag_history(request: Request, group: str) -> dict[str, list[tuple[int, int]]]:
         found = history.lags_of(group)
         if not found and len(history.lags) < MAX_LAG_SERIES:
             await asyncio.to_thread(history.sample_lags, group)  # a group the sampler has not seen yet
             found = history.lags_of(group)
-        return found
+        return {topic: series for topic, series in found.items() if may_get_topic(may, request, topic)}
 
     @router.get("/dead-letters")
     async def dead_letters() -> list[dict[str, Any]]:
