@@ -103,6 +103,25 @@ def test_bad_sends_get_their_status_and_the_broker_keeps_serving(
     assert ok.status.code == pb.Code.OK and len(ok.entries) == 1 and ok.entries[0].message_id == "01OK"
 
 
+def test_a_send_may_not_forge_the_brokers_dead_letter_reason(start_broker: Any) -> None:
+    """FILTER_ERROR is what the broker writes on a message a filter program failed on when it moves
+    it to the dead-letter topic: a producer's own would be shown as the broker's reason."""
+    import httpx
+
+    broker = start_broker()
+    stub = Stub(broker.endpoint)
+    try:
+        assert stub.send(message_id="01FIRST").status.code == pb.Code.OK
+        forged = stub.send(message_id="01FORGED", FILTER_ERROR="SyntaxError: nothing wrong really")
+        assert forged.status.code == pb.Code.ILLEGAL_MESSAGE_PROPERTY_KEY
+        assert "'FILTER_ERROR' is reserved by the broker" in forged.status.message
+    finally:
+        stub.channel.close()
+    stored = httpx.get(f"{broker.admin_url}/topics/Wire", timeout=10).json()
+    assert stored["messages"] == 1  # the first only
+    assert httpx.get(f"{broker.admin_url}/messages/01FORGED", timeout=10).status_code == 404
+
+
 def test_receive_ack_and_bad_handles_over_the_wire(stub: Stub) -> None:
     assert stub.send(message_id="01R1", Region="Hangzhou", price="100").status.code == pb.Code.OK
     assert stub.send(message_id="01R2", Region="Hangzhou", price="7").status.code == pb.Code.OK

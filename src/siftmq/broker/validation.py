@@ -53,6 +53,7 @@ RESERVED_PROPERTIES: Final = frozenset(
         "CONSUME_START_TIME",
         "DLQ_ORIGIN_TOPIC",
         "DLQ_ORIGIN_MESSAGE_ID",
+        "FILTER_ERROR",  # siftmq's: why a filter program sent the message to the dead-letter topic
         "INNER_NUM",
         "INNER_BASE",
         "TIMER_DELIVER_MS",
