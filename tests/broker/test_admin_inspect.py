@@ -233,3 +233,23 @@ def test_trying_an_expression_takes_the_newest_messages_across_queues(start_brok
     assert [m["properties"]["i"] for m in tried["messages"]] == [str(i) for i in range(39, 29, -1)]
     assert {q["queue_id"] for q in tried["messages"]} == {0, 1, 2, 3}
     assert (tried["matched"], tried["body_bytes"], tried["body_bytes_saved"]) == (2, 20, 16)
+
+
+def test_a_message_id_with_a_slash_is_found(broker: Any) -> None:
+    """A producer's message id may hold '/' (the broker allows any printable ASCII): the lookup by id
+    takes it whether the caller encodes it (%2F, which the server decodes before routing) or not."""
+
+    async def go() -> None:
+        async with Producer(broker.endpoint) as p:
+            await p.send_many([p.message(TOPIC, b"slashed", keys=["slashed"], message_id="order/42/a")])
+
+    asyncio.run(go())
+    with httpx.Client(base_url=broker.admin_url, timeout=10) as api:
+        for path in ("/messages/order%2F42%2Fa", "/messages/order/42/a"):
+            found = api.get(path, params={"body": "true"})
+            assert found.status_code == 200, (path, found.text)
+            assert found.json()["message_id"] == "order/42/a"
+            assert base64.b64decode(found.json()["body_base64"]) == b"slashed"
+        assert api.get("/messages/order%2F42").status_code == 404  # a prefix is another id
+        by_key = api.get("/messages", params={"topic": TOPIC, "key": "slashed"}).json()
+        assert [m["message_id"] for m in by_key] == ["order/42/a"]  # the lookup by key is still its own

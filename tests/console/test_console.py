@@ -27,6 +27,8 @@ pytestmark = pytest.mark.integration
 TOPIC = "Orders"
 COUNT = 40
 HOSTILE = "<img src=x onerror=alert(1)>"
+ODD = "Odd"  # one queue of messages the console must show exactly as they were sent
+SLASHED_ID = "order/42"
 FAILS_ON_3 = (
     "import json\ndef match(message):\n"
     "    if json.loads(message.body)['id'] % 10 == 3:\n        raise ValueError('no threes')\n"
@@ -69,7 +71,9 @@ def order(i: int) -> dict[str, Any]:
 def broker() -> Iterator[Any]:
     with running_broker({"filter_server_nums": 1}) as b:
         admin = b.admin_url
-        httpx.post(f"{admin}/topics", json={"name": TOPIC, "queue_nums": 4}, timeout=10).raise_for_status()
+        for name, queues in ((TOPIC, 4), (ODD, 1)):
+            topic = {"name": name, "queue_nums": queues}
+            httpx.post(f"{admin}/topics", json=topic, timeout=10).raise_for_status()
 
         async def traffic() -> None:
             async with Producer(b.endpoint) as p:
@@ -80,6 +84,9 @@ def broker() -> Iterator[Any]:
                 ])  # fmt: skip
                 await p.send(TOPIC, f"<script>alert(2)</script>{HOSTILE}".encode(), tag="X",
                              properties={"note": HOSTILE, "n": "hostile"})  # fmt: skip
+                await p.send_many([
+                    p.message(ODD, b"slashed", keys=["slashed"], message_id=SLASHED_ID),
+                ])  # fmt: skip
             async with SimpleConsumer(b.endpoint, "g-prog", {TOPIC: FilterExpression.tag("A || B")},
                                       await_duration=1) as c:  # fmt: skip
                 empty = 0
@@ -184,6 +191,7 @@ def test_every_page_loads_and_shows_what_the_api_reports(console: Page, broker: 
 
 def test_the_playground_puts_the_caret_where_the_broker_says(console: Page, broker: Any) -> None:
     page = console.open("playground")
+    page.select_option("#pg-topic", TOPIC)
     for text in ("region = 'eu", "region = 'eu' AND\n  n >> 3"):
         answer = httpx.post(f"{broker.admin_url}/filter/check", json={"type": "SQL92", "expression": text},
                             timeout=10).json()["error"]  # fmt: skip
@@ -233,6 +241,16 @@ def test_a_filtered_browse_shows_exactly_the_matching_messages(
     assert '"total": ' in first.locator("pre.body").inner_text()  # JSON, pretty-printed
     first.locator("button[role=tab]", has_text="hex").click()
     assert first.locator("pre.body").inner_text().startswith("7b 22")  # '{"'
+    assert console.errors == []
+
+
+def test_a_message_is_looked_up_by_an_id_holding_a_slash(console: Page) -> None:
+    page = console.open("messages")
+    page.fill("#by-id", SLASHED_ID)
+    page.click("form:has(#by-id) button")
+    page.wait_for_selector("#results article")
+    assert page.get_attribute("#results article", "aria-label") == f"message {SLASHED_ID}"
+    assert page.inner_text("#results pre.body") == "slashed"
     assert console.errors == []
 
 

@@ -329,7 +329,8 @@ def create_app(
 
     # --------------------------------------------------------------------------------- messages
 
-    @app.get("/messages/{message_id}")
+    # a message id may hold "/" (any printable ASCII), and the server decodes %2F before routing
+    @app.get("/messages/{message_id:path}")
     async def message_by_id(request: Request, message_id: str, body: bool = False) -> dict[str, Any]:
         msg = await call(broker.store.query_message_by_uniq_key, message_id)
         # the route's own check is Get on the Cluster (or on ?topic=): the message's topic decides
