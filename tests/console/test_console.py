@@ -29,6 +29,7 @@ COUNT = 40
 HOSTILE = "<img src=x onerror=alert(1)>"
 ODD = "Odd"  # one queue of messages the console must show exactly as they were sent
 SLASHED_ID = "order/42"
+PROTO_TOPICS = ("constructor", "__proto__", "toString")  # names a plain object's lookup finds
 FAILS_ON_3 = (
     "import json\ndef match(message):\n"
     "    if json.loads(message.body)['id'] % 10 == 3:\n        raise ValueError('no threes')\n"
@@ -71,9 +72,13 @@ def order(i: int) -> dict[str, Any]:
 def broker() -> Iterator[Any]:
     with running_broker({"filter_server_nums": 1}) as b:
         admin = b.admin_url
-        for name, queues in ((TOPIC, 4), (ODD, 1)):
+        for name, queues in ((TOPIC, 4), (ODD, 1), *((t, 1) for t in PROTO_TOPICS)):
             topic = {"name": name, "queue_nums": queues}
             httpx.post(f"{admin}/topics", json=topic, timeout=10).raise_for_status()
+        tag_all = {"type": "TAG", "expression": "*"}
+        for name in PROTO_TOPICS:
+            route = f"{admin}/groups/g-proto/subscriptions/{name}"
+            httpx.put(route, json=tag_all, timeout=10).raise_for_status()
 
         async def traffic() -> None:
             async with Producer(b.endpoint) as p:
@@ -251,6 +256,27 @@ def test_a_message_is_looked_up_by_an_id_holding_a_slash(console: Page) -> None:
     page.wait_for_selector("#results article")
     assert page.get_attribute("#results article", "aria-label") == f"message {SLASHED_ID}"
     assert page.inner_text("#results pre.body") == "slashed"
+    assert console.errors == []
+
+
+def test_names_of_object_members_are_looked_up_as_names(console: Page) -> None:
+    """Topic names are the user's: a group page's and the Topics page's lookups by name must not
+    find Object.prototype's members (constructor, __proto__, toString, valueOf)."""
+    page = console.open("groups/g-proto")
+    page.wait_for_selector("section .lag-total")
+    assert page.locator("section h2").all_inner_texts() == [f"Topic {t}" for t in sorted(PROTO_TOPICS)]
+    for t in PROTO_TOPICS:
+        section = page.locator(f"section[aria-label='subscription to {t}']")
+        assert section.locator(".lag-total").inner_text() == "0"
+        assert section.locator("h3:has-text('Filter program') + p").inner_text() == "none"
+        assert section.locator("svg.chart polyline").count() == 1  # the broker's point and the page's
+    page = console.open("topics")
+    page.fill("#new-topic", "valueOf")
+    page.fill("#new-queues", "1")
+    page.click("form.row button[type=submit]")
+    page.wait_for_selector("a[data-topic='valueOf']")
+    rows = {r.split("\t")[0]: r.split("\t") for r in page.locator("tbody tr").all_inner_texts()}
+    assert rows["valueOf"][3] == "–"  # no rate before a second sample of it
     assert console.errors == []
 
 

@@ -1,5 +1,7 @@
 // siftmq console: pages drawn from the admin API. Everything fetched goes into the page as text
 // (textContent, attributes), never as markup; the Content-Security-Policy allows no inline code.
+// Anything looked up by a name the user chose (a topic, a group) is looked up in a Map: a plain
+// object's lookup finds Object.prototype's members for names like "constructor" or "__proto__".
 "use strict";
 
 const TOKEN_KEY = "siftmq-admin-token";
@@ -283,7 +285,7 @@ async function topicsPage(gen) {
     if (gen !== generation) return;
     const now = Date.now();
     const rows = detail.map((t) => {
-      const before = previous && previous.sent[t.name];
+      const before = previous && previous.sent.get(t.name);
       const rate = before !== undefined && previous ? ((t.sent - before) / ((now - previous.t) / 1000)).toFixed(1) : "–";
       return [
         h("a", { href: `#/topics`, "data-topic": t.name, onclick: (ev) => { ev.preventDefault(); toggleQueues(t); } }, t.name),
@@ -291,7 +293,7 @@ async function topicsPage(gen) {
         h("button", { class: "danger", type: "button", "aria-label": `Delete topic ${t.name}`, onclick: () => deleteTopic(t.name) }, "Delete"),
       ];
     });
-    previous = { t: now, sent: Object.fromEntries(detail.map((t) => [t.name, t.sent])) };
+    previous = { t: now, sent: new Map(detail.map((t) => [t.name, t.sent])) };
     const name = h("input", { id: "new-topic", name: "name", required: true, maxlength: 127 });
     const queues = h("input", { id: "new-queues", name: "queues", type: "number", min: 1, max: 1024, value: 8 });
     page("Topics",
@@ -331,16 +333,17 @@ async function groupsPage(gen) {
 
 async function groupPage(gen, name) {
   // topic -> [[t, matching lag]]: the broker's last hour (a point every 30 s), then this page's own points
-  const lagHistory = await api(`/groups/${enc(name)}/lag-history`);
+  const lagHistory = new Map(Object.entries(await api(`/groups/${enc(name)}/lag-history`)));
   const draw = async () => {
     const g = await api(`/groups/${enc(name)}`);
-    const byTopic = Object.fromEntries((await api(`/groups/${enc(name)}/programs`)).map((p) => [p.topic, p]));
-    const programs = g.subscriptions.map((s) => byTopic[s.topic] ?? null);
+    const byTopic = new Map((await api(`/groups/${enc(name)}/programs`)).map((p) => [p.topic, p]));
+    const programs = g.subscriptions.map((s) => byTopic.get(s.topic) ?? null);
     if (gen !== generation) return;
     const now = Date.now();
     const sections = g.subscriptions.map((s, i) => {
       const lag = s.lag.reduce((n, q) => n + Number(q.matching_lag), 0);
-      (lagHistory[s.topic] = lagHistory[s.topic] || []).push([now, lag]);
+      if (!lagHistory.has(s.topic)) lagHistory.set(s.topic, []);
+      lagHistory.get(s.topic).push([now, lag]);
       const f = s.filter_stats || {};
       const p = programs[i];
       return h("section", { "aria-label": `subscription to ${s.topic}` },
@@ -349,7 +352,7 @@ async function groupPage(gen, name) {
         h("h3", {}, "Matching lag ", h("span", { class: "lag-total", "data-topic": s.topic }, fmtNum(lag))),
         table(["Queue", "Committed", "Max offset", "Behind", "Matching lag"],
           s.lag.map((q) => [String(q.queue_id), fmtNum(q.committed_offset), fmtNum(q.max_offset), fmtNum(q.lag), h("span", { class: "matching-lag" }, fmtNum(q.matching_lag))]), [0, 1, 2, 3, 4]),
-        chart(lagHistory[s.topic], `matching lag of ${name} on ${s.topic} over time`),
+        chart(lagHistory.get(s.topic), `matching lag of ${name} on ${s.topic} over time`),
         h("h3", {}, "Filter work"),
         table(["Evaluated", "Matched", "Skipped by tag code", "Skipped by bitmap"], [[fmtNum(f.evaluated), fmtNum(f.matched), fmtNum(f.skipped_by_tags_code), fmtNum(f.skipped_by_bitmap)]], [0, 1, 2, 3]),
         h("h3", {}, "Filter program"),
