@@ -29,6 +29,10 @@ COUNT = 40
 HOSTILE = "<img src=x onerror=alert(1)>"
 ODD = "Odd"  # one queue of messages the console must show exactly as they were sent
 SLASHED_ID = "order/42"
+BIG_JSON = (  # what a double cannot hold, and every token that could be mistaken for structure
+    '{"id": 12345678901234567891, "amount": 0.1000000000000000055511151231257827, "exp": 1E+2,'
+    ' "s": "a \\"q\\" {b}, [c]: d\\\\", "empty": { }, "list": [],  "nested":[{"x":-0.0,"u":"\\u00e9"}]}'
+)
 PROTO_TOPICS = ("constructor", "__proto__", "toString")  # names a plain object's lookup finds
 FAILS_ON_3 = (
     "import json\ndef match(message):\n"
@@ -91,6 +95,7 @@ def broker() -> Iterator[Any]:
                              properties={"note": HOSTILE, "n": "hostile"})  # fmt: skip
                 await p.send_many([
                     p.message(ODD, b"slashed", keys=["slashed"], message_id=SLASHED_ID),
+                    p.message(ODD, BIG_JSON.encode(), keys=["bigint"]),
                 ])  # fmt: skip
             async with SimpleConsumer(b.endpoint, "g-prog", {TOPIC: FilterExpression.tag("A || B")},
                                       await_duration=1) as c:  # fmt: skip
@@ -277,6 +282,31 @@ def test_names_of_object_members_are_looked_up_as_names(console: Page) -> None:
     page.wait_for_selector("a[data-topic='valueOf']")
     rows = {r.split("\t")[0]: r.split("\t") for r in page.locator("tbody tr").all_inner_texts()}
     assert rows["valueOf"][3] == "–"  # no rate before a second sample of it
+    assert console.errors == []
+
+
+def test_the_json_view_shows_every_token_as_it_was_sent(console: Page) -> None:
+    page = console.open("messages")
+    page.select_option("#key-topic", ODD)
+    page.fill("#by-key", "bigint")
+    page.click("form:has(#by-key) button")
+    page.wait_for_selector("#results pre.body")
+    assert page.inner_text("#results pre.body") == "\n".join([  # the JSON view is the default
+        "{",
+        '  "id": 12345678901234567891,',
+        '  "amount": 0.1000000000000000055511151231257827,',
+        '  "exp": 1E+2,',
+        '  "s": "a \\"q\\" {b}, [c]: d\\\\",',
+        '  "empty": {},',
+        '  "list": [],',
+        '  "nested": [',
+        "    {",
+        '      "x": -0.0,',
+        '      "u": "\\u00e9"',
+        "    }",
+        "  ]",
+        "}",
+    ])  # fmt: skip
     assert console.errors == []
 
 

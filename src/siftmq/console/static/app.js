@@ -383,11 +383,50 @@ function bodyBytes(m) {
   return Uint8Array.from(atob(m.body_base64 || ""), (c) => c.charCodeAt(0));
 }
 
+const JSON_SPACE = " \t\n\r";
+
+// ``text`` indented by two spaces a level when it is JSON (null otherwise). Only whitespace between
+// tokens changes: every number and string is kept as written, where JSON.parse would round a 64-bit
+// integer or a long decimal to a double and JSON.stringify would rewrite escapes and exponents.
+function prettyJson(text) {
+  try { JSON.parse(text); } catch (e) { return null; } // the check only: its values are not shown
+  const out = [];
+  let depth = 0, inString = false, escaped = false;
+  const newline = () => `\n${"  ".repeat(depth)}`;
+  for (let i = 0; i < text.length; i += 1) {
+    const c = text[i];
+    if (inString) {
+      out.push(c);
+      if (escaped) escaped = false;
+      else if (c === "\\") escaped = true;
+      else if (c === '"') inString = false;
+    } else if (c === '"') {
+      inString = true;
+      out.push(c);
+    } else if (c === "{" || c === "[") {
+      let j = i + 1;
+      while (JSON_SPACE.includes(text[j])) j += 1;
+      if (text[j] === (c === "{" ? "}" : "]")) { // empty: {} or [] on the line
+        out.push(c, text[j]);
+        i = j;
+      } else {
+        depth += 1;
+        out.push(c, newline());
+      }
+    } else if (c === "}" || c === "]") {
+      depth -= 1;
+      out.push(newline(), c);
+    } else if (c === ",") out.push(",", newline());
+    else if (c === ":") out.push(": ");
+    else if (!JSON_SPACE.includes(c)) out.push(c);
+  }
+  return out.join("");
+}
+
 function bodyViewer(m) {
   const bytes = bodyBytes(m);
   const text = new TextDecoder("utf-8", { fatal: false }).decode(bytes);
-  let json = null;
-  try { json = JSON.stringify(JSON.parse(text), null, 2); } catch (e) { json = null; }
+  const json = prettyJson(text);
   const hex = Array.from(bytes.slice(0, 4096), (b) => b.toString(16).padStart(2, "0")).join(" ").replace(/((?:\S\S ){16})/g, "$1\n");
   const views = { text, json: json ?? "(not JSON)", hex };
   const out = h("pre", { class: "body", "aria-live": "polite" }, json ?? text);
