@@ -96,6 +96,7 @@ def broker() -> Iterator[Any]:
                 await p.send_many([
                     p.message(ODD, b"slashed", keys=["slashed"], message_id=SLASHED_ID),
                     p.message(ODD, BIG_JSON.encode(), keys=["bigint"]),
+                    p.message(ODD, bytes(range(256)) * 40, keys=["binary"]),
                 ])  # fmt: skip
             async with SimpleConsumer(b.endpoint, "g-prog", {TOPIC: FilterExpression.tag("A || B")},
                                       await_duration=1) as c:  # fmt: skip
@@ -307,6 +308,19 @@ def test_the_json_view_shows_every_token_as_it_was_sent(console: Page) -> None:
         "  ]",
         "}",
     ])  # fmt: skip
+    assert console.errors == []
+
+
+def test_the_hex_view_says_how_much_of_the_body_it_shows(console: Page) -> None:
+    page = console.open("messages")
+    page.select_option("#key-topic", ODD)
+    page.fill("#by-key", "binary")
+    page.click("form:has(#by-key) button")
+    page.wait_for_selector("#results pre.body")
+    assert page.inner_text("#results .hex-note") == ""  # the text view
+    page.click("#results button[role=tab]:has-text('hex')")
+    assert page.inner_text("#results .hex-note") == "hex of the first 4,096 of 10,240 bytes"
+    assert len(page.inner_text("#results pre.body").split()) == 4096
     assert console.errors == []
 
 

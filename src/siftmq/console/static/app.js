@@ -383,6 +383,8 @@ function bodyBytes(m) {
   return Uint8Array.from(atob(m.body_base64 || ""), (c) => c.charCodeAt(0));
 }
 
+const HEX_BYTES = 4096; // of a body shown in hex: 3 characters a byte
+
 const JSON_SPACE = " \t\n\r";
 
 // ``text`` indented by two spaces a level when it is JSON (null otherwise). Only whitespace between
@@ -427,17 +429,20 @@ function bodyViewer(m) {
   const bytes = bodyBytes(m);
   const text = new TextDecoder("utf-8", { fatal: false }).decode(bytes);
   const json = prettyJson(text);
-  const hex = Array.from(bytes.slice(0, 4096), (b) => b.toString(16).padStart(2, "0")).join(" ").replace(/((?:\S\S ){16})/g, "$1\n");
+  const hex = Array.from(bytes.slice(0, HEX_BYTES), (b) => b.toString(16).padStart(2, "0")).join(" ").replace(/((?:\S\S ){16})/g, "$1\n");
+  const hexPart = m.body_size > HEX_BYTES ? `hex of the first ${fmtNum(HEX_BYTES)} of ${fmtNum(m.body_size)} bytes` : "";
   const views = { text, json: json ?? "(not JSON)", hex };
   const out = h("pre", { class: "body", "aria-live": "polite" }, json ?? text);
+  const note = h("p", { class: "muted hex-note" });
   const tabs = h("div", { class: "tabs", role: "tablist", "aria-label": "body as" });
   for (const kind of ["text", "json", "hex"]) {
     tabs.append(h("button", { type: "button", role: "tab", "aria-selected": String(kind === (json ? "json" : "text")), onclick: (ev) => {
       for (const b of tabs.children) b.setAttribute("aria-selected", String(b === ev.target));
       out.textContent = views[kind];
+      note.textContent = kind === "hex" ? hexPart : "";
     } }, kind));
   }
-  return h("div", {}, tabs, out, m.body_truncated ? h("p", { class: "muted" }, "(first 64 KiB)") : null);
+  return h("div", {}, tabs, out, note, m.body_truncated ? h("p", { class: "muted" }, "(first 64 KiB)") : null);
 }
 
 function messageBox(m) {
