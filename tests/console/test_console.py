@@ -324,6 +324,35 @@ def test_the_hex_view_says_how_much_of_the_body_it_shows(console: Page) -> None:
     assert console.errors == []
 
 
+def test_next_page_goes_on_with_the_query_shown(console: Page, broker: Any) -> None:
+    """'Next page' continues the browse on the page, whatever the form says meanwhile."""
+    queues = api(broker, f"/topics/{TOPIC}")["queues"]
+    queue = max(queues, key=lambda q: q["max_offset"] - q["min_offset"])["queue_id"]
+    everything = api(broker, f"/topics/{TOPIC}/queues/{queue}/browse?count=200")["messages"]
+    expected = [m["queue_offset"] for m in everything if m["properties"].get("region") == "us"]
+    assert len(expected) >= 6
+    page = console.open("messages")
+    page.select_option("#browse-topic", TOPIC)
+    page.fill("#browse-queue", str(queue))
+    page.fill("#browse-count", "3")
+    page.select_option("#browse-type", "SQL92")
+    page.fill("#browse-expression", "region = 'us'")
+    page.click("#browse button[type=submit]")
+    page.wait_for_selector("#results button:has-text('Next page')")
+    offsets = "els => els.map(e => Number(e.dataset.offset))"
+    assert page.locator("#results article").evaluate_all(offsets) == expected[:3]
+    page.select_option("#browse-topic", ODD)  # the form changed, not sent
+    page.fill("#browse-queue", "0")
+    page.fill("#browse-count", "200")
+    page.select_option("#browse-type", "none")
+    page.eval_on_selector("#results h2", "h => { h.dataset.old = '1'; }")
+    page.click("#results button:has-text('Next page')")
+    page.wait_for_selector("#results h2:not([data-old])")  # the next page drawn
+    assert page.inner_text("#results h2") == f"{TOPIC} queue {queue}"
+    assert page.locator("#results article").evaluate_all(offsets) == expected[3:6]
+    assert console.errors == []
+
+
 def test_hostile_message_contents_are_shown_as_text(console: Page) -> None:
     page = console.open("messages")
     page.on("dialog", lambda d: console.dialogs.append(d.message) or d.dismiss())

@@ -480,21 +480,22 @@ async function messagesPage(gen) {
   const [bCountLabel, bCount] = field("browse-count", "Count", { type: "number", min: 1, max: 200, value: 20 });
   const [bTypeLabel, bType] = field("browse-type", "Filter", { options: ["none", "TAG", "SQL92"] });
   const [bExprLabel, bExpr] = field("browse-expression", "Expression", { size: 40 });
-  let next = null;
-  const browse = async (from) => {
-    const q = new URLSearchParams({ offset: String(from), count: bCount.value });
-    if (bType.value !== "none" && bExpr.value) { q.set("type", bType.value); q.set("expression", bExpr.value); }
-    const r = await api(`/topics/${enc(bTopic.value)}/queues/${enc(bQueue.value)}/browse?${q}`);
-    next = r.next_offset;
+  // ``query`` is the form as it was sent: the next page goes on with what is shown, whatever the
+  // form says by then
+  const browse = async (query, from) => {
+    const q = new URLSearchParams({ offset: String(from), count: query.count });
+    if (query.type !== "none" && query.expression) { q.set("type", query.type); q.set("expression", query.expression); }
+    const r = await api(`/topics/${enc(query.topic)}/queues/${enc(query.queue)}/browse?${q}`);
     show(`${r.topic} queue ${r.queue_id}`, r.messages, `${r.messages.length} shown of ${fmtNum(r.scanned)} read; next offset ${fmtNum(r.next_offset)} of ${fmtNum(r.max_offset)}`);
-    if (next < r.max_offset) results.append(h("button", { type: "button", class: "secondary", onclick: run(() => browse(next)) }, "Next page"));
+    if (r.next_offset < r.max_offset) results.append(h("button", { type: "button", class: "secondary", onclick: run(() => browse(query, r.next_offset)) }, "Next page"));
   };
+  const browseForm = () => browse({ topic: bTopic.value, queue: bQueue.value, count: bCount.value, type: bType.value, expression: bExpr.value }, Number(bOffset.value));
   page("Messages",
     h("h2", {}, "Look up"),
     h("form", { class: "row", onsubmit: run(async () => show("By id", [await api(`/messages/${enc(id.value)}?body=true`)])) }, idLabel, h("button", { type: "submit" }, "Find")),
     h("form", { class: "row", onsubmit: run(async () => show("By key", await api(`/messages?${new URLSearchParams({ topic: keyTopic.value, key: key.value, body: "true" })}`))) }, keyTopicLabel, keyLabel, h("button", { type: "submit" }, "Find")),
     h("h2", {}, "Browse a queue"),
-    h("form", { class: "row", id: "browse", onsubmit: run(() => browse(Number(bOffset.value))) }, bTopicLabel, bQueueLabel, bOffsetLabel, bCountLabel, bTypeLabel, bExprLabel, h("button", { type: "submit" }, "Browse")),
+    h("form", { class: "row", id: "browse", onsubmit: run(browseForm) }, bTopicLabel, bQueueLabel, bOffsetLabel, bCountLabel, bTypeLabel, bExprLabel, h("button", { type: "submit" }, "Browse")),
     results);
 }
 
