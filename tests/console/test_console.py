@@ -450,6 +450,7 @@ def test_the_console_logs_in_when_authentication_is_on(browser: Any, tmp_path: P
             page = console.page
             page.goto(f"{secured.admin_url}/#/overview")
             page.wait_for_selector("#login-user")
+            assert not page.is_visible("#logout")
             page.fill("#login-user", "root")
             page.fill("#login-password", "wrong-password")
             page.click("button:has-text('Log in')")
@@ -462,6 +463,14 @@ def test_the_console_logs_in_when_authentication_is_on(browser: Any, tmp_path: P
             assert "R00t-s3cret-pw" not in stored and "siftmq-admin-token" in stored
             console.open("topics")  # the token serves the other pages
             page.wait_for_selector("text=Create a topic")
+            token = page.evaluate("sessionStorage.getItem('siftmq-admin-token')")
+            bearer = {"authorization": f"Bearer {token}"}
+            assert httpx.get(f"{secured.admin_url}/overview", headers=bearer, timeout=10).status_code == 200
+            page.click("#logout")
+            page.wait_for_selector("#login-user")
+            assert page.evaluate("sessionStorage.length") == 0
+            assert page.inner_text("#who") == "" and not page.is_visible("#logout")
+            assert httpx.get(f"{secured.admin_url}/overview", headers=bearer, timeout=10).status_code == 401
             assert [e for e in console.errors if "401" not in e] == []  # the first calls were refused
         finally:
             console.close()

@@ -149,6 +149,7 @@ function base64Utf8(text) {
 function showLogin(why) {
   stopRefresh();
   document.getElementById("who").textContent = "";
+  document.getElementById("logout").hidden = true;
   const error = h("p", { class: "error", role: "alert" }, why || "");
   const user = h("input", { id: "login-user", name: "user", autocomplete: "username", required: true });
   const pass = h("input", { id: "login-password", name: "password", type: "password", autocomplete: "current-password", required: true });
@@ -174,6 +175,22 @@ function showLogin(why) {
   h("button", { type: "submit" }, "Log in"));
   page("Log in", h("div", { class: "login" }, h("p", {}, "This broker asks for a user of its auth file."), form, error));
   user.focus();
+}
+
+// The token is ended on the broker too: one left in a closed tab's memory would serve until it expires.
+async function logOut() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  sessionStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(USER_KEY);
+  generation += 1; // the left page's late answers are dropped
+  let why = "Logged out.";
+  try {
+    const r = await fetch("/tokens", { method: "DELETE", credentials: "omit", headers: { "X-Siftmq-Console": "1", Authorization: `Bearer ${token}` } });
+    if (!r.ok && r.status !== 401) why = `Logged out here; the broker answered ${r.status}: the token may serve until it expires.`;
+  } catch (e) {
+    why = `Logged out here; the broker could not be reached (${e.message}): the token may serve until it expires.`;
+  }
+  showLogin(why);
 }
 
 // ---------------------------------------------------------------------------------- navigation
@@ -228,6 +245,7 @@ function route() {
     if (here) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
   document.getElementById("who").textContent = sessionStorage.getItem(USER_KEY) ? `logged in as ${sessionStorage.getItem(USER_KEY)}` : "";
+  document.getElementById("logout").hidden = !sessionStorage.getItem(TOKEN_KEY);
   for (const [pattern, render] of ROUTES) {
     const m = hash.match(pattern);
     if (m) {
@@ -584,5 +602,6 @@ async function deadLettersPage(gen) {
     box);
 }
 
+document.getElementById("logout").addEventListener("click", logOut);
 window.addEventListener("hashchange", route);
 document.addEventListener("DOMContentLoaded", route);
