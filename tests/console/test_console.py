@@ -274,7 +274,7 @@ def test_names_of_object_members_are_looked_up_as_names(console: Page) -> None:
     for t in PROTO_TOPICS:
         section = page.locator(f"section[aria-label='subscription to {t}']")
         assert section.locator(".lag-total").inner_text() == "0"
-        assert section.locator("h3:has-text('Filter program') + p").inner_text() == "none"
+        assert section.locator("h3:has-text('Filter program') + *").inner_text() == "none"
         assert section.locator("svg.chart polyline").count() == 1  # the broker's point and the page's
     page = console.open("topics")
     page.fill("#new-topic", "valueOf")
@@ -350,6 +350,33 @@ def test_next_page_goes_on_with_the_query_shown(console: Page, broker: Any) -> N
     page.wait_for_selector("#results h2:not([data-old])")  # the next page drawn
     assert page.inner_text("#results h2") == f"{TOPIC} queue {queue}"
     assert page.locator("#results article").evaluate_all(offsets) == expected[3:6]
+    assert console.errors == []
+
+
+def test_the_refresh_keeps_what_was_typed_and_opened(console: Page) -> None:
+    """The pages refresh every 5 s (the page's clock is driven here): a half-typed topic name, the
+    queues shown, a program's opened source stay as they were; the figures are new."""
+    console.page.clock.install()
+    page = console.open("topics")
+    rate = f"tr:has(a[data-topic='{TOPIC}']) td:nth-child(4)"
+    page.wait_for_selector(rate)
+    assert page.inner_text(rate) == "–"  # no rate before the second sample
+    page.fill("#new-topic", "half-typed")
+    page.click(f"a[data-topic='{TOPIC}']")
+    page.wait_for_selector("#queues h2")
+    page.clock.run_for(5_100)
+    page.wait_for_function("s => document.querySelector(s).textContent !== '–'", arg=rate)  # refreshed
+    assert page.input_value("#new-topic") == "half-typed"
+    assert page.inner_text("#queues h2") == f"Queues of {TOPIC}"
+
+    page = console.open("groups/g-prog")
+    page.click("summary:has-text('Source')")
+    assert page.is_visible("details pre")
+    points = "document.querySelector('svg.chart polyline').getAttribute('points').split(' ').length"
+    before = page.evaluate(f"() => {points}")
+    page.clock.run_for(5_100)
+    page.wait_for_function(f"n => {points} > n", arg=before)  # refreshed: the page's next point
+    assert page.is_visible("details pre") and page.get_attribute("details", "open") is not None
     assert console.errors == []
 
 

@@ -296,39 +296,45 @@ async function overviewPage(gen) {
 // --------------------------------------------------------------------------------------- topics
 
 async function topicsPage(gen) {
+  // The page is built once and a refresh redraws its table and the queues shown, nothing else: a
+  // half-typed name in the form, the queues opened and the focus stay as they are
   let previous = null;
+  let opened = null; // the topic whose queues are shown
+  const list = h("div", {});
+  const queuesBox = h("div", { id: "queues" });
+  const name = h("input", { id: "new-topic", name: "name", required: true, maxlength: 127 });
+  const queues = h("input", { id: "new-queues", name: "queues", type: "number", min: 1, max: 1024, value: 8 });
+  const form = h("form", { class: "row", onsubmit: async (ev) => { ev.preventDefault(); await guarded(gen, async () => { await api("/topics", { method: "POST", body: { name: name.value, queue_nums: Number(queues.value) } }); status(`created ${name.value}`); await draw(); }); } },
+    h("label", { for: "new-topic" }, "Name", name), h("label", { for: "new-queues" }, "Queues", queues), h("button", { type: "submit" }, "Create"));
+  const showQueues = (t) => {
+    opened = t.name;
+    fill(queuesBox, h("h2", {}, `Queues of ${t.name}`),
+      table(["Queue", "Min offset", "Max offset", "Messages"], t.queues.map((q) => [String(q.queue_id), fmtNum(q.min_offset), fmtNum(q.max_offset), fmtNum(q.max_offset - q.min_offset)]), [0, 1, 2, 3]));
+  };
   const draw = async () => {
-    const list = await api("/topics");
-    const detail = await Promise.all(list.map((t) => api(`/topics/${enc(t.name)}`)));
+    const names = await api("/topics");
+    const detail = await Promise.all(names.map((t) => api(`/topics/${enc(t.name)}`)));
     if (gen !== generation) return;
     const now = Date.now();
     const rows = detail.map((t) => {
       const before = previous && previous.sent.get(t.name);
       const rate = before !== undefined && previous ? ((t.sent - before) / ((now - previous.t) / 1000)).toFixed(1) : "–";
       return [
-        h("a", { href: `#/topics`, "data-topic": t.name, onclick: (ev) => { ev.preventDefault(); toggleQueues(t); } }, t.name),
+        h("a", { href: `#/topics`, "data-topic": t.name, onclick: (ev) => { ev.preventDefault(); showQueues(t); } }, t.name),
         fmtNum(t.queue_nums), fmtNum(t.messages), rate, String(t.perm),
         h("button", { class: "danger", type: "button", "aria-label": `Delete topic ${t.name}`, onclick: () => deleteTopic(t.name) }, "Delete"),
       ];
     });
     previous = { t: now, sent: new Map(detail.map((t) => [t.name, t.sent])) };
-    const name = h("input", { id: "new-topic", name: "name", required: true, maxlength: 127 });
-    const queues = h("input", { id: "new-queues", name: "queues", type: "number", min: 1, max: 1024, value: 8 });
-    page("Topics",
-      table(["Topic", "Queues", "Messages", "Sends /s", "Perm", ""], rows, [1, 2, 3]),
-      h("div", { id: "queues" }),
-      h("h2", {}, "Create a topic"),
-      h("form", { class: "row", onsubmit: async (ev) => { ev.preventDefault(); await guarded(gen, async () => { await api("/topics", { method: "POST", body: { name: name.value, queue_nums: Number(queues.value) } }); status(`created ${name.value}`); await draw(); }); } },
-        h("label", { for: "new-topic" }, "Name", name), h("label", { for: "new-queues" }, "Queues", queues), h("button", { type: "submit" }, "Create")));
+    fill(list, table(["Topic", "Queues", "Messages", "Sends /s", "Perm", ""], rows, [1, 2, 3]));
+    const shown = detail.find((t) => t.name === opened);
+    if (shown) showQueues(shown);
+    else if (opened !== null) { opened = null; fill(queuesBox); } // deleted meanwhile
+    if (!list.isConnected) page("Topics", list, queuesBox, h("h2", {}, "Create a topic"), form);
   };
-  const toggleQueues = (t) => {
-    const box = document.getElementById("queues");
-    fill(box, h("h2", {}, `Queues of ${t.name}`),
-      table(["Queue", "Min offset", "Max offset", "Messages"], t.queues.map((q) => [String(q.queue_id), fmtNum(q.min_offset), fmtNum(q.max_offset), fmtNum(q.max_offset - q.min_offset)]), [0, 1, 2, 3]));
-  };
-  const deleteTopic = async (name) => {
-    if (!confirm(`Delete topic ${name} and every message in it? This cannot be undone.`)) return;
-    await guarded(gen, async () => { await api(`/topics/${enc(name)}`, { method: "DELETE" }); status(`deleted ${name}`); await draw(); });
+  const deleteTopic = async (topic) => {
+    if (!confirm(`Delete topic ${topic} and every message in it? This cannot be undone.`)) return;
+    await guarded(gen, async () => { await api(`/topics/${enc(topic)}`, { method: "DELETE" }); status(`deleted ${topic}`); await draw(); });
   };
   await draw();
   every(() => guarded(gen, draw));
@@ -349,47 +355,72 @@ async function groupsPage(gen) {
   every(() => guarded(gen, draw));
 }
 
+// ``kids`` as ``el``'s children, touching nothing when they are these already (a node taken out
+// and put back loses the focus)
+function keepChildren(el, kids) {
+  if (kids.length === el.children.length && kids.every((k, i) => el.children[i] === k)) return;
+  el.replaceChildren(...kids);
+}
+
+// One subscription's section of the group page, built once; ``update`` redraws its figures and
+// keeps the rest (an opened program source stays open)
+function subscriptionSection(group, topic) {
+  const sub = h("div", {}), total = h("span", { class: "lag-total", "data-topic": topic });
+  const lag = h("div", {}), lagChart = h("div", {}), work = h("div", {}), program = h("div", {});
+  const programHead = h("p", {}), counters = h("div", {}), source = h("pre", {});
+  const details = h("details", {}, h("summary", {}, "Source"), source);
+  const none = h("p", { class: "muted" }, "none");
+  const el = h("section", { "aria-label": `subscription to ${topic}` },
+    h("h2", {}, `Topic ${topic}`), sub, h("h3", {}, "Matching lag ", total), lag, lagChart,
+    h("h3", {}, "Filter work"), work, h("h3", {}, "Filter program"), program);
+  const update = (s, p, history) => {
+    const f = s.filter_stats || {};
+    fill(sub, table(["Type", "Expression", "Version", "Held by", "Pinned"], [[s.type, h("code", {}, s.expression), String(s.version), s.holders.join(", ") || "–", s.pinned ? "yes" : "no"]]));
+    total.textContent = fmtNum(s.lag.reduce((n, q) => n + Number(q.matching_lag), 0));
+    fill(lag, table(["Queue", "Committed", "Max offset", "Behind", "Matching lag"],
+      s.lag.map((q) => [String(q.queue_id), fmtNum(q.committed_offset), fmtNum(q.max_offset), fmtNum(q.lag), h("span", { class: "matching-lag" }, fmtNum(q.matching_lag))]), [0, 1, 2, 3, 4]));
+    fill(lagChart, chart(history, `matching lag of ${group} on ${topic} over time`));
+    fill(work, table(["Evaluated", "Matched", "Skipped by tag code", "Skipped by bitmap"], [[fmtNum(f.evaluated), fmtNum(f.matched), fmtNum(f.skipped_by_tags_code), fmtNum(f.skipped_by_bitmap)]], [0, 1, 2, 3]));
+    if (p === null) {
+      keepChildren(program, [none]);
+      return;
+    }
+    fill(programHead, `version ${p.version}, `, h("strong", { class: p.status === "active" ? "ok" : "error" }, p.status), p.last_error ? ` — ${p.last_error}` : "");
+    fill(counters, table(["Evaluated", "Matched", "Errors", "Timeouts", "Worker restarts"], [[fmtNum(p.counters.evaluated), fmtNum(p.counters.matched), fmtNum(p.counters.errors), fmtNum(p.counters.timeouts), fmtNum(p.counters.worker_restarts)]], [0, 1, 2, 3, 4]));
+    if (source.textContent !== p.source) source.textContent = p.source;
+    keepChildren(program, [programHead, counters, details]);
+  };
+  return { el, update };
+}
+
 async function groupPage(gen, name) {
   // topic -> [[t, matching lag]]: the broker's last hour (a point every 30 s), then this page's own points
   const lagHistory = new Map(Object.entries(await api(`/groups/${enc(name)}/lag-history`)));
+  const cards = h("div", { class: "cards" }), members = h("div", {}), subs = h("div", {});
+  const none = h("p", { class: "muted" }, "No subscription.");
+  const sections = new Map(); // topic -> its section, kept across refreshes
   const draw = async () => {
     const g = await api(`/groups/${enc(name)}`);
-    const byTopic = new Map((await api(`/groups/${enc(name)}/programs`)).map((p) => [p.topic, p]));
-    const programs = g.subscriptions.map((s) => byTopic.get(s.topic) ?? null);
+    const programs = new Map((await api(`/groups/${enc(name)}/programs`)).map((p) => [p.topic, p]));
     if (gen !== generation) return;
     const now = Date.now();
-    const sections = g.subscriptions.map((s, i) => {
-      const lag = s.lag.reduce((n, q) => n + Number(q.matching_lag), 0);
+    fill(cards,
+      card("Mode", g.mode), card("Consistency", g.consistency),
+      card("Conflicts", fmtNum(g.inconsistencies), h("div", { class: "muted" }, g.last_inconsistency ? String(g.last_inconsistency) : "none")),
+      card("Dropped by conflicts", fmtNum(g.dropped_by_inconsistency)));
+    fill(members, g.clients.length ? table(["Client", "Type", "Address", "Last seen (s)", "Subscriptions"],
+      g.clients.map((c) => [c.client_id, c.client_type, c.address, String(c.last_seen_s), Object.entries(c.subscriptions).map(([t, e]) => `${t}: ${e}`).join("; ")]), [3])
+      : h("p", { class: "muted" }, "No live member."));
+    for (const s of g.subscriptions) {
       if (!lagHistory.has(s.topic)) lagHistory.set(s.topic, []);
-      lagHistory.get(s.topic).push([now, lag]);
-      const f = s.filter_stats || {};
-      const p = programs[i];
-      return h("section", { "aria-label": `subscription to ${s.topic}` },
-        h("h2", {}, `Topic ${s.topic}`),
-        table(["Type", "Expression", "Version", "Held by", "Pinned"], [[s.type, h("code", {}, s.expression), String(s.version), s.holders.join(", ") || "–", s.pinned ? "yes" : "no"]]),
-        h("h3", {}, "Matching lag ", h("span", { class: "lag-total", "data-topic": s.topic }, fmtNum(lag))),
-        table(["Queue", "Committed", "Max offset", "Behind", "Matching lag"],
-          s.lag.map((q) => [String(q.queue_id), fmtNum(q.committed_offset), fmtNum(q.max_offset), fmtNum(q.lag), h("span", { class: "matching-lag" }, fmtNum(q.matching_lag))]), [0, 1, 2, 3, 4]),
-        chart(lagHistory.get(s.topic), `matching lag of ${name} on ${s.topic} over time`),
-        h("h3", {}, "Filter work"),
-        table(["Evaluated", "Matched", "Skipped by tag code", "Skipped by bitmap"], [[fmtNum(f.evaluated), fmtNum(f.matched), fmtNum(f.skipped_by_tags_code), fmtNum(f.skipped_by_bitmap)]], [0, 1, 2, 3]),
-        h("h3", {}, "Filter program"),
-        p === null ? h("p", { class: "muted" }, "none")
-          : h("div", {},
-              h("p", {}, `version ${p.version}, `, h("strong", { class: p.status === "active" ? "ok" : "error" }, p.status), p.last_error ? ` — ${p.last_error}` : ""),
-              table(["Evaluated", "Matched", "Errors", "Timeouts", "Worker restarts"], [[fmtNum(p.counters.evaluated), fmtNum(p.counters.matched), fmtNum(p.counters.errors), fmtNum(p.counters.timeouts), fmtNum(p.counters.worker_restarts)]], [0, 1, 2, 3, 4]),
-              h("details", {}, h("summary", {}, "Source"), h("pre", {}, p.source))));
-    });
-    page(`Group ${g.group}`,
-      h("div", { class: "cards" },
-        card("Mode", g.mode), card("Consistency", g.consistency),
-        card("Conflicts", fmtNum(g.inconsistencies), h("div", { class: "muted" }, g.last_inconsistency ? String(g.last_inconsistency) : "none")),
-        card("Dropped by conflicts", fmtNum(g.dropped_by_inconsistency))),
-      h("h2", {}, "Members"),
-      g.clients.length ? table(["Client", "Type", "Address", "Last seen (s)", "Subscriptions"],
-        g.clients.map((c) => [c.client_id, c.client_type, c.address, String(c.last_seen_s), Object.entries(c.subscriptions).map(([t, e]) => `${t}: ${e}`).join("; ")]), [3])
-        : h("p", { class: "muted" }, "No live member."),
-      sections.length ? sections : h("p", { class: "muted" }, "No subscription."));
+      lagHistory.get(s.topic).push([now, s.lag.reduce((n, q) => n + Number(q.matching_lag), 0)]);
+      if (!sections.has(s.topic)) sections.set(s.topic, subscriptionSection(g.group, s.topic));
+      sections.get(s.topic).update(s, programs.get(s.topic) ?? null, lagHistory.get(s.topic));
+    }
+    const current = new Set(g.subscriptions.map((s) => s.topic));
+    for (const topic of [...sections.keys()]) if (!current.has(topic)) sections.delete(topic);
+    keepChildren(subs, g.subscriptions.length ? g.subscriptions.map((s) => sections.get(s.topic).el) : [none]);
+    if (!subs.isConnected) page(`Group ${g.group}`, cards, h("h2", {}, "Members"), members, subs);
   };
   await draw();
   every(() => guarded(gen, draw));
