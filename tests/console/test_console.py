@@ -1,8 +1,9 @@
 """The web console in a real browser (Debian's chromium driven by Playwright) against a real broker
 process with real traffic: every page loads without console errors and shows what the admin API
 reports; the playground's caret; a filtered browse showing exactly the matching messages; dead
-letters resent; topics created and deleted; the login when authentication is on; hostile message
-contents shown as text; a narrow window and the keyboard."""
+letters resent; topics created and deleted; the login and log-out when authentication is on;
+hostile message contents shown as text, bodies exactly as sent; names that are Object.prototype
+members; the refresh keeping what was typed and opened; a narrow window and the keyboard."""
 
 from __future__ import annotations
 
