@@ -81,3 +81,12 @@ def test_write_refusals(spark: Any, start_broker: Any) -> None:
         write(df, broker.endpoint, topic="T", filter="a = 1")
     with pytest.raises(Exception, match="ILLEGAL_MESSAGE_TAG"):
         write(spark.createDataFrame([(b"x", "a|b")], "body binary, tag string"), broker.endpoint, topic="T")
+    # an empty tag went out as no tag at all; NULL is the way to say none
+    with pytest.raises(Exception, match="has an empty tag; a message without a tag has a NULL one"):
+        write(
+            spark.createDataFrame([(b"x", "A"), (b"y", "")], "body binary, tag string"),
+            broker.endpoint,
+            topic="E",
+        )
+    with pytest.raises(Exception, match=r"'maxBatchBytes': must be in 1\.\.8388608"):
+        write(df, broker.endpoint, topic="T", maxBatchBytes=str(64 << 20))

@@ -47,6 +47,7 @@ READ_OPTIONS: Final = (
     "failOnDataLoss",
     "maxMessagesPerTrigger",
 )
+MAX_BATCH_BYTES: Final = 8 << 20
 WRITE_OPTIONS: Final = (*_COMMON, "properties", "producerId", "maxBatchMessages", "maxBatchBytes")
 
 #: Column names of every row the source produces (a hot property column may not take one).
@@ -406,7 +407,9 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         producer_id=producer_id.strip() if producer_id else None,
         max_batch_messages=_int(options, "maxBatchMessages", MAX_PULL_BATCH, 1, MAX_PULL_BATCH)
         or MAX_PULL_BATCH,
-        max_batch_bytes=_int(options, "maxBatchBytes", 4 << 20, 1, 1 << 30) or (4 << 20),
+        # a send request must fit the broker's gRPC frame: by default its largest message plus
+        # 4 MiB (12 MiB); 8 MiB of message bytes leaves room for the request's own fields
+        max_batch_bytes=_int(options, "maxBatchBytes", 4 << 20, 1, MAX_BATCH_BYTES) or (4 << 20),
         request_timeout=_float(options, "requestTimeout", 30.0, 0.1, 3600.0),
         connection=_connection(options),
     )

@@ -44,7 +44,7 @@ from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, Struct
 
 from siftmq.client.model import OutgoingMessage
 from siftmq.client.producer import new_message_id
-from siftmq.errors import ConfigError, SiftError
+from siftmq.errors import ConfigError, RemoteError, SiftError
 from siftmq.spark.gateway import BrokerGateway
 from siftmq.spark.options import WriteOptions
 
@@ -159,6 +159,10 @@ class _Sender:
                         raise WriteError(
                             f"row {row} has a NULL or empty body; the broker refuses empty messages"
                         )
+                    if tags[i] == "":
+                        raise WriteError(
+                            f"row {row} has an empty tag; a message without a tag has a NULL one"
+                        )
                     props = {k: v for k, v in (maps[i] or ()) if v is not None}
                     for name, values in extra:
                         if values[i] is not None:
@@ -175,7 +179,7 @@ class _Sender:
                         props,
                         born_ms,
                     )
-                    self._add(topic, message, len(body))
+                    self._add(topic, message, _size_of(message))
                     row += 1
             for topic in list(self.pending):
                 self._flush(topic)
@@ -205,7 +209,21 @@ class _Sender:
                 timeout=self.options.request_timeout,
                 connection=self.options.connection,
             )
-        self.sent += self.gateway.send(messages)
+        try:
+            self.sent += self.gateway.send(messages)
+        except RemoteError as exc:
+            if exc.status != "GRPC_RESOURCE_EXHAUSTED":
+                raise
+            raise WriteError(
+                f"a send request of {len(messages)} messages was larger than the broker takes ({exc}); "
+                f"lower the option maxBatchBytes (now {self.options.max_batch_bytes})"
+            ) from exc
+
+
+def _size_of(message: OutgoingMessage) -> int:
+    """The bytes a message takes in a send request, near enough: body, tag, keys and properties."""
+    size = len(message.body) + len(message.tag or "") + sum(len(k) + 1 for k in message.keys)
+    return size + sum(len(k) + len(v) + 2 for k, v in message.properties.items())
 
 
 def _partition_id() -> int:
@@ -258,10 +276,11 @@ class SiftmqStreamWriter(DataSourceStreamArrowWriter):
         batch_id = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
         if context is None or batch_id is None:
             raise WriteError("the siftmq stream writer needs a micro-batch id (streaming.sql.batchId)")
-        sink_id = self.options.producer_id
-        if sink_id is None:
-            query_id = context.getLocalProperty("sql.streaming.queryId") or ""
-            sink_id = f"{self.options.topic or '<topic column>'}/{query_id}"
+        # The query id (kept in the checkpoint) is always part of it: batch ids start again at 0
+        # with a new checkpoint, whose batches hold other rows than the old one's of the same
+        # number, and the broker would drop them as retries of those
+        query_id = context.getLocalProperty("sql.streaming.queryId") or ""
+        sink_id = f"{self.options.producer_id or self.options.topic or '<topic column>'}/{query_id}"
         partition = context.partitionId()
         ids = stream_message_ids(sink_id, int(batch_id), partition)
         return SentCount(partition, _Sender(self.options, self.schema).run(iterator, ids))
