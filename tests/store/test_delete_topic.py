@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from siftmq.store import GetMessageStatus, MessageStore
 from siftmq.store.bulk import plan_scan, read_range
 from store_helpers import msg, small_config
@@ -93,3 +95,25 @@ def test_a_flush_meeting_a_queue_its_deletion_destroyed_stops_nothing(tmp_path: 
         doomed.log.flush = deleted_meanwhile  # type: ignore[method-assign]
         store.flush()
         assert store.put_message(msg("U", b"after", queue_id=0)).queue_offset == 1
+
+
+def test_a_deletion_whose_tombstone_cannot_be_written_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delete fails (the tombstone file cannot be written): the topic's records are still
+    alive, also those still waiting to be indexed, as the error says."""
+    from siftmq.store import tombstones
+
+    with MessageStore.open(small_config(tmp_path)) as store:
+        store.put_message(msg("T", b"first", queue_id=0))
+
+        def no_room(*args: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(tombstones, "write_json", no_room)
+        with pytest.raises(OSError):
+            store.delete_topic("T")
+        monkeypatch.undo()
+        assert store.tombstones.offset("T") is None
+        store.put_message(msg("T", b"second", queue_id=0))
+        assert _bodies(store, "T") == [b"first", b"second"]

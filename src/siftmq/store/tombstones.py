@@ -47,18 +47,20 @@ class Tombstones:
     def add(self, topic: str, offset: int) -> None:
         """Record (durably) that ``topic``'s records below ``offset`` are dead."""
         with self._lock:
-            self._by_topic[topic] = max(offset, self._by_topic.get(topic, 0))
-            write_json(self._path, self._by_topic)
+            # on disk first: a failed write leaves the topic alive everywhere, as the error says
+            changed = {**self._by_topic, topic: max(offset, self._by_topic.get(topic, 0))}
+            write_json(self._path, changed)
+            self._by_topic = changed
 
     def prune(self, min_offset: int) -> list[str]:
         """Drop the tombstones whose records retention has all deleted (the log starts at
         ``min_offset``); returns their topics."""
         with self._lock:
             done = [topic for topic, offset in self._by_topic.items() if offset <= min_offset]
-            for topic in done:
-                del self._by_topic[topic]
             if done:
-                write_json(self._path, self._by_topic)
+                kept = {t: o for t, o in self._by_topic.items() if t not in done}
+                write_json(self._path, kept)
+                self._by_topic = kept
         return done
 
 
