@@ -232,6 +232,22 @@ def test_duplicate_message_id_is_stored_once(broker: Broker) -> None:
     assert len(drain(broker, "g", tag_sub("*"))) == 1
 
 
+def test_another_message_reusing_an_id_is_stored_not_answered_with_the_first(broker: Broker) -> None:
+    """Only a retry (same topic, body and properties) is answered with the stored message: another
+    message with a used id (another producer's, a reused business id) was acknowledged and dropped.
+    RocketMQ stores it; so does siftmq."""
+    send(broker, "A", message_id="01REUSED", order="1")
+    send(broker, "A", message_id="01REUSED", order="2")  # other properties
+    send(broker, "B", message_id="01REUSED", order="2")  # another tag
+    broker.send(ProducedMessage(topic=TOPIC, body=b"other body", message_id="01REUSED", tag="B"))
+    send(broker, "A", message_id="01REUSED", order="1")  # a late retry of the first: not the newest, stored
+    got = drain(broker, "g", tag_sub("*"))
+    assert sorted((tag, props["order"]) for tag, props, _ in got if "order" in props) == [
+        ("A", "1"), ("A", "1"), ("A", "2"), ("B", "2")
+    ]  # fmt: skip
+    assert len(got) == 5
+
+
 @pytest.mark.parametrize(
     ("change", "status"),
     [

@@ -31,6 +31,7 @@ from siftmq.errors import (
 )
 from siftmq.store import (
     BatchEntry,
+    StoredMessage,
     encode_host,
 )
 
@@ -114,7 +115,7 @@ class Sending(BrokerParts):
             results: list[SendResult | None] = [None] * count
             for i, message_id in enumerate(message_ids):
                 existing = self.store.query_message_by_uniq_key(message_id)
-                if existing is not None and existing.topic == topic.name:
+                if existing is not None and _same_message(existing, topic.name, entries[i]):
                     self.stats.count(self.stats.duplicates, topic.name)
                     results[i] = SendResult(
                         message_id, existing.queue_id, existing.queue_offset, duplicate=True
@@ -212,6 +213,16 @@ class Sending(BrokerParts):
             return born_host, None
         kept = host[:MAX_BORN_HOST_LENGTH].replace("\x01", "").replace("\x02", "")
         return encode_host("0.0.0.0", 0), kept or None
+
+
+def _same_message(existing: StoredMessage, topic: str, entry: BatchEntry) -> bool:
+    """Whether a send is a retry of the stored message with its id: the same topic, body and
+    properties (the born host aside: a retry may come over another connection). Another message
+    that reuses an id is stored, as RocketMQ stores it, not answered with the first one's place."""
+    if existing.topic != topic or existing.body != entry[0]:
+        return False
+    sent = {k: v for k, v in entry[1].items() if k != PROPERTY_BORN_HOST}
+    return sent == {k: v for k, v in existing.properties.items() if k != PROPERTY_BORN_HOST}
 
 
 def _host_bytes(host: str) -> bytes | None:
