@@ -56,3 +56,24 @@ def test_small_and_large_batches_set_the_same_bits(
             hit = all(bitmap[p >> 3] & (1 << (p & 7)) for p in reg.positions)
             if compile_filter("SQL92", expression).matches(req.properties):
                 assert hit
+
+
+@pytest.mark.parametrize("expressions", [("TRUE", "1 = 1", "NOT FALSE", "FALSE"), ("TRUE", "a > 5")])
+def test_filters_reading_no_property_get_their_bits_in_large_batches(
+    tmp_path_factory: pytest.TempPathFactory, expressions: tuple[str, ...]
+) -> None:
+    """A registration reading no property met no column in a vectorized batch, so no row: its
+    messages got no bit, and the index stage dropped every one of them (200 of 200)."""
+    registry = FilterRegistry(tmp_path_factory.mktemp("filters"), BloomFilter(), expire_s=3600)
+    for i, expression in enumerate(expressions):
+        registry.register(f"c{i}", "Topic", compile_filter("SQL92", expression))
+    requests = _requests([{"a": str(i % 10)} for i in range(2 * VECTOR_MIN_ROWS)])
+    large = registry.compute_bitmaps(requests)
+    assert large == [registry.compute_bitmaps([req])[0] for req in requests]  # as row by row
+    for i, expression in enumerate(expressions):
+        reg = registry.get(f"c{i}", "Topic")
+        assert reg is not None
+        for req, bitmap in zip(requests, large, strict=True):
+            assert bitmap is not None
+            hit = all(bitmap[p >> 3] & (1 << (p & 7)) for p in reg.positions)
+            assert hit or not compile_filter("SQL92", expression).matches(req.properties)

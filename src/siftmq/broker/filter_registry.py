@@ -273,7 +273,14 @@ def _bitmaps_vectorized(
     bits = np.zeros((len(rows), size), dtype=np.uint8)
     for reg in regs:
         try:
-            matched = reg.compiled.matches_batch(batch)
+            if reg.compiled.properties:
+                matched = reg.compiled.matches_batch(batch)
+            else:
+                # reads no property (TRUE, 1 = 1): one answer for every row. Through the batch it
+                # would meet no column, hence no row, and its rows would get no bit: lost to it
+                matched = np.full(len(rows), bool(reg.compiled.matches({})), dtype=np.bool_)
+            if len(matched) != len(rows):
+                raise ValueError(f"{len(matched)} results for {len(rows)} rows")
         except Exception:
             _failed(reg)
             matched = np.ones(len(rows), dtype=np.bool_)
