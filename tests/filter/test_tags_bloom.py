@@ -73,6 +73,27 @@ def test_tag_split_error(text: str) -> None:
         TagFilter.parse(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "normalized"),
+    [("b||a", "a||b"), ("  *  ", "*||"), (" ", " "), ("|| ||", " "), ("a| || b", "a| || b"), ("*", "*")],
+)
+def test_the_normalized_text_reads_back_as_the_same_tags(text: str, normalized: str) -> None:
+    """The group keeps the normalized text and reads filter with what it parses to: "  *  " (the
+    tag "*") became "*" (every message), " " (no tag) became "" (every message), and "a| || b"
+    became "a|||b", read as "a" and "|b" (messages tagged b lost)."""
+    assert TagFilter.parse(text).normalized() == normalized
+
+
+@given(st.text(alphabet="ab|* \t", max_size=12))
+def test_normalized_round_trips(text: str) -> None:
+    try:
+        parsed = TagFilter.parse(text)
+    except FilterSyntaxError:
+        return
+    again = TagFilter.parse(parsed.normalized())
+    assert (again.sub_all, again.tags) == (parsed.sub_all, parsed.tags)
+
+
 def test_collision_passes_the_index_but_not_the_exact_check() -> None:
     f = TagFilter.parse("Aa||BB")
     assert len(f.codes) == 1

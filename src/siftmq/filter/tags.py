@@ -71,5 +71,17 @@ class TagFilter:
         return tag is not None and tag in self.tags
 
     def normalized(self) -> str:
-        """The tags joined by ``||`` in sorted order (``*`` for subscribe-all)."""
-        return SUB_ALL if self.sub_all else "||".join(sorted(self.tags))
+        """One text per tag set, which :meth:`parse` reads back as this set (the group keeps it, and
+        reads filter with what it parses to): the tags joined by ``||`` in sorted order, ``*`` for
+        subscribe-all. Where that would read back as another set — no tag (``" "``), the tag ``*``
+        alone, a tag starting or ending with ``|`` — it is written so that it reads back right."""
+        if self.sub_all:
+            return SUB_ALL
+        tags = sorted(self.tags)
+        if not tags:
+            return " "  # "" would subscribe to every message
+        if tags == [SUB_ALL]:
+            return SUB_ALL + "||"  # "*" would too; the trailing empty piece is dropped
+        if any(t.startswith("|") or t.endswith("|") for t in tags):
+            return " || ".join(tags)  # "a|" + "||" + "b" splits as "a", "|b"; the spaces are trimmed
+        return "||".join(tags)
