@@ -122,6 +122,87 @@ def test_a_send_may_not_forge_the_brokers_dead_letter_reason(start_broker: Any) 
     assert httpx.get(f"{broker.admin_url}/messages/01FORGED", timeout=10).status_code == 404
 
 
+def _raw_send(stub: Stub, message_id: str, **system: Any) -> pb.SendMessageResponse:
+    sp = pb.SystemProperties(message_id=message_id, body_encoding=pb.Encoding.IDENTITY, **system)
+    msg = pb.Message(topic=pb.Resource(name="Typed"), body=b"x", system_properties=sp)
+    return stub("SendMessage", pb.SendMessageRequest(messages=[msg]))
+
+
+def test_message_types_other_than_normal_are_refused_by_name(start_broker: Any) -> None:
+    """A TRANSACTION half message was delivered at once as a normal one (and could never be rolled
+    back), as were DELAY, FIFO, PRIORITY and LITE messages without their fields; each is refused
+    naming its type, and nothing is stored."""
+    import httpx
+
+    broker = start_broker()
+    stub = Stub(broker.endpoint)
+    try:
+        kinds = ("FIFO", "DELAY", "TRANSACTION", "LITE", "PRIORITY")
+        for kind in kinds:
+            answer = _raw_send(stub, f"01{kind}", message_type=pb.MessageType.Value(kind))
+            assert answer.status.code == pb.Code.UNSUPPORTED and kind in answer.status.message, kind
+        assert _raw_send(stub, "01NINETY", message_type=99).status.code == pb.Code.UNSUPPORTED
+        assert _raw_send(stub, "01PRIO", priority=3).status.code == pb.Code.UNSUPPORTED
+        out_of_range = _raw_send(stub, "01BORN", born_timestamp={"seconds": 2**62})
+        assert (
+            out_of_range.status.code == pb.Code.BAD_REQUEST
+            and "born_timestamp" in out_of_range.status.message
+        )
+        assert httpx.get(f"{broker.admin_url}/topics/Typed", timeout=10).status_code == 404  # nothing made
+        for ok in (pb.MessageType.NORMAL, pb.MessageType.MESSAGE_TYPE_UNSPECIFIED):
+            assert _raw_send(stub, f"01OK{ok}", message_type=ok).status.code == pb.Code.OK
+    finally:
+        stub.channel.close()
+
+
+def test_a_send_the_store_refuses_creates_no_topic(start_broker: Any) -> None:
+    """Properties too large for the store were refused only after the topic was created: refused
+    sends to new names used up max_topics."""
+    import httpx
+
+    broker = start_broker(config={"max_topics": 3})
+    stub = Stub(broker.endpoint)
+    try:
+        keys = ["\u20ac" * 252 + f"{i:03d}" for i in range(32)]  # 3-byte characters: within the key limits
+        props = {f"p{i}": "v" * 250 for i in range(60)}  # within the user limits; together past the record's
+        for i in range(3):
+            sp = pb.SystemProperties(message_id=f"01BIG{i}", body_encoding=pb.Encoding.IDENTITY, keys=keys)
+            msg = pb.Message(
+                topic=pb.Resource(name=f"New{i}"), body=b"x", system_properties=sp, user_properties=props
+            )
+            refused = stub("SendMessage", pb.SendMessageRequest(messages=[msg]))
+            assert refused.status.code == pb.Code.MESSAGE_BODY_TOO_LARGE, refused.status.message
+        assert stub.send(topic="Good", message_id="01GOOD").status.code == pb.Code.OK
+    finally:
+        stub.channel.close()
+    names = [t["name"] for t in httpx.get(f"{broker.admin_url}/topics", timeout=10).json()]
+    assert not [n for n in names if n.startswith("New")]
+
+
+def test_a_topics_route_permission_follows_its_read_and_write_bits(start_broker: Any) -> None:
+    """perm 7 (read-write and RocketMQ's inherit bit) was routed as NONE, so the official clients
+    found no queue to send to."""
+    import httpx
+
+    broker = start_broker()
+    stub = Stub(broker.endpoint)
+    try:
+        expected = {7: pb.Permission.READ_WRITE, 6: pb.Permission.READ_WRITE, 5: pb.Permission.READ,
+                    3: pb.Permission.WRITE, 1: pb.Permission.NONE}  # fmt: skip
+        for perm, permission in expected.items():
+            created = httpx.post(
+                f"{broker.admin_url}/topics", json={"name": f"P{perm}", "perm": perm}, timeout=10
+            )
+            assert created.status_code == 201, created.text
+            route = stub(
+                "QueryRoute",
+                pb.QueryRouteRequest(topic=pb.Resource(name=f"P{perm}"), endpoints=stub.endpoints()),
+            )
+            assert {q.permission for q in route.message_queues} == {permission}, perm
+    finally:
+        stub.channel.close()
+
+
 def test_receive_ack_and_bad_handles_over_the_wire(stub: Stub) -> None:
     assert stub.send(message_id="01R1", Region="Hangzhou", price="100").status.code == pb.Code.OK
     assert stub.send(message_id="01R2", Region="Hangzhou", price="7").status.code == pb.Code.OK

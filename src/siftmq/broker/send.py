@@ -32,6 +32,7 @@ from siftmq.errors import (
 from siftmq.store import (
     BatchEntry,
     StoredMessage,
+    check_properties,
     encode_host,
 )
 
@@ -102,7 +103,13 @@ class Sending(BrokerParts):
                 raise BadRequestError(f"{len(column)} {name} for {count} messages")
         check_topic(batch.topic, for_send=True)
         entries = self._prepare(batch)
-        topic = self.topics.get_or_create(batch.topic, for_send=True)
+        topic = self.topics.get(batch.topic)
+        if topic is None:
+            # a send the store would refuse creates no topic (it would count toward max_topics);
+            # the properties' encoded size is checked here only then: the store checks it anyway
+            for entry in entries:
+                check_properties(entry[1], DEAD_LETTER_RESERVE)
+            topic = self.topics.get_or_create(batch.topic, for_send=True)
         if not topic.writable:
             raise BadRequestError(f"topic {topic.name!r} is not writable", status=StatusCode.FORBIDDEN)
         message_ids = batch.message_ids

@@ -19,7 +19,7 @@ from siftmq.broker.model import (
     user_properties,
 )
 from siftmq.broker.validation import qualified_name
-from siftmq.errors import BadRequestError, StatusCode
+from siftmq.errors import BadRequestError, StatusCode, UnsupportedError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol import siftmq_batch_pb2 as batch_pb
 from siftmq.protocol.fields import map_to_dict
@@ -30,6 +30,9 @@ FILTER_TYPES = {pb.FilterType.TAG: "TAG", pb.FilterType.SQL: "SQL92"}
 _GZIP = pb.Encoding.GZIP
 _IDENTITY = pb.Encoding.IDENTITY
 _PLAIN = (_IDENTITY, pb.Encoding.ENCODING_UNSPECIFIED)
+_NORMAL_TYPES = (pb.MessageType.MESSAGE_TYPE_UNSPECIFIED, pb.MessageType.NORMAL)
+# protobuf's Timestamp range (years 1 to 9999): a born time outside it is no time at all
+_MIN_SECONDS, _MAX_SECONDS = -62_135_596_800, 253_402_300_799
 _CRC32 = pb.DigestType.CRC32
 _NORMAL = pb.MessageType.NORMAL
 
@@ -95,8 +98,24 @@ def outgoing_message(msg: pb.Message, max_body_size: int) -> ProducedMessage:
         body = _gunzip(body, max_body_size)
     elif encoding not in _PLAIN:
         raise BadRequestError(f"unknown body encoding {encoding}")
+    kind = sp.message_type
+    if kind not in _NORMAL_TYPES:
+        # delivered as a normal message at once, a transaction's half message could never be rolled
+        # back (this broker has no EndTransaction): refused, as a delay or FIFO message is
+        name = pb.MessageType.Name(kind) if kind in pb.MessageType.values() else f"type {kind}"
+        raise UnsupportedError(
+            f"{name} messages are not supported by this broker (NORMAL ones are)",
+            status=StatusCode.UNSUPPORTED,
+        )
+    if sp.HasField("lite_topic") or sp.HasField("priority"):
+        raise UnsupportedError(
+            "lite topics and message priorities are not supported by this broker",
+            status=StatusCode.UNSUPPORTED,
+        )
     keys = sp.keys
     born = sp.born_timestamp
+    if not _MIN_SECONDS <= born.seconds <= _MAX_SECONDS:
+        raise BadRequestError(f"born_timestamp {born.seconds} s is outside the timestamps a message may have")
     return ProducedMessage(  # positional, in field order: this runs once per message sent
         topic_name(msg.topic),
         body,

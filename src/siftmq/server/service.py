@@ -40,6 +40,12 @@ _log = logging.getLogger(__name__)
 DEADLINE_MARGIN_S = 0.5
 PRODUCER_MAX_ATTEMPTS = 3
 MESSAGE_MODEL_HEADER = "x-siftmq-message-model"
+_ROUTE_PERMISSION = {  # a topic's read (4) and write (2) bits, as QueryRoute tells them
+    6: pb.Permission.READ_WRITE,
+    4: pb.Permission.READ,
+    2: pb.Permission.WRITE,
+    0: pb.Permission.NONE,
+}
 #: Characters of a client id kept (longer ids are cut, so one header cannot grow the session table).
 
 
@@ -181,9 +187,7 @@ class MessagingService:
                     StatusCode.ILLEGAL_ACCESS_POINT, "QueryRoute needs the endpoints the client used"
                 )
             )
-        perm = {6: pb.Permission.READ_WRITE, 4: pb.Permission.READ, 2: pb.Permission.WRITE}.get(
-            topic.perm, pb.Permission.NONE
-        )
+        perm = _ROUTE_PERMISSION[topic.perm & 6]  # the read and write bits; 1 is RocketMQ's inherit bit
         broker = pb.Broker(name=self.config.broker_name, id=0, endpoints=request.endpoints)
         queues = [
             pb.MessageQueue(
@@ -335,7 +339,7 @@ class MessagingService:
         group = convert.topic_name(request.group)
         queue_ids = await self._call(self.broker.assignment, group, topic_name, convert.client_id_of(context))
         broker = pb.Broker(name=self.config.broker_name, id=0, endpoints=request.endpoints)
-        perm = pb.Permission.READ_WRITE if topic.perm == 6 else pb.Permission.READ
+        perm = pb.Permission.READ_WRITE if topic.perm & 6 == 6 else pb.Permission.READ
         # As RocketMQ's proxy: receive (pop) consumers get one assignment per broker (queue id -1 = every
         # queue of the broker); pull consumers get their own queues.
         assignments = [

@@ -13,6 +13,7 @@ from siftmq.store.codec import (
     BatchEntry,
     Message,
     StoredMessage,
+    check_properties,
     encode_host,
     tags_code_of,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "RetentionResult",
     "StoreConfig",
     "StoredMessage",
+    "check_properties",
     "encode_host",
     "java_string_hash",
     "tags_code_of",

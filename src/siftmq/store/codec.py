@@ -293,6 +293,11 @@ def _encode_bounded(properties: Mapping[str, str], reserve: int = 0) -> bytes:
     return encoded
 
 
+def check_properties(properties: Mapping[str, str], reserve: int = 0) -> None:
+    """Raise :class:`MessageTooLargeError` for properties a put would refuse (see :func:`prepare_batch`)."""
+    _encode_bounded(properties, reserve)
+
+
 def _too_long(length: int, reserve: int) -> str:
     if not reserve:
         return f"properties of {length} bytes exceed the limit {MAX_PROPERTIES_LENGTH}"
