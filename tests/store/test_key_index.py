@@ -5,6 +5,7 @@ lookups made while it runs are served at once and kept."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -132,3 +133,22 @@ def test_a_clear_during_a_prune_wins() -> None:
     pruning.join(10)
     assert index.offset_of_uniq_key("a") is None and index.offset_of_uniq_key("b") == 20
     assert index.offsets_of_key("T", "k") == []
+
+
+def test_the_index_is_trimmed_to_its_bound_oldest_first(tmp_path: Path) -> None:
+    """Every id stayed in memory until retention removed its segment (72 h by default: tens of GB
+    at a steady rate); past key_index_max_messages the oldest go at the next retention pass, and
+    a retry of a recent message is still found."""
+    from siftmq.store import MessageStore
+    from store_helpers import msg, small_config
+
+    with MessageStore.open(small_config(tmp_path, key_index_max_messages=100)) as store:
+        for i in range(250):
+            store.put_message(msg(body=b"x", UNIQ_KEY=f"u{i}", KEYS=f"k{i}"))
+        store.delete_expired_files()
+        held = [i for i in range(250) if store.query_message_by_uniq_key(f"u{i}") is not None]
+        assert held == list(range(160, 250))  # nine tenths of the bound, the newest
+        assert store.query_messages_by_key("T", "k100") == []
+        assert [m.body for m in store.query_messages_by_key("T", "k249")] == [b"x"]
+        store.delete_expired_files()  # within the bound: nothing more goes
+        assert store.query_message_by_uniq_key("u160") is not None

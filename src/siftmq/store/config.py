@@ -54,6 +54,9 @@ class StoreConfig:
     disk_high_water_ratio: float = 0.90
     disk_reserve_bytes: int = 64 * MIB
     build_key_index: bool = True
+    #: ids the in-memory key index holds at most (the oldest go at the next retention pass):
+    #: ~150-200 bytes each, so ~2 GB at the default; a retry is found as long as its id is held
+    key_index_max_messages: int = 10_000_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -70,6 +73,8 @@ class StoreConfig:
             raise ConfigError("consume_queue_entries_per_file must be positive")
         if not 1 <= self.bitmap_size <= 4096:
             raise ConfigError("bitmap_size must be in 1..4096 bytes")
+        if self.key_index_max_messages < 1:
+            raise ConfigError("key_index_max_messages must be positive")
         if self.flush_interval_ms < 1:
             raise ConfigError("flush_interval_ms must be positive")
         if self.max_transfer_bytes < 1 or self.max_transfer_count < 1:

@@ -2,7 +2,9 @@
 
 This is not RocketMQ's on-disk IndexFile: the maps live in memory and are rebuilt from the
 CommitLog by the recovery scan at every open (so opening costs a scan of the whole log while
-``build_key_index`` is on). Entries below the CommitLog's first offset are pruned by retention.
+``build_key_index`` is on). Entries below the CommitLog's first offset are pruned by retention,
+and the oldest past ``key_index_max_messages`` ids (:meth:`KeyIndex.trim`): in memory, an id
+costs ~150-200 bytes, and a retained log can hold far more messages than memory such entries.
 The store indexes a record when its append is acknowledged (not in the background dispatch):
 lookups resolve to CommitLog offsets, so they need no ConsumeQueue.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
 
 from siftmq.store.codec import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from siftmq.store.commitlog import AppendedRecord
@@ -121,6 +125,21 @@ class KeyIndex:
                     if self._cleared == cleared:  # else clear() dropped what was filtered too
                         self._merge_into(by_uniq_key, by_key)
                     self._pruning = None
+
+    def trim(self, max_messages: int) -> int:
+        """Forget the oldest entries when more than ``max_messages`` ids are held, down to nine
+        tenths of it (so a trim is not due again at the next message): memory stays bounded at
+        about 150-200 bytes per id (a send's retry, which comes within seconds, is still found;
+        lookups by id or key of older messages find nothing). Returns the offset cut below (0: none)."""
+        with self._lock:
+            count = len(self._by_uniq_key)
+            if count <= max_messages:
+                return 0
+            offsets = list(self._by_uniq_key.values())  # a C-level copy; the sort is done outside
+        drop = len(offsets) - max(1, max_messages * 9 // 10)
+        cut = int(np.partition(np.fromiter(offsets, dtype=np.int64, count=len(offsets)), drop)[drop])
+        self.prune(cut)
+        return cut
 
     def _merge_into(self, by_uniq_key: dict[str, int], by_key: dict[tuple[str, str], list[int]]) -> None:
         """The entries added during a prune put into its filtered maps, which become the index

@@ -81,6 +81,8 @@ def delete_expired(
             if cq.ext is not None:
                 cq.ext.log.close_deleted()
             cq_deleted += cq.delete_expired(cl.min_offset)
-    if store.key_index is not None and deleted:
-        store.key_index.prune(cl.min_offset)
+    if store.key_index is not None:
+        if deleted:
+            store.key_index.prune(cl.min_offset)
+        store.key_index.trim(cfg.key_index_max_messages)
     return RetentionResult(deleted, cq_deleted, cl.min_offset, forced)
