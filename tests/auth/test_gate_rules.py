@@ -226,3 +226,15 @@ def test_a_client_id_cannot_forge_audit_lines(caplog: Any) -> None:
         assert g.authorized(nobody.users["eve"], "SendMessage", send, Forging()) is not None
     lines = "\n".join(r.getMessage() for r in caplog.records)
     assert "denied SendMessage" in lines and "\n" not in lines and "c1)?WARNING" in lines
+
+
+def test_a_namespace_goes_after_a_system_topics_prefix() -> None:
+    """RocketMQ wraps %DLQ%/%RETRY% topics as %DLQ%ns%group, which is where the broker moves a
+    namespaced group's dead letters: a reader asking for %DLQ%g in ns1 read ns1%%DLQ%g (empty)."""
+    from siftmq.broker.validation import qualified_name
+
+    assert qualified_name("ns1", "%DLQ%g") == "%DLQ%ns1%g"
+    assert qualified_name("ns1", "%DLQ%ns1%g") == "%DLQ%ns1%g"  # already qualified
+    assert qualified_name("ns1", "%RETRY%g") == "%RETRY%ns1%g"
+    assert qualified_name("ns1", "Orders") == "ns1%Orders"
+    assert qualified_name("", "%DLQ%g") == "%DLQ%g"

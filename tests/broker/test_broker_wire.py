@@ -374,3 +374,40 @@ def test_offset_pull_family_over_the_wire(stub: Stub) -> None:
         group=group, message_queue=pb.MessageQueue(topic=pb.Resource(name="Pulled"), id=99)
     )
     assert stub("PullMessage", bad)[0].status.code == pb.Code.BAD_REQUEST
+
+
+def test_system_topics_are_not_made_by_a_route_query(stub: Stub) -> None:
+    """A QueryRoute of a dead-letter (or any %...) topic made an ordinary 8-queue topic, counted
+    toward max_topics; only the broker makes one, when it moves a group's first message there."""
+    for name in ("%DLQ%nogroup", "%RETRY%nogroup", "%SYS%abc"):
+        route = stub(
+            "QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name=name), endpoints=stub.endpoints())
+        )
+        assert route.status.code == pb.Code.TOPIC_NOT_FOUND, name
+        again = stub(
+            "QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name=name), endpoints=stub.endpoints())
+        )
+        assert again.status.code == pb.Code.TOPIC_NOT_FOUND, name  # still not made
+
+
+def test_the_retry_backoff_is_told_in_whole_seconds(start_broker: Any) -> None:
+    """The official clients read a Duration's seconds only: 0.5 s was a nack with no delay."""
+    import asyncio
+
+    from siftmq.client.connection import Connection
+
+    broker = start_broker(config={"retry_backoff_s": [0.5, 2.5, 3.0]})
+
+    async def settings() -> list[int]:
+        connection = Connection(broker.endpoint)
+        try:
+            asked = pb.Settings(
+                client_type=pb.ClientType.PUSH_CONSUMER,
+                subscription=pb.Subscription(group=pb.Resource(name="g")),
+            )
+            reply = await connection.telemetry(asked)
+        finally:
+            await connection.close()
+        return [d.seconds for d in reply.settings.backoff_policy.customized_backoff.next]
+
+    assert asyncio.run(settings()) == [1, 3, 3]

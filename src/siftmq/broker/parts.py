@@ -89,7 +89,14 @@ class BrokerParts:
     # ------------------------------------------------------------------------------------- topics
 
     def route(self, topic: str) -> TopicConfig:
-        """The topic's config, created with the default queue count when auto-creation is on."""
+        """The topic's config, created with the default queue count when auto-creation is on; a
+        system topic (``%...``: a dead-letter topic) only the broker creates, as it needs it."""
+        if topic.startswith("%"):
+            found = self.topics.get(topic)
+            if found is None:
+                check_topic(topic)
+                raise NotFoundError(f"topic {topic!r} does not exist yet", status=StatusCode.TOPIC_NOT_FOUND)
+            return found
         return self.topics.get_or_create(topic)
 
     def _readable_topic(self, topic: str) -> TopicConfig:

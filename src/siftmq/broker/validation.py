@@ -62,9 +62,21 @@ RESERVED_PROPERTIES: Final = frozenset(
 )
 
 
+#: System topic prefixes a namespace goes after, as RocketMQ wraps them (``%DLQ%ns%group``).
+_SYSTEM_PREFIXES: Final = ("%DLQ%", "%RETRY%")
+
+
 def qualified_name(namespace: str, name: str) -> str:
-    """RocketMQ's namespaced resource name: ``namespace%name`` (just ``name`` without a namespace)."""
-    return f"{namespace}%{name}" if namespace else name
+    """RocketMQ's namespaced resource name: ``namespace%name`` (just ``name`` without a namespace),
+    and for a group's dead-letter or retry topic the namespace after the prefix, as the broker names
+    the topic it moves the group's messages to (``%DLQ%`` + the group's qualified name)."""
+    if not namespace:
+        return name
+    for prefix in _SYSTEM_PREFIXES:
+        if name.startswith(prefix):
+            rest = name[len(prefix) :]
+            return name if rest.startswith(namespace + "%") else f"{prefix}{namespace}%{rest}"
+    return f"{namespace}%{name}"
 
 
 def check_topic(topic: str, *, for_send: bool = False) -> None:

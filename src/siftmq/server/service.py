@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Executor
@@ -261,7 +262,9 @@ class MessagingService:
                 pb.RetryPolicy(
                     max_attempts=self.config.max_delivery_attempts,
                     customized_backoff=pb.CustomizedBackoff(
-                        next=[_seconds(s) for s in self.config.retry_backoff_s]
+                        # whole seconds: the official clients read only a Duration's seconds,
+                        # so 0.5 s would be a nack with no delay at all
+                        next=[_seconds(math.ceil(s)) for s in self.config.retry_backoff_s]
                     ),
                 )
             )
