@@ -2,12 +2,13 @@
 
 A topic: its configuration, its stored messages (the store's tombstone makes every record of it
 dead to dispatch, recovery, lookups and the offline jobs; its queues are deleted at once), every
-group's progress, in-flight messages, pull offsets, SQL92 registration and subscription of it. A
-topic created later under the name starts empty.
+group's progress, in-flight messages, pull offsets, SQL92 registration, filter program and
+subscription of it. A topic created later under the name starts empty and unfiltered.
 
 A group: refused while it has live members (they would recreate it at their next call); else its
 mode, policy, subscriptions, progress (per client too, for a broadcasting group), in-flight
-messages, pull offsets and SQL92 registrations.
+messages, pull offsets, SQL92 registrations and filter programs. A group created later under the
+name starts like a new one: a program left behind would filter it without its owner knowing.
 """
 
 from __future__ import annotations
@@ -32,15 +33,17 @@ def delete_topic(broker: Broker, name: str) -> None:
     progress = broker.consumers.remove_where(lambda key: key[1] == name)
     offsets = broker.offsets.remove_where(lambda key: key[1] == name)
     filters = broker.filters.remove_where(lambda reg: reg.topic == name)
+    programs = broker.programs.remove_where(lambda program: program.topic == name)
     groups = broker.groups.drop_topic(name)
     _log.info(
         "deleted topic %s: %d queue(s), %d group progress and %d offset entries, %d SQL92 registration(s), "
-        "subscriptions of %d group(s)",
+        "%d filter program(s), subscriptions of %d group(s)",
         name,
         queues,
         progress,
         offsets,
         len(filters),
+        len(programs),
         len(groups),
     )
 
@@ -63,14 +66,16 @@ def delete_group(broker: Broker, group: str) -> None:
     progress = broker.consumers.remove_where(lambda key: of_group(key[0]))
     offsets = broker.offsets.remove_where(lambda key: of_group(key[0]))
     filters = broker.filters.remove_where(lambda reg: reg.group == group)
-    if not (known or progress or offsets or filters):
+    programs = broker.programs.remove_where(lambda program: program.group == group)
+    if not (known or progress or offsets or filters or programs):
         raise NotFoundError(
             f"consumer group {group!r} is unknown", status=StatusCode.CONSUMER_GROUP_NOT_FOUND
         )
     _log.info(
-        "deleted group %s: %d progress and %d offset entries, %d SQL92 registration(s)",
+        "deleted group %s: %d progress and %d offset entries, %d SQL92 registration(s), %d filter program(s)",
         group,
         progress,
         offsets,
         len(filters),
+        len(programs),
     )

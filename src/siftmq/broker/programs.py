@@ -16,6 +16,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -170,14 +171,28 @@ class ProgramRegistry:
         return program
 
     def remove(self, group: str, topic: str) -> None:
+        if not self.remove_where(lambda p: (p.group, p.topic) == (group, topic)):
+            raise NotFoundError(f"group {group!r} has no filter program on {topic!r}")
+
+    def remove_where(self, predicate: Callable[[Program], bool]) -> list[Program]:
+        """Remove every program ``predicate`` accepts (a deleted group's or topic's), with what
+        reads kept of them: a program registered later starts at version 1 again, and must not
+        take the verdicts the removed one left over. Returns those removed."""
         with self._lock:
-            old = self._programs.pop((group, topic), None)
-            self._kept_share.pop((group, topic), None)
-            if old is None:
-                raise NotFoundError(f"group {group!r} has no filter program on {topic!r}")
+            gone = [p for p in self._programs.values() if predicate(p)]
+            if not gone:
+                return []
+            for program in gone:
+                del self._programs[(program.group, program.topic)]
+                self._kept_share.pop((program.group, program.topic), None)
+            pairs = {(p.group, p.topic) for p in gone}
+            for queue in [q for q in self._left_over if (q[0], q[1]) in pairs]:
+                del self._left_over[queue]
             self._save_locked()
         if self._server is not None:
-            self._server.forget(old.key)
+            for program in gone:
+                self._server.forget(program.key)
+        return gone
 
     def counters(self, program: Program) -> dict[str, int]:
         """What the program's workers did since the broker started (or the version was registered)."""
