@@ -1,7 +1,11 @@
 """Broker configuration: defaults, a TOML file (``--config siftmq.toml``) and command-line overrides.
 
 Every knob has a production-minded default; the file uses the same names as :class:`BrokerConfig`
-(unknown names are an error, so a typo never passes silently)::
+(unknown names are an error, so a typo never passes silently). A value is taken from the command
+line's options, else from the file, else the default (no environment variable sets one). Every value
+is checked against its field's type however it came (a file, an option, a direct construction):
+``allow_anonymous = "false"`` is a string, not false, and must not turn protected mode off; and every
+number against its range (a retention of 0 hours would delete every closed segment at once)::
 
     data_dir = "./data"
     listen = "127.0.0.1:8081"
@@ -14,10 +18,14 @@ Every knob has a production-minded default; the file uses the same names as :cla
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import os
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from siftmq.errors import ConfigError
 
@@ -145,81 +153,58 @@ class BrokerConfig:
     broadcasting_groups: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name, value in _values(self).items():
+            check_value(name, value)
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         object.__setattr__(self, "retry_backoff_s", tuple(float(x) for x in self.retry_backoff_s))
         object.__setattr__(self, "compat_groups", tuple(self.compat_groups))
         object.__setattr__(self, "broadcasting_groups", tuple(self.broadcasting_groups))
-        if self.flush not in ("sync", "async"):
-            raise ConfigError(f"flush must be 'sync' or 'async', not {self.flush!r}")
         parse_listen(self.listen)
         if self.admin_listen:
             parse_listen(self.admin_listen)
-        _positive(
-            self,
-            "default_queue_nums",
-            "max_queue_nums",
-            "max_topics",
-            "max_body_size",
-            "max_user_properties",
-            "max_user_properties_bytes",
-            "max_batch_size",
-            "max_pull_batch_size",
-            "filter_server_nums",
-            "filter_program_memory_mb",
-            "filter_program_max_failures",
-            "max_pull_bytes",
-            "read_threads",
-            "max_delivery_attempts",
-            "consumer_state_flush_ms",
-            "flush_interval_ms",
-            "admin_max_connections",
-            "workers",
-        )
         if self.workers > MAX_WORKERS:
             raise ConfigError(f"workers must be at most {MAX_WORKERS}, not {self.workers}")
-        if self.send_threads < 0:
-            raise ConfigError("send_threads must be 0 (automatic) or positive")
+        for name in ("read_threads", "send_threads"):
+            if getattr(self, name) > MAX_THREADS:
+                raise ConfigError(f"{name} must be at most {MAX_THREADS}, not {getattr(self, name)}")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file and not self.tls_cert_file:
             raise ConfigError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
         if self.authorization_enabled and not self.authentication_enabled:
             raise ConfigError("authorization_enabled needs authentication_enabled (who is asking?)")
-        for name in (
-            "broadcast_client_expire_s",
-            "admin_request_timeout_s",
-            "auth_clock_skew_s",
-            "admin_token_ttl_s",
-            "filter_program_timeout_ms",
-            "filter_program_batch_timeout_ms",
-        ):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be positive")
         if self.default_queue_nums > self.max_queue_nums:
             raise ConfigError("default_queue_nums must not exceed max_queue_nums")
         if not 0 < self.min_invisible_time_s <= self.default_invisible_time_s <= self.max_invisible_time_s:
             raise ConfigError(
                 "need 0 < min_invisible_time_s <= default_invisible_time_s <= max_invisible_time_s"
             )
-        if self.max_long_polling_s <= 0 or self.push_long_polling_s <= 0:
-            raise ConfigError("long polling times must be positive")
-        if not self.retry_backoff_s or min(self.retry_backoff_s) <= 0:
-            raise ConfigError("retry_backoff_s must be a non-empty list of positive seconds")
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> BrokerConfig:
-        """Defaults, then the TOML file at ``path`` (if any), then ``overrides`` that are not None."""
+        """Defaults, then the TOML file at ``path`` (if any), then ``overrides`` that are not None.
+
+        The file's values are checked even where an override replaces them: a broken file is
+        reported the day it is written, not the day its option is dropped from the command line.
+        """
         values: dict[str, Any] = {}
+        known = {f.name for f in dataclasses.fields(cls)}
         if path is not None:
             try:
                 with open(path, "rb") as f:
                     values.update(tomllib.load(f))
             except FileNotFoundError as exc:
                 raise ConfigError(f"config file {path} does not exist") from exc
+            except OSError as exc:
+                raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+            for name in sorted(set(values) & known):
+                try:
+                    check_value(name, values[name])
+                except ConfigError as exc:
+                    raise ConfigError(f"config file {path}: {exc}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
-        known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown configuration key(s): {', '.join(unknown)}")
@@ -231,6 +216,76 @@ class BrokerConfig:
 
 #: Front-end processes at most: each holds its own gRPC server and connections to the core.
 MAX_WORKERS = 64
+#: Read or send threads at most: more only add GIL hand-offs (and a thread's stack each).
+MAX_THREADS: Final = 1024
+
+#: Numbers for which 0 means something (no reserve; send threads chosen by the flush mode).
+_ZERO_ALLOWED: Final = frozenset({"disk_reserve_bytes", "send_threads"})
+#: Shares of the disk: in (0, 1].
+_RATIOS: Final = frozenset({"disk_high_water_ratio", "disk_max_used_space_ratio"})
+
+
+def _values(config: BrokerConfig) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(BrokerConfig)
+
+
+def check_value(name: str, value: Any) -> None:
+    """Check one setting against its field's type and range; :class:`ConfigError` names the key,
+    what it must be, and the value it got. Every number is positive unless 0 means something
+    (:data:`_ZERO_ALLOWED`) or it is a share of the disk (:data:`_RATIOS`)."""
+    hint = _hints()[name]
+    _check_type(name, value, hint)
+    if hint in (int, float):
+        if name in _RATIOS:
+            if not 0 < value <= 1:
+                raise ConfigError(f"{name} must be in (0, 1], not {value!r}")
+        elif name in _ZERO_ALLOWED:
+            if value < 0:
+                raise ConfigError(f"{name} must not be negative, not {value!r}")
+        elif value <= 0:
+            raise ConfigError(f"{name} must be positive, not {value!r}")
+    elif (
+        typing.get_origin(hint) is tuple
+        and typing.get_args(hint)[0] is float
+        and (not value or min(value) <= 0)
+    ):
+        raise ConfigError(f"{name} must be a non-empty list of positive numbers, not {value!r}")
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    if hint is bool:
+        ok, want = isinstance(value, bool), "true or false"
+    elif hint is int:
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        want = "a finite number"
+    elif hint is str:
+        ok, want = isinstance(value, str), "a string"
+    elif hint is Path:
+        ok, want = isinstance(value, str | os.PathLike) and str(value) != "", "a non-empty path"
+    elif typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        ok, want = value in choices and isinstance(value, str), "one of " + ", ".join(map(repr, choices))
+    elif typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        want = {float: "a list of numbers", str: "a list of strings"}[item]
+        ok = isinstance(value, list | tuple)
+        if ok:
+            for i, element in enumerate(value):
+                try:
+                    _check_type(name, element, item)
+                except ConfigError:
+                    raise ConfigError(f"{name} must be {want}; item {i} is {element!r}") from None
+    else:  # pragma: no cover - a field of a type this function does not know yet
+        raise TypeError(f"BrokerConfig.{name}: no check for {hint!r}")
+    if not ok:
+        raise ConfigError(f"{name} must be {want}, not {value!r}")
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -239,10 +294,3 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ConfigError(f"listen must be host:port with a port in 0..65535, not {listen!r}")
     return host, int(port_text)
-
-
-def _positive(config: BrokerConfig, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, not {value!r}")
