@@ -138,6 +138,12 @@ class ConsumerStateTable:
                 self._dirty = True
         return prog
 
+    def reset(self, key: QueueKey, pop_offset: int) -> None:
+        """Make ``key``'s progress a bare position: ``pop_offset``, nothing in flight."""
+        with self._lock:
+            self._queues[key] = QueueProgress(pop_offset)
+            self._dirty = self._urgent = True
+
     def items(self) -> list[tuple[QueueKey, QueueProgress]]:
         with self._lock:
             return list(self._queues.items())

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -33,6 +33,8 @@ from siftmq.store.statefile import read_json, write_json
 _log = logging.getLogger(__name__)
 
 MODES: Final = ("clustering", "broadcasting")
+#: Called with (group, old mode, new mode) before a group's switch takes effect.
+ModeSwitch = Callable[[str, str, str], None]
 POLICIES: Final = ("strict", "compat")
 
 
@@ -263,9 +265,16 @@ class GroupManager:
     # --------------------------------------------------------------------------------------- admin
 
     def configure(
-        self, group: str, *, mode: str | None = None, consistency: str | None = None, live_clients: int = 0
+        self,
+        group: str,
+        *,
+        mode: str | None = None,
+        consistency: str | None = None,
+        live_clients: int = 0,
+        on_switch: ModeSwitch | None = None,
     ) -> GroupInfo:
-        """Change a group's message model or consistency policy."""
+        """Change a group's message model or consistency policy. ``on_switch(group, old, new)``
+        runs before a change of model takes effect (under the table's lock: no other switch meets it)."""
         if mode is not None and mode not in MODES:
             raise BadRequestError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if consistency is not None and consistency not in POLICIES:
@@ -279,13 +288,17 @@ class GroupManager:
                     status=StatusCode.PRECONDITION_FAILED,
                 )
             if mode is not None:
+                if on_switch is not None and mode != info.mode:
+                    on_switch(group, info.mode, mode)
                 info.mode = mode
             if consistency is not None:
                 info.consistency = consistency
             self._save_locked()
             return info
 
-    def declare_mode(self, group: str, mode: str, client_id: str, *, live: set[str]) -> None:
+    def declare_mode(
+        self, group: str, mode: str, client_id: str, *, live: set[str], on_switch: ModeSwitch | None = None
+    ) -> None:
         """A consumer declares the message model it consumes with (RocketMQ's heartbeat does too).
 
         All members of a group share one model: a declaration that differs from the group's is
@@ -305,6 +318,8 @@ class GroupManager:
                     "group must use one message model"
                 )
             _log.info("group %s switched from %s to %s by client %s", group, info.mode, mode, client_id)
+            if on_switch is not None:
+                on_switch(group, info.mode, mode)
             info.mode = mode
             self._save_locked()
 

@@ -166,6 +166,9 @@ class Pulling(Subscribing):
         if prog is not None:
             with prog.lock:
                 return prog.committed_offset
+        carried = self.member_start(pgroup, topic.name, queue_id)  # a broadcasting member: its group's
+        if carried is not None:
+            return carried
         raise NotFoundError(
             f"group {group!r} has no offset on {topic.name}:{queue_id}", status=StatusCode.OFFSET_NOT_FOUND
         )

@@ -304,10 +304,13 @@ class Receiving(Subscribing):
         prog = self.consumers.get((group, topic, qid))
         if prog is not None:
             return prog
-        # RocketMQ's rule for a new group: from the start while the queue still holds its first
-        # message, otherwise only what arrives from now on.
-        lo = self.store.get_min_offset_in_queue(topic, qid)
-        start = 0 if lo == 0 else self.store.get_max_offset_in_queue(topic, qid)
+        # A broadcasting member starts where its group was (a switch from clustering carried it);
+        # else RocketMQ's rule for a new group: from the start while the queue still holds its
+        # first message, otherwise only what arrives from now on.
+        start = self.member_start(group, topic, qid)
+        if start is None:
+            lo = self.store.get_min_offset_in_queue(topic, qid)
+            start = 0 if lo == 0 else self.store.get_max_offset_in_queue(topic, qid)
         prog = self.consumers.get_or_create((group, topic, qid), start)
         if start:  # a start that is not 0 must survive a crash, or a restart would skip what came since
             self.consumers.save()

@@ -154,7 +154,8 @@ class Reporting(Subscribing):
         """Set a group's message model or consistency policy (a mode switch needs the group idle)."""
         check_group(group)
         self.groups.configure(group, mode=mode, consistency=consistency,
-                              live_clients=len(self.clients.live_ids(group)))  # fmt: skip
+                              live_clients=len(self.clients.live_ids(group)),
+                              on_switch=self.carry_position)  # fmt: skip
 
     def set_group_subscription(self, group: str, subscription: Subscription) -> GroupSubscription:
         """Set the group's subscription of a topic deliberately: a new version filtering for every member."""

@@ -10,6 +10,7 @@ from typing import Any, Final, overload
 from siftmq.broker.client_state import client_progress_group
 from siftmq.broker.groups import GroupSubscription, SubscriptionConflictError
 from siftmq.broker.message_filters import TagMessageFilter
+from siftmq.broker.mode_switch import carry_position, group_of, member_start
 from siftmq.broker.model import (
     Subscription,
 )
@@ -116,7 +117,13 @@ class Subscribing(ProgramReads):
         members = {m.client_id: set(m.subscriptions) for m in self.clients.members(group)}
         try:
             if message_model is not None:
-                self.groups.declare_mode(group, message_model, client_id, live=self.clients.live_ids(group))
+                self.groups.declare_mode(
+                    group,
+                    message_model,
+                    client_id,
+                    live=self.clients.live_ids(group),
+                    on_switch=self.carry_position,
+                )
             self.groups.check_topics(group, client_id, {sub.topic for sub, _ in compiled}, members)
         except SubscriptionConflictError as exc:
             self._mark_refused(client_id, exc.message)
@@ -191,3 +198,13 @@ class Subscribing(ProgramReads):
     def progress_group(self, group: str, client_id: str) -> str:
         """Whose progress a client uses: the group's (clustering) or its own (broadcasting)."""
         return client_progress_group(group, client_id) if self.groups.mode(group) == "broadcasting" else group
+
+    def carry_position(self, group: str, old: str, new: str) -> None:
+        """A group's switch of message model takes its position along (:mod:`~siftmq.broker.mode_switch`)."""
+        carry_position(self.consumers, self.offsets, group, old, new)
+
+    def member_start(self, progress_group: str, topic: str, qid: int) -> int | None:
+        """Where a broadcasting member's first read of a queue starts: its group's position (None: a
+        group's own progress, or a group without a position there)."""
+        group = group_of(progress_group)
+        return None if group is None else member_start(self.consumers, self.offsets, group, topic, qid)
