@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +151,37 @@ def test_an_edit_by_hand_is_not_overwritten_by_the_api(start_broker: Any, auth_f
         stale = http.post("/users", json={"username": "viaapi"})
         assert stale.status_code == 409 and "changed on disk" in stale.json()["message"]
         assert http.post("/users", json={"username": "viaapi"}).status_code == 201  # against the edit
+        names = {u["username"] for u in http.get("/users").json()}
+    assert {"handmade", "viaapi"} <= names
+    assert broker.stop() == 0
+
+
+def test_a_hand_edit_that_failed_to_load_is_not_overwritten_by_the_api(
+    start_broker: Any, auth_file: Path
+) -> None:
+    """Before, the failed reload took the broken file for the one in force, and the next API change
+    wrote the broker's table over the operator's edit."""
+    broker = start(start_broker, auth_file)
+    edited = json.loads(auth_file.read_text())
+    edited["users"].append({"username": "handmade", "password": "H4ndmade-pw"})
+    broken = json.dumps(edited)[:-1] + ', "operatorNote": [1, 2,}'
+    auth_file.write_text(broken)
+    broker.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "was not reloaded" not in broker.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "was not reloaded" in broker.log()
+    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT, headers=OWN) as http:
+        refused = http.post("/users", json={"username": "viaapi"})
+        assert refused.status_code == 409, refused.text
+        assert "does not load" in refused.json()["message"] and "not made" in refused.json()["message"]
+        assert auth_file.read_text() == broken  # the operator's edit is there to fix
+        auth_file.write_text(json.dumps(edited))  # fixed
+        for _ in range(2):  # the first may meet the fixed file before the watcher read it
+            created = http.post("/users", json={"username": "viaapi"})
+            if created.status_code != 409:
+                break
+        assert created.status_code == 201, created.text
         names = {u["username"] for u in http.get("/users").json()}
     assert {"handmade", "viaapi"} <= names
     assert broker.stop() == 0

@@ -132,7 +132,11 @@ class Gate:
     _decided: dict[tuple[str, str, Action, str | None], bool] = field(default_factory=dict)
 
     path: Path | None = None
+    #: the auth file as it was when the table in force was read from or written to it
     _loaded_mtime: tuple[int, int, int] = (0, 0, 0)
+    #: the auth file as it was when it last failed to load, and why ("" once one loads)
+    _failed_mtime: tuple[int, int, int] | None = None
+    load_error: str = ""
     #: with topic auto-creation on: whether a topic does not exist yet (calling on it creates it)
     missing_topic: Callable[[str], bool] | None = None
     #: which users table is in force (each one put in force counts one up): a front-end names the
@@ -166,16 +170,19 @@ class Gate:
         if self.path is None:
             return False
         mtime = _mtime(self.path)
-        if if_changed and mtime == self._loaded_mtime:
-            return False
-        self._loaded_mtime = mtime
+        if if_changed and mtime in (self._loaded_mtime, self._failed_mtime):
+            return False  # unchanged, or the same broken file: logged once
         try:
             table = _read_table(self.path)
         except ConfigError as exc:
+            # the file's mtime is not taken as loaded: the admin API would take the broken file for
+            # one it may write over, and the operator's edit would be lost (see change)
+            self._failed_mtime, self.load_error = mtime, exc.message
             _log.error(
                 "the auth file was not reloaded; the previous users and policies stay: %s", exc.message
             )
             return False
+        self._loaded_mtime, self._failed_mtime, self.load_error = mtime, None, ""
         self._install(table)
         _log.info("auth file %s reloaded: %d user(s)", self.path, len(table.users))
         return True
@@ -186,7 +193,12 @@ class Gate:
         if self.path is None:
             raise UnsupportedError("this broker has no auth file to keep users in")
         if _mtime(self.path) != self._loaded_mtime:  # edited by hand since it was read
-            self.reload()
+            if not self.reload():  # a hand edit that does not load: never written over
+                raise BadRequestError(
+                    f"the auth file {self.path} on disk does not load ({self.load_error}); the change "
+                    "was not made: fix the file (or restore it) and repeat, the broker reads it again",
+                    status=StatusCode.PRECONDITION_FAILED,
+                )
             raise BadRequestError(
                 "the auth file changed on disk and was read again; repeat the change against it",
                 status=StatusCode.PRECONDITION_FAILED,
