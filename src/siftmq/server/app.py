@@ -138,8 +138,50 @@ def _check_protected_mode(config: BrokerConfig, host: str) -> list[str]:
     return warnings
 
 
+class _Signals:
+    """SIGTERM/SIGINT stop the broker, SIGHUP reloads the auth file; installed before anything
+    is served or started, so that no signal meets the default action (which ends the process
+    without a clean stop). A stop asked for during start-up takes effect once the broker is up."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, authentication: bool) -> None:
+        self.stop = asyncio.Event()
+        self.gate: Gate | None = None
+        self.on_stop: list[Callable[[], None]] = []
+        self._authentication = authentication
+        self._loop = loop
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping)
+        loop.add_signal_handler(signal.SIGHUP, self._hangup)
+
+    def _stopping(self) -> None:
+        self.stop.set()
+        for hook in self.on_stop:
+            hook()
+
+    def _hangup(self) -> None:
+        if self.gate is not None:
+            self.gate.reload()
+        elif not self._authentication:
+            _log.info("SIGHUP: authentication is off, there is no auth file to reload")
+        else:
+            _log.info("SIGHUP during start-up: the auth file is being read")
+
+    def remove(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self._loop.remove_signal_handler(sig)
+
+
 async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
     """Run a broker until SIGTERM/SIGINT; prints the ready line once it accepts calls."""
+    loop = asyncio.get_running_loop()
+    signals = _Signals(loop, config.authentication_enabled)
+    try:
+        await _serve(config, signals, ready)
+    finally:
+        signals.remove()
+
+
+async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(RPC_THREADS, thread_name_prefix="siftmq-rpc"))
     reads = ThreadPoolExecutor(config.read_threads, thread_name_prefix="siftmq-read")
@@ -165,6 +207,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             )
             if config.auto_create_topics:  # a call on a topic that does not exist creates it
                 gate.missing_topic = lambda name: broker.topics.get(name) is None
+        signals.gate = gate
         table = behaviours(service, batch_extension=config.batch_extension, gate=gate)
         host, listen_port = parse_listen(config.listen)
         warnings = _check_protected_mode(config, host)
@@ -174,6 +217,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
             edge = FrontEnds(config, config.workers, behaviour_table(table), frame_limit, gate)
         else:
             edge = _InProcessEdge(table, frame_limit, credentials)
+        signals.on_stop.append(edge.stopping)
         try:
             port = await edge.start(host, listen_port)
             await _serve_until_stopped(
@@ -184,7 +228,7 @@ async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
                 host=host,
                 port=port,
                 ready=ready,
-                on_stop=edge.stopping,
+                stop=signals.stop,
                 front_ends=edge.counts if isinstance(edge, FrontEnds) else None,
             )
         finally:
@@ -206,11 +250,10 @@ async def _serve_until_stopped(
     host: str,
     port: int,
     ready: Any,
-    on_stop: Callable[[], None],
+    stop: asyncio.Event,
     front_ends: Callable[[], dict[str, int]] | None = None,
 ) -> None:
-    """The admin API, the ready line, and the wait for SIGTERM/SIGINT (SIGHUP reloads the users)."""
-    loop = asyncio.get_running_loop()
+    """The admin API, the ready line, and the wait for ``stop`` (SIGTERM/SIGINT: see :class:`_Signals`)."""
     admin = None
     if config.admin_listen:
         admin = _AdminServer(broker, config.admin_listen, gate, warnings, front_ends)
@@ -219,17 +262,8 @@ async def _serve_until_stopped(
         await admin.start()
         scheme = "https" if config.tls_cert_file else "http"
         admin_text = f"admin {scheme}://{admin.address}, "
-    stop = asyncio.Event()
-
-    def stopping() -> None:
-        stop.set()
-        on_stop()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping)
     watcher = None
     if gate is not None:
-        loop.add_signal_handler(signal.SIGHUP, gate.reload)
         watcher = asyncio.create_task(_watch_auth_file(gate, stop))
     security = ("tls, " if config.tls_cert_file else "") + (
         "authentication on" if config.authentication_enabled else "anonymous"
