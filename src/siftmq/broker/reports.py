@@ -20,6 +20,7 @@ from siftmq.broker.validation import (
     check_topic,
 )
 from siftmq.errors import (
+    BadRequestError,
     NotFoundError,
     StatusCode,
 )
@@ -151,8 +152,18 @@ class Reporting(Subscribing):
         }
 
     def configure_group(self, group: str, *, mode: str | None = None, consistency: str | None = None) -> None:
-        """Set a group's message model or consistency policy (a mode switch needs the group idle)."""
+        """Set a group's message model or consistency policy (a mode switch needs the group idle).
+
+        Setting a mode may create the group (its members will find it); a consistency alone is a
+        change to a group that exists, and a change of nothing is refused: neither leaves a group
+        nobody asked for behind."""
         check_group(group)
+        if mode is None and consistency is None:
+            raise BadRequestError("nothing to change: give the group's mode, consistency or both")
+        if mode is None and self.groups.get(group) is None:
+            raise NotFoundError(
+                f"consumer group {group!r} is unknown", status=StatusCode.CONSUMER_GROUP_NOT_FOUND
+            )
         self.groups.configure(group, mode=mode, consistency=consistency,
                               live_clients=len(self.clients.live_ids(group)),
                               on_switch=self.carry_position)  # fmt: skip

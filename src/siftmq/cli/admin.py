@@ -178,7 +178,10 @@ def set_group(
     consistency: Annotated[str | None, typer.Option("--consistency", help="strict or compat")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
-    """Change a group's message model or subscription-consistency policy."""
+    """Change a group's message model or subscription-consistency policy (a mode creates a group
+    not known yet; a consistency alone needs one that exists)."""
+    if mode is None and consistency is None:
+        fail("set-group: give --mode, --consistency or both (nothing to change)", code=2)
     data = call_api("PATCH", url, f"/groups/{quote_part(name)}", {"mode": mode, "consistency": consistency})
     out.print(f"group {name}: {data['mode']}, {data['consistency']}", markup=False)
 
