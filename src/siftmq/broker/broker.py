@@ -108,6 +108,7 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
                 disk_full_policy=config.disk_full_policy,
                 disk_high_water_ratio=config.disk_high_water_ratio,
                 disk_reserve_bytes=config.disk_reserve_bytes,
+                key_index_max_messages=config.key_index_max_messages,
                 # one store read per pull: the pull's own bounds apply (each read costs ~30 us
                 # however few it returns; at the store's 32 messages that was ~1 us a message)
                 max_transfer_count=config.max_pull_batch_size,

@@ -98,6 +98,9 @@ class BrokerConfig:
     disk_reserve_bytes: int = 64 * MIB
     disk_max_used_space_ratio: float = 0.75
     retention_check_interval_s: float = 60.0
+    # message ids (and their keys) the in-memory index keeps for lookups and retries, ~150-200 bytes
+    # each; the oldest go at the next retention check
+    key_index_max_messages: int = 10_000_000
     broker_name: str = "siftmq-broker"
     # topics
     auto_create_topics: bool = True
