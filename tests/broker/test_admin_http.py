@@ -73,8 +73,11 @@ def test_topics_groups_lag_messages_and_metrics(start_broker: Any, http: httpx.C
     )
     consumer.startup()
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 15  # the client's settings arrive on its Telemetry stream
         group = api.get("/groups/admin-g").json()
+        while not group.get("subscriptions") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            group = api.get("/groups/admin-g").json()
         [sub] = group["subscriptions"]
         assert (sub["type"], sub["expression"]) == ("TAG", "Pay")
         assert sum(r["lag"] for r in sub["lag"]) == 30
