@@ -178,6 +178,43 @@ def test_push_consumer_with_tag_filter_and_nack_redelivery(start_broker: Any) ->
     assert all(a == [1] for k, a in seen.items() if k != "3")
 
 
+def test_a_push_consumer_holding_messages_past_the_invisible_time_consumes_each_once(
+    start_broker: Any,
+) -> None:
+    """The PushConsumer receives with auto_renew and holds messages in its cache and its listener:
+    the broker keeps them invisible until the ack (they came back after the invisible time, and
+    the first copy's ack was refused: 22 of 60 consumed twice in the reviewer's run)."""
+    broker = start_broker(config={"default_invisible_time_s": 1.0})
+    topic = "SlowPush"
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    class Slow(MessageListener):
+        def consume(self, message: Any) -> ConsumeResult:
+            time.sleep(0.3)  # 12 messages on few threads: the last wait well past 1 s
+            with lock:
+                counts[message.properties["i"]] = counts.get(message.properties["i"], 0) + 1
+            return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(
+        config(broker.endpoint),
+        "push-slow",
+        Slow(),
+        {topic: FilterExpression("*")},
+        consumption_thread_count=2,
+    )
+    consumer.startup()
+    try:
+        send_all(broker.endpoint, topic, fixture_messages(12))
+        deadline = time.monotonic() + 60
+        while len(counts) < 12 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # long enough for a copy to come back, were it to
+    finally:
+        consumer.shutdown()
+    assert counts == {str(i): 1 for i in range(12)}
+
+
 def test_redelivery_then_dead_letter_queue(start_broker: Any, simple_consumers: Any) -> None:
     broker = start_broker(config={"max_delivery_attempts": 2})
     topic = "RetryTopic"

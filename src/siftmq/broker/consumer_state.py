@@ -48,6 +48,9 @@ class QueueProgress:
     inflight: dict[int, InFlight] = field(default_factory=dict)
     _due: list[tuple[int, int, int]] = field(default_factory=list)  # (visible_at_ms, offset, nonce)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: deliveries made with ``auto_renew``: offset -> (nonce, client id, renewed until ms at most,
+    #: invisible ms). In memory only: after a restart they come back once their time is over.
+    renew: dict[int, tuple[int, str, int, int]] = field(default_factory=dict)
 
     @property
     def committed_offset(self) -> int:

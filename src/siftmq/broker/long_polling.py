@@ -150,6 +150,7 @@ async def receive_long_polling(
     hold_s: float,
     client_id: str = "",
     executor: Executor | None = None,
+    auto_renew: bool = False,
 ) -> list[Delivery]:
     """:meth:`Broker.receive`, waiting up to ``hold_s`` seconds for something to deliver; on the
     loop when :meth:`Broker.try_receive` can serve it, else in ``executor``."""
@@ -158,6 +159,7 @@ async def receive_long_polling(
         "queue_id": queue_id,
         "batch_size": batch_size,
         "invisible_ms": invisible_ms,
+        "auto_renew": auto_renew,
     }
     receive = functools.partial(broker.receive, group, subscription, **asked)
     try_receive = functools.partial(broker.try_receive, group, subscription, **asked)

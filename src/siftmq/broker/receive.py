@@ -65,14 +65,28 @@ def _ack_queue(
     acked = 0
     now = _now_ms()
     inflight = prog.inflight
+    renew = prog.renew
     for n, handle in handles:
         item = inflight.get(handle.queue_offset)
-        if item is not None and item.nonce == handle.nonce and item.visible_at_ms > now:
+        if (
+            item is not None
+            and item.nonce == handle.nonce
+            and (item.visible_at_ms > now or (renew and _renewing(prog, handle)))
+        ):
             del inflight[handle.queue_offset]  # outcomes[n] stays None: acknowledged
+            if renew:
+                renew.pop(handle.queue_offset, None)
             acked += 1
         else:
             outcomes[n] = _handle_problem(item, handle, now)
     return acked
+
+
+def _renewing(prog: QueueProgress, handle: ReceiptHandle) -> bool:
+    """Whether the delivery ``handle`` names is kept invisible for its client (``auto_renew``):
+    renewed when it comes due, so past its invisible time its handle still holds."""
+    entry = prog.renew.get(handle.queue_offset)
+    return entry is not None and entry[0] == handle.nonce
 
 
 def _take_all(locks: Sequence[threading.Lock]) -> bool:
@@ -85,13 +99,15 @@ def _take_all(locks: Sequence[threading.Lock]) -> bool:
     return True
 
 
-def _handle_problem(item: InFlight | None, handle: ReceiptHandle, now_ms: int) -> BadRequestError | None:
+def _handle_problem(
+    item: InFlight | None, handle: ReceiptHandle, now_ms: int, *, renewing: bool = False
+) -> BadRequestError | None:
     """Why ``handle`` cannot act on the in-flight entry it names (``item``), or None when it can."""
     if item is None:
         problem = "the message is not in flight (already acknowledged, or moved to the dead-letter queue)"
     elif item.nonce != handle.nonce:
         problem = "the receipt handle is stale: the message was delivered again with a new handle"
-    elif item.visible_at_ms <= now_ms:
+    elif item.visible_at_ms <= now_ms and not renewing:
         problem = "the receipt handle expired: the message's invisible time is over"
     else:
         return None
@@ -136,6 +152,7 @@ class Receiving(Subscribing):
         queue_id: int = -1,
         batch_size: int = 32,
         invisible_ms: int | None = None,
+        auto_renew: bool = False,
     ) -> list[Delivery]:
         """Deliver up to ``batch_size`` messages of ``subscription.topic`` that match its filter.
 
@@ -150,6 +167,7 @@ class Receiving(Subscribing):
             queue_id=queue_id,
             batch_size=batch_size,
             invisible_ms=invisible_ms,
+            auto_renew=auto_renew,
             inline=False,
         )
         assert delivered is not None
@@ -164,6 +182,7 @@ class Receiving(Subscribing):
         queue_id: int = -1,
         batch_size: int = 32,
         invisible_ms: int | None = None,
+        auto_renew: bool = False,
     ) -> list[Delivery] | None:
         """:meth:`receive` that an event loop may call, or None (nothing delivered, nothing else
         changed but progress past non-matching messages): then call :meth:`receive` in a thread.
@@ -185,6 +204,7 @@ class Receiving(Subscribing):
             queue_id=queue_id,
             batch_size=batch_size,
             invisible_ms=invisible_ms,
+            auto_renew=auto_renew,
             inline=True,
         )
 
@@ -197,6 +217,7 @@ class Receiving(Subscribing):
         queue_id: int,
         batch_size: int,
         invisible_ms: int | None,
+        auto_renew: bool = False,
         inline: bool,
     ) -> list[Delivery] | None:
         check_group(group)
@@ -226,6 +247,8 @@ class Receiving(Subscribing):
         rp = _ReceivePass(group, pgroup, topic.name, _now_ms(), invisible, batch_size, message_filter)
         if inline:
             rp.inline, rp.scan_left, rp.bytes_left = True, INLINE_SCAN, INLINE_BYTES
+        if auto_renew and client_id:
+            rp.renew_for, rp.renew_ms = client_id, int(self.config.max_invisible_time_s * 1000)
         try:
             for qid in queues:  # redeliveries first, across queues
                 prog = self._locked_progress(rp, qid, only_due=True)
@@ -347,6 +370,8 @@ class Receiving(Subscribing):
         if rp.inline and prog.due_count() > INLINE_SCAN:
             raise NotOnTheLoop  # passing over (or rebuilding) a large heap: left to a thread
         due = list(prog.pop_due(rp.now, limit))
+        if prog.renew and due:
+            due = self._renew(rp, prog, due)
         left: list[InFlight] = []  # inline: due, but past what the loop copies
         if rp.inline:
             if any(item.attempt >= self.config.max_delivery_attempts for item in due):
@@ -397,6 +422,29 @@ class Receiving(Subscribing):
                 raise
         if left:
             raise NotOnTheLoop  # what was taken is the answer; the rest is a thread's, or the next's
+
+    def _renew(self, rp: _ReceivePass, prog: QueueProgress, due: list[InFlight]) -> list[InFlight]:
+        """``due`` without the deliveries kept invisible for their client (``auto_renew``, as the
+        RocketMQ proxy renews a push consumer's messages until they are acknowledged): each is
+        made invisible again for its invisible time while its client is live and the renewals
+        have not run past :attr:`max_invisible_time_s` since the delivery; the others are due."""
+        live: set[str] | None = None
+        kept: list[InFlight] = []
+        for item in due:
+            entry = prog.renew.get(item.queue_offset)
+            if entry is None:
+                kept.append(item)
+                continue
+            nonce, client_id, until_ms, invisible_ms = entry
+            if live is None:
+                live = self.clients.live_ids(rp.group)
+            if nonce == item.nonce and rp.now < until_ms and client_id in live:
+                prog.put(item._replace(visible_at_ms=min(rp.now + invisible_ms, until_ms)))
+                self.consumers.mark_dirty()
+                continue
+            del prog.renew[item.queue_offset]  # nacked since, its client gone, or renewed long enough
+            kept.append(item)
+        return kept
 
     def _take_new(self, rp: _ReceivePass, qid: int, prog: QueueProgress) -> None:
         scanned = 0
@@ -459,6 +507,8 @@ class Receiving(Subscribing):
             )
         )
         self.consumers.mark_dirty()
+        if rp.renew_for:
+            prog.renew[msg.queue_offset] = (nonce, rp.renew_for, rp.now + rp.renew_ms, rp.invisible_ms)
         handle = encode_handle(rp.topic, qid, msg.queue_offset, nonce)
         return _new_delivery((msg, handle, attempt, rp.invisible_ms))
 
@@ -470,9 +520,14 @@ class Receiving(Subscribing):
         out, put, topic = rp.out, prog.put, rp.topic
         invisible_ms = rp.invisible_ms
         visible_at = rp.now + invisible_ms
-        for msg, n in zip(msgs, rp.nonces(len(msgs)), strict=True):
+        nonces = rp.nonces(len(msgs))
+        for msg, n in zip(msgs, nonces, strict=True):
             put(InFlight(msg.queue_offset, msg.commit_log_offset, msg.store_size, 1, visible_at, n))
             out.append(_new_delivery((msg, encode_handle(topic, qid, msg.queue_offset, n), 1, invisible_ms)))
+        if rp.renew_for:
+            entry = (rp.renew_for, rp.now + rp.renew_ms, invisible_ms)
+            for msg, n in zip(msgs, nonces, strict=True):
+                prog.renew[msg.queue_offset] = (n, *entry)
         self.consumers.mark_dirty()
 
     def _load(self, item: InFlight, topic: str, queue_id: int) -> StoredMessage | None:
@@ -512,7 +567,9 @@ class Receiving(Subscribing):
         prog = self._progress_of(group, topic, handle, client_id)
         prog.lock.acquire()
         item = prog.inflight.get(handle.queue_offset)
-        problem = _handle_problem(item, handle, _now_ms())
+        problem = _handle_problem(
+            item, handle, _now_ms(), renewing=bool(prog.renew) and _renewing(prog, handle)
+        )
         if problem is not None:
             prog.lock.release()
             raise problem
@@ -635,6 +692,7 @@ class Receiving(Subscribing):
             if msg is not None:
                 self._to_dlq(group, msg, item.attempt)
             del prog.inflight[item.queue_offset]
+            prog.renew.pop(item.queue_offset, None)
             self.consumers.mark_dirty()
         finally:
             prog.lock.release()
@@ -656,6 +714,8 @@ class _ReceivePass:
     scan_left: int = 1 << 62  # index entries it may still read (bounded inline only)
     bytes_left: int = 1 << 62  # message bytes it may still copy (bounded inline only)
     stopped: bool = False  # inline: it met what must be left to a thread
+    renew_for: str = ""  # auto_renew: the client its deliveries are kept invisible for
+    renew_ms: int = 0  # ... for at most this long after each delivery
     _nonces: list[int] = field(default_factory=list)  # drawn, not handed out yet
 
     def nonces(self, count: int) -> list[int]:

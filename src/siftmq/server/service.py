@@ -384,6 +384,7 @@ class MessagingService:
                 hold_s=hold,
                 client_id=convert.client_id_of(context),
                 executor=self._reads_for(group, subscription.topic),
+                auto_renew=request.auto_renew,
             )
         except Exception as exc:
             return status_of(exc, call="ReceiveMessage"), []

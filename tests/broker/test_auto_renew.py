@@ -1,0 +1,115 @@
+"""``auto_renew`` receives (the official PushConsumer's): the broker keeps the delivery invisible
+while its client is live, as RocketMQ's proxy renews it until the ack. Before, such a delivery came
+back after the default invisible time (60 s) while the listener still worked on it, and the first
+copy's ack was refused: every message a push consumer held longer was consumed twice."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from siftmq.client import Producer
+from siftmq.client.connection import Connection
+from siftmq.errors import RemoteError
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+
+pytestmark = pytest.mark.integration
+TOPIC = "Renewed"
+
+
+def _receive_request(auto_renew: bool) -> pb.ReceiveMessageRequest:
+    request = pb.ReceiveMessageRequest(
+        group=pb.Resource(name="push-g"),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=-1),
+        filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
+        batch_size=8,
+        auto_renew=auto_renew,
+    )
+    request.long_polling_timeout.FromMilliseconds(200)
+    return request
+
+
+async def _receive(connection: Connection, auto_renew: bool) -> list[pb.Message]:
+    frames = await connection.stream("ReceiveMessage", _receive_request(auto_renew), timeout=10)
+    return [f.message for f in frames if f.HasField("message")]
+
+
+async def _ack(connection: Connection, message: pb.Message) -> str:
+    """The AckMessage answer's status name."""
+    entry = pb.AckMessageEntry(
+        message_id=message.system_properties.message_id,
+        receipt_handle=message.system_properties.receipt_handle,
+    )
+    request = pb.AckMessageRequest(
+        group=pb.Resource(name="push-g"), topic=pb.Resource(name=TOPIC), entries=[entry]
+    )
+    try:
+        await connection.unary("AckMessage", request)
+    except RemoteError as exc:
+        return exc.status
+    return "OK"
+
+
+def test_a_renewed_delivery_stays_with_its_client_until_it_is_acknowledged(start_broker: Any) -> None:
+    broker = start_broker(config={"default_invisible_time_s": 1.0, "client_session_expire_s": 3.0})
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            await producer.send(TOPIC, b"slow work", tag="t")
+        holder = Connection(broker.endpoint, client_id="holder")
+        other = Connection(broker.endpoint, client_id="other")
+        try:
+            [held] = await _receive(holder, auto_renew=True)
+            until = time.monotonic() + 3.5  # 3.5 invisible times
+            while time.monotonic() < until:
+                assert await _receive(other, auto_renew=True) == []  # renewed: nobody else gets it
+                await _receive(holder, auto_renew=True)  # the holder stays live (its long polls)
+            assert await _ack(holder, held) == "OK"  # its handle still holds
+            await asyncio.sleep(1.5)
+            assert await _receive(other, auto_renew=True) == []  # acknowledged: never again
+
+            async with Producer(broker.endpoint) as producer:
+                await producer.send(TOPIC, b"left behind", tag="t")
+            [abandoned] = await _receive(holder, auto_renew=True)
+            # the holder goes away (no call for longer than client_session_expire_s): renewals stop
+            # and the message is delivered again, to the client still polling
+            deadline = time.monotonic() + 15
+            again: list[pb.Message] = []
+            while not again and time.monotonic() < deadline:
+                again = await _receive(other, auto_renew=True)
+            assert [m.body for m in again] == [b"left behind"]
+            assert again[0].system_properties.delivery_attempt == 2
+            assert abandoned.system_properties.message_id == again[0].system_properties.message_id
+        finally:
+            await holder.close()
+            await other.close()
+
+    asyncio.run(scenario())
+
+
+def test_without_auto_renew_the_invisible_time_still_ends(start_broker: Any) -> None:
+    broker = start_broker(config={"default_invisible_time_s": 1.0})
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            await producer.send(TOPIC, b"plain", tag="t")
+        first = Connection(broker.endpoint, client_id="first")
+        second = Connection(broker.endpoint, client_id="second")
+        try:
+            [taken] = await _receive(first, auto_renew=False)
+            await asyncio.sleep(1.3)
+            await _receive(first, auto_renew=False)
+            again: list[pb.Message] = []
+            deadline = time.monotonic() + 5
+            while not again and time.monotonic() < deadline:
+                again = await _receive(second, auto_renew=False)
+            assert [m.body for m in again] == [b"plain"]
+            assert await _ack(first, taken) == "INVALID_RECEIPT_HANDLE"  # its time was over
+        finally:
+            await first.close()
+            await second.close()
+
+    asyncio.run(scenario())
