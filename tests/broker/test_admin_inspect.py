@@ -137,6 +137,9 @@ def test_a_dead_letter_is_resent_to_its_origin_once(start_broker: Any, tmp_path:
     assert json.loads(base64.b64decode(resent["body_base64"])) == {"i": 4}
     assert "FILTER_ERROR" not in resent["properties"] and "DLQ_ORIGIN_TOPIC" not in resent["properties"]
     assert resent["properties"]["region"] == "us" and resent["tag"] == "B"
+    # every group on the topic gets the copy again: it names the first message for them
+    original = api.get(f"/topics/{TOPIC}/queues/0/messages/4").json()
+    assert resent["properties"]["RESENT_FROM_MESSAGE_ID"] == original["message_id"]
     api.close()
 
 

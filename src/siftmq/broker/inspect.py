@@ -18,6 +18,7 @@ from siftmq.broker.model import (
     PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
     PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_FILTER_ERROR,
+    PROPERTY_RESENT_FROM,
     ProducedMessage,
     Subscription,
     user_properties,
@@ -200,10 +201,15 @@ class Inspecting(Sending, Subscribing):
     def resend_dead_letter(self, dlq: str, queue_id: int, offset: int) -> dict[str, Any]:
         """Send the dead letter at ``dlq``/``queue_id``/``offset`` to its origin topic again (its
         body, tag, keys and user properties; the dead-letter ones dropped). The resent copy has an id
-        of its own, the same for every resend of this dead letter: resending twice stores it once."""
+        of its own, the same for every resend of this dead letter: resending twice stores it once.
+
+        siftmq has no per-group retry topics: every group subscribed to the origin topic receives
+        the copy, not only the dead-letter topic's group. The copy names the first message's id in
+        :data:`PROPERTY_RESENT_FROM`, so the groups that consumed it can tell it is that one again."""
         m, origin = self.dead_letter(dlq, queue_id, offset)
         first_id = m.properties.get(PROPERTY_DLQ_ORIGIN_MESSAGE_ID) or m.uniq_key or m.offset_msg_id
         props = {k: v for k, v in user_properties(m.properties).items() if k not in _DLQ_PROPERTIES}
+        props[PROPERTY_RESENT_FROM] = first_id
         sent = self.send(
             ProducedMessage(
                 topic=origin,

@@ -12,6 +12,8 @@ from siftmq.store import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Stored
 PROPERTY_BORN_HOST = "__BORN_HOST"
 PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+#: A resent dead letter's: the message id the first copy had (every subscribed group gets it again).
+PROPERTY_RESENT_FROM = "RESENT_FROM_MESSAGE_ID"
 #: Why a filter program failed on a message it sent to the dead-letter topic ("Type: message").
 PROPERTY_FILTER_ERROR = "FILTER_ERROR"
 #: UTF-8 bytes of a dead-letter copy's FILTER_ERROR text, at most (a longer one is cut).

@@ -619,7 +619,7 @@ async function deadLettersPage(gen) {
       r.next_offset < r.max_offset ? h("button", { type: "button", class: "secondary", onclick: () => guarded(gen, () => open(topic, r.next_offset)) }, "Next page") : null);
   };
   const resend = async (topic, m) => {
-    if (!confirm(`Send the message at offset ${m.queue_offset} back to ${m.properties.DLQ_ORIGIN_TOPIC}?`)) return;
+    if (!confirm(`Send the message at offset ${m.queue_offset} back to ${m.properties.DLQ_ORIGIN_TOPIC}? Every group subscribed to it receives it again.`)) return;
     await guarded(gen, async () => {
       const r = await api(`/topics/${enc(topic)}/queues/${m.queue_id}/messages/${m.queue_offset}/resend`, { method: "POST" });
       status(`${r.duplicate ? "already resent" : "resent"} to ${r.topic} as ${r.message_id}`);
