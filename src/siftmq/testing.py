@@ -93,8 +93,10 @@ class BrokerProcess:
         listen: str = "127.0.0.1:0",
         open_files: int | None = None,
         workers: int | None = None,
+        admin_listen: str = "127.0.0.1:0",
     ) -> None:
         self.data_dir = data_dir
+        self.admin_listen = admin_listen
         #: gRPC front-end processes; by default 1 (the broker serves gRPC itself) unless the
         #: environment's SIFTMQ_TEST_WORKERS says otherwise (to run a suite through front-ends)
         if workers is None:
@@ -127,7 +129,7 @@ class BrokerProcess:
             "--flush",
             self.flush,
             "--admin-listen",
-            "127.0.0.1:0",
+            self.admin_listen,
             "--workers",
             str(self.workers),
         ]

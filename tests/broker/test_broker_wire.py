@@ -411,3 +411,20 @@ def test_the_retry_backoff_is_told_in_whole_seconds(start_broker: Any) -> None:
         return [d.seconds for d in reply.settings.backoff_policy.customized_backoff.next]
 
     assert asyncio.run(settings()) == [1, 3, 3]
+
+
+def test_the_admin_api_listens_on_a_bracketed_ipv6_address(start_broker: Any) -> None:
+    """ "[::1]:0", as gRPC's listen takes an IPv6 address, was refused ("Name or service not
+    known"), and "::1:0" printed http://::1:port, which is no URL."""
+    import socket
+
+    import httpx
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    broker = start_broker(admin_listen="[::1]:0")
+    assert broker.admin_url.startswith("http://[::1]:")
+    assert httpx.get(f"{broker.admin_url}/healthz", timeout=10).status_code == 200

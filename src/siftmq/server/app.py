@@ -343,13 +343,15 @@ class _AdminServer:
                 yield
 
         host, port = parse_listen(listen)
+        host = host.removeprefix("[").removesuffix("]")  # "[::1]:0", as gRPC's listen takes it
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
             self._sock.bind((host, port))
         except OSError as exc:
             self._sock.close()
             raise BindError(f"cannot listen on {listen} for the admin API: {exc}") from exc
-        self.address = f"{host}:{self._sock.getsockname()[1]}"
+        shown = f"[{host}]" if ":" in host else host  # a URL's form of an IPv6 address
+        self.address = f"{shown}:{self._sock.getsockname()[1]}"
         app = create_app(broker, gate, warnings or [], front_ends)
         self._history = app.state.history
         self._server = _Quiet(
