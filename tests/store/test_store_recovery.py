@@ -491,3 +491,80 @@ def test_filler_entries_do_not_make_every_start_rebuild(
         assert _read_all(store) == first
         assert [o for q, o, _b in first if q == 0] == [o for o in range(10) if o != 2]
     assert "rebuilding" not in caplog.text
+
+
+def test_a_rebuild_cut_short_keeps_the_offsets_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rebuild destroys every queue before it scans the log: killed meanwhile, the next start
+    measured an emptied queue from nothing and gave its offsets again. Recovery notes the offsets
+    handed out (on disk) before it changes a queue, and the next start reads the note."""
+    import time
+
+    from siftmq.store import recovery
+
+    cfg = small_config(tmp_path)
+    with MessageStore.open(cfg) as store:
+        for i in range(10):
+            store.put_message(msg(topic="A", body=b"a%d" % i))
+        while len(store.commit_log.segments()) < 3:
+            store.put_message(msg(topic="B", body=bytes(60_000)))
+        store.delete_expired_files(now_ms=int(time.time() * 1000) + 10**12)
+        assert store.get_max_offset_in_queue("A", 0) == 10
+    shutil.rmtree(tmp_path / "consumequeue" / "B")  # a lost index: the queues are rebuilt
+    rebuild = recovery._rebuild_all
+
+    def killed(commit_log: object, queues: dict[object, object], reput: object) -> None:
+        for cq in list(queues.values()):
+            cq.destroy()  # type: ignore[attr-defined]
+        raise KeyboardInterrupt("killed during the rebuild")
+
+    monkeypatch.setattr(recovery, "_rebuild_all", killed)
+    with pytest.raises(KeyboardInterrupt):
+        MessageStore.open(cfg)
+    monkeypatch.setattr(recovery, "_rebuild_all", rebuild)
+    with MessageStore.open(cfg) as store:
+        assert store.get_max_offset_in_queue("A", 0) == 10
+        assert store.put_message(msg(topic="A", body=b"new")).queue_offset == 10
+    assert not (tmp_path / recovery.TAKEN_FILE).exists()  # a finished recovery leaves no note
+
+
+def test_fillers_at_a_queues_end_stay_through_later_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record cut from the log's end leaves a filler; later starts cut it again (the queue's last
+    record is before it) and wrote it again, so a kill in between gave its offset away."""
+    from siftmq.store import recovery
+
+    cfg = small_config(tmp_path)
+    _write(cfg, 40, crash=False)
+    last = _commitlog_files(tmp_path)[-1]
+    os.truncate(last, last.stat().st_size - 100)  # message 39 (queue 1, offset 19) is lost
+    with MessageStore.open(cfg) as store:
+        assert store.get_max_offset_in_queue("T", 1) == 20
+    caplog.clear()
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt("killed mid-start")
+
+    monkeypatch.setattr(recovery, "_keep_taken", killed)
+    with caplog.at_level("WARNING"), pytest.raises(KeyboardInterrupt):
+        MessageStore.open(cfg)
+    monkeypatch.undo()
+    with caplog.at_level("WARNING"), MessageStore.open(cfg) as store:
+        assert store.get_max_offset_in_queue("T", 1) == 20
+        assert store.put_message(msg(body=b"n", queue_id=1)).queue_offset == 20
+    assert "stay taken" not in caplog.text  # kept as they were, not cut and written again
+
+
+def test_the_key_index_is_within_its_bound_right_after_an_open(tmp_path: Path) -> None:
+    """The open rebuilds the key index from the whole log; its bound applied only at the first
+    retention pass, so a restart held every id of the retained log at once."""
+    cfg = small_config(tmp_path, key_index_max_messages=100)
+    with MessageStore.open(cfg) as store:
+        for i in range(2000):
+            store.put_message(msg(body=b"x", UNIQ_KEY=f"u{i}"))
+    with MessageStore.open(cfg) as store:
+        assert store.key_index is not None
+        assert len(store.key_index._by_uniq_key) <= 100
+        assert store.query_message_by_uniq_key("u1999") is not None

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from siftmq.durable import write_atomically
+from siftmq.errors import StoreError
 from siftmq.store.commitlog import CommitLog
 from siftmq.store.consumequeue import ConsumeQueue
 from siftmq.store.damage import DamagedRange, damaged_range, quarantine
@@ -44,6 +45,10 @@ from siftmq.store.keyindex import KeyIndex
 _log = logging.getLogger(__name__)
 
 _BATCH = 1024
+#: Records the recovery scan puts in the key index between two trims to its bound.
+_TRIM_EVERY = 1 << 20
+#: What recovery notes before it changes a queue: the offsets each had handed out.
+TAKEN_FILE = "recovering_offsets.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +103,16 @@ def recover(
     *,
     abnormal: bool,
     checkpoint: Checkpoint | None,
+    key_index_max_messages: int = 0,
 ) -> int:
     """Bring the CommitLog and ConsumeQueues of a freshly loaded store into agreement.
 
     Returns the largest store timestamp of any record: the checkpoint's, or a larger one among the
     records scanned (every record appended after the checkpoint was written is scanned; without a
-    checkpoint after a clean stop, only the last segment is).
+    checkpoint after a clean stop, only the last segment is). ``key_index_max_messages``: the
+    key index is trimmed to it as the scan fills it (0: not trimmed here).
     """
-    handed_out = {key: cq.written_max_offset() for key, cq in queues.items()}
+    handed_out = _handed_out(commit_log, queues)
     cl_min = commit_log.min_offset
     redispatch_from = commit_log.max_offset
     if abnormal:
@@ -125,6 +132,7 @@ def recover(
     dead = reput.tombstones
     # a crash can only have cut short a write past the offset last known flushed
     torn_writes_from = (checkpoint.commit_log_flushed_offset if checkpoint else cl_min) if abnormal else None
+    scanned = 0
     for msg in commit_log.scan(scan_from, torn_writes_from=torn_writes_from):
         latest = max(latest, msg.store_timestamp)
         if dead and dead.is_dead(msg.topic, msg.commit_log_offset):
@@ -133,6 +141,9 @@ def recover(
         last_of_queue[(req.topic, req.queue_id)] = req
         if key_index is not None:
             key_index.dispatch((req,))
+            scanned += 1
+            if key_index_max_messages and scanned % _TRIM_EVERY == 0:
+                key_index.trim(key_index_max_messages)  # the bound holds while the index is rebuilt
         if rebuild or msg.commit_log_offset < redispatch_from:
             continue
         batch.append(req)
@@ -161,9 +172,45 @@ def recover(
     if rebuild:
         _log.error("consume queues disagree with the commit log; rebuilding them all from the commit log")
         _rebuild_all(commit_log, queues, reput)
+    for key in sorted(handed_out.keys() - queues.keys()):
+        try:
+            find_or_create(*key)  # adds it to ``queues``
+        except (ValueError, StoreError) as exc:  # no queue this store could have had: a damaged note
+            _log.error("ignoring queue %s:%d noted in %s: %s", key[0], key[1], TAKEN_FILE, exc)
+            del handed_out[key]
     _keep_taken(commit_log, queues, handed_out)
+    if key_index is not None and key_index_max_messages:
+        key_index.trim(key_index_max_messages)
     commit_log.queue_offsets = {key: cq.max_offset for key, cq in queues.items()}
+    for cq in queues.values():  # the fillers are on disk before the note of what they keep goes
+        cq.flush()
+    _taken_file(commit_log).unlink(missing_ok=True)
     return latest
+
+
+def _taken_file(commit_log: CommitLog) -> Path:
+    return commit_log.directory.parent / TAKEN_FILE
+
+
+def _handed_out(
+    commit_log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue]
+) -> dict[tuple[str, int], int]:
+    """The queue offsets each queue had handed out, noted durably before recovery changes any
+    queue: a recovery cut short (a kill while it rebuilt the queues, or between cutting a queue
+    and filling it) finds its note at the next start and keeps them taken all the same."""
+    path = _taken_file(commit_log)
+    taken = {key: cq.written_max_offset() for key, cq in queues.items()}
+    try:
+        noted = [(str(t), int(q), int(o)) for t, q, o in json.loads(path.read_bytes()) if int(q) >= 0]
+    except FileNotFoundError:
+        noted = []
+    except (ValueError, TypeError) as exc:  # written whole or not at all: only damage gets here
+        _log.error("ignoring the damaged %s: %s", path, exc)
+        noted = []
+    for topic, queue_id, offset in noted:  # (a queue a rebuild cut short had destroyed has no files)
+        taken[(topic, queue_id)] = max(offset, taken.get((topic, queue_id), 0))
+    write_atomically(path, json.dumps([[t, q, o] for (t, q), o in sorted(taken.items())]).encode())
+    return taken
 
 
 def _redispatch(
@@ -212,7 +259,7 @@ def _reconcile(
                 return False  # the whole log was scanned and holds no record this queue indexes
             continue
         q = last.consume_queue_offset
-        keep = _past_damage(cq, q + 1, damaged)
+        keep = _past_damage(cq, q + 1, damaged, fillers_too=True)
         if cq.max_offset > keep:
             cq.truncate(keep)
         entry = cq.get_entry(q)
@@ -222,12 +269,18 @@ def _reconcile(
     return all(key in queues for key in last_of_queue)
 
 
-def _past_damage(cq: ConsumeQueue, start: int, damaged: list[DamagedRange]) -> int:
-    """The first queue offset from ``start`` whose entry does not point into a damaged range."""
+def _past_damage(
+    cq: ConsumeQueue, start: int, damaged: list[DamagedRange], *, fillers_too: bool = False
+) -> int:
+    """The first queue offset from ``start`` whose entry does not point into a damaged range
+    (``fillers_too``: nor is a filler, which stands for a record lost before and keeps its offset)."""
     at = start
-    while damaged and at < cq.max_offset:
+    while (damaged or fillers_too) and at < cq.max_offset:
         entry = cq.get_entry(at)
-        if entry is None or not any(d.offset <= entry[0] < d.offset + d.length for d in damaged):
+        if entry is None:
+            break
+        filler = fillers_too and entry[1] == 0 and entry[0] != 0
+        if not filler and not any(d.offset <= entry[0] < d.offset + d.length for d in damaged):
             break
         at += 1
     return at

@@ -174,6 +174,7 @@ class MessageStore:
                 self.key_index,
                 abnormal=abnormal,
                 checkpoint=Checkpoint.load(self.data_dir / "checkpoint"),
+                key_index_max_messages=self.config.key_index_max_messages,
             )
             self.commit_log.map_for_append()
             self._flush_all()
