@@ -568,3 +568,57 @@ def test_the_key_index_is_within_its_bound_right_after_an_open(tmp_path: Path) -
         assert store.key_index is not None
         assert len(store.key_index._by_uniq_key) <= 100
         assert store.query_message_by_uniq_key("u1999") is not None
+
+
+def test_a_deleted_topics_queue_of_fillers_only_goes_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue retention emptied keeps its offsets with a filler. Deleted, and the deletion cut
+    short after its tombstone: the next start finishes a deletion by a queue's first entry, which
+    a queue of fillers only lacks; it came back, and the topic made again started at its old offset."""
+    import time
+
+    from siftmq.store.tombstones import Tombstones
+
+    cfg = small_config(tmp_path)
+    with MessageStore.open(cfg) as store:
+        for i in range(10):
+            store.put_message(msg(topic="A", body=b"a%d" % i))
+        while len(store.commit_log.segments()) < 3:
+            store.put_message(msg(topic="B", body=bytes(60_000)))
+        store.delete_expired_files(now_ms=int(time.time() * 1000) + 10**12)
+    shutil.rmtree(tmp_path / "consumequeue" / "B")  # a rebuild: A keeps its offsets with a filler
+    with MessageStore.open(cfg) as store:
+        assert store.get_max_offset_in_queue("A", 0) == 10
+        added = Tombstones.add
+
+        def cut_short(self: Tombstones, topic: str, offset: int) -> None:
+            added(self, topic, offset)
+            raise KeyboardInterrupt("killed after the tombstone")
+
+        monkeypatch.setattr(Tombstones, "add", cut_short)
+        with pytest.raises(KeyboardInterrupt):
+            store.delete_topic("A")
+        monkeypatch.undo()
+    with MessageStore.open(cfg) as store:
+        assert ("A", 0) not in store.queues()
+        assert store.put_message(msg(topic="A", body=b"new")).queue_offset == 0
+
+
+def test_offline_jobs_refuse_a_store_whose_recovery_was_cut_short(tmp_path: Path) -> None:
+    """A recovery killed halfway leaves its note of taken offsets and no abort marker: the offline
+    jobs (store check, Spark reindex and backfill) would have read a half-recovered store."""
+    from siftmq.store import recovery
+    from siftmq.store.offline import open_offline
+
+    cfg = small_config(tmp_path)
+    _write(cfg, 10, crash=False)
+    (tmp_path / recovery.TAKEN_FILE).write_text("[]")
+    with pytest.raises(StoreError, match=recovery.TAKEN_FILE), open_offline(tmp_path, what="the store"):
+        pass
+    assert check_store(tmp_path).crashed
+    with MessageStore.open(cfg):  # the broker's open finishes the recovery
+        pass
+    assert not (tmp_path / recovery.TAKEN_FILE).exists()
+    with open_offline(tmp_path, what="the store"):
+        pass

@@ -27,7 +27,7 @@ from siftmq.store.commitlog import CommitLog
 from siftmq.store.config import GIB
 from siftmq.store.consumequeue import CQ_DTYPE
 from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range
-from siftmq.store.recovery import Checkpoint
+from siftmq.store.recovery import TAKEN_FILE, Checkpoint
 from siftmq.store.segment import Segment, list_segment_starts, sequential_starts
 
 #: The segment size of a store whose single segment file does not show it (StoreConfig's default).
@@ -90,7 +90,9 @@ def check_store(
     if not log_dir.is_dir():
         raise StoreError(f"{store_dir} holds no siftmq store ({log_dir} does not exist)")
     with _shared_lock(store_dir):
-        report = CheckReport(store_dir, crashed=(store_dir / "abort").exists())
+        # a recovery cut short leaves its note of taken offsets, as a crash leaves the abort marker
+        crashed = (store_dir / "abort").exists() or (store_dir / TAKEN_FILE).exists()
+        report = CheckReport(store_dir, crashed=crashed)
         starts = list_segment_starts(log_dir)
         size = segment_size or _segment_size(starts)
         kept = sequential_starts(starts, size)

@@ -44,7 +44,7 @@ from siftmq.durable import fsync_dir, write_atomically
 from siftmq.errors import StoreError, StoreLockedError
 from siftmq.store.consumequeue import ConsumeQueue
 from siftmq.store.consumequeue_ext import ConsumeQueueExt
-from siftmq.store.recovery import Checkpoint
+from siftmq.store.recovery import TAKEN_FILE, Checkpoint
 
 _log = logging.getLogger(__name__)
 
@@ -181,9 +181,10 @@ def open_offline(store_dir: Path, *, what: str = "the store") -> Iterator[Offlin
         ) from exc
     offline = OfflineStore(store_dir, fd)
     try:
-        if (store_dir / "abort").exists():
+        unfinished = [store_dir / name for name in ("abort", TAKEN_FILE) if (store_dir / name).exists()]
+        if unfinished:  # (a recovery cut short leaves its note of taken offsets)
             raise StoreError(
-                f"{what} was not closed cleanly ({store_dir / 'abort'} exists): start the broker once so "
+                f"{what} was not closed cleanly ({unfinished[0]} exists): start the broker once so "
                 "it recovers the CommitLog, stop it, then run this again"
             )
         finish_pending_install(store_dir)

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from siftmq.durable import write_atomically
 from siftmq.errors import StoreError
 from siftmq.store.commitlog import CommitLog
@@ -273,16 +275,26 @@ def _past_damage(
     cq: ConsumeQueue, start: int, damaged: list[DamagedRange], *, fillers_too: bool = False
 ) -> int:
     """The first queue offset from ``start`` whose entry does not point into a damaged range
-    (``fillers_too``: nor is a filler, which stands for a record lost before and keeps its offset)."""
+    (``fillers_too``: nor is a filler, which stands for a record lost before and keeps its offset).
+    Read a block at a time: a queue can end in hundreds of thousands of fillers."""
     at = start
+    starts = np.array([d.offset for d in damaged], dtype=np.int64)
+    ends = np.array([d.offset + d.length for d in damaged], dtype=np.int64)
     while (damaged or fillers_too) and at < cq.max_offset:
-        entry = cq.get_entry(at)
-        if entry is None:
+        block = cq.read_block(at, min(cq.max_offset - at, _BATCH * 64))
+        if block is None or not len(block):
             break
-        filler = fillers_too and entry[1] == 0 and entry[0] != 0
-        if not filler and not any(d.offset <= entry[0] < d.offset + d.length for d in damaged):
-            break
-        at += 1
+        phy = block["commit_log_offset"].astype(np.int64)
+        passed = np.zeros(len(block), dtype=np.bool_)
+        if fillers_too:
+            passed |= (block["size"] == 0) & (phy != 0)
+        if damaged:
+            inside = np.searchsorted(starts, phy, side="right") - 1
+            passed |= (inside >= 0) & (phy < ends[np.maximum(inside, 0)])
+        stop = np.flatnonzero(~passed)
+        if len(stop):
+            return at + int(stop[0])
+        at += len(block)
     return at
 
 

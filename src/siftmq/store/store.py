@@ -251,11 +251,24 @@ class MessageStore:
                 if queue_dir.is_dir() and queue_dir.name.isdigit():
                     cq = self._new_queue(topic_dir.name, int(queue_dir.name))
                     cq.load()
-                    first = cq.get_entry(cq.min_offset)
-                    if first is not None and self.tombstones.is_dead(cq.topic, first[0]):
+                    if self.tombstones and self._deleted(cq):
                         cq.destroy()  # a deletion that a crash interrupted: finish it
                         continue
                     self._queues[(cq.topic, cq.queue_id)] = cq
+
+    def _deleted(self, cq: ConsumeQueue) -> bool:
+        """Whether ``cq`` indexes records of a deleted topic: its first entry, or its last written
+        one (a queue of fillers only, which keep offsets taken, has no first entry to look at)."""
+        first = cq.get_entry(cq.min_offset)
+        if first is None:
+            last = cq.read_block(cq.written_max_offset() - 1, 1) if cq.written_max_offset() else None
+            first = tuple(last[0]) if last is not None and len(last) else None
+        if first is None:
+            return False
+        # a filler points at the place after the record it stands for (the log's end, for one
+        # written at a queue's end): that record was below it
+        position = int(first[0]) - (1 if int(first[1]) == 0 else 0)
+        return self.tombstones.is_dead(cq.topic, position)
 
     def _new_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         cfg = self.config
