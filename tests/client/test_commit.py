@@ -31,6 +31,13 @@ async def _committed(consumer: PullConsumer, queues: int) -> dict[int, int | Non
     return found
 
 
+async def _spread(endpoint: str, topic: str, count: int) -> None:
+    """``count`` messages sent one at a time, so they spread over the topic's queues."""
+    async with Producer(endpoint) as producer:
+        for _ in range(count):
+            await producer.send(topic, b"x", tag="t")
+
+
 @pytest.mark.parametrize("extension", [True, False])
 def test_commit_stores_the_positions_of_the_clients_queues(start_broker: Any, extension: bool) -> None:
     broker = start_broker()
@@ -101,9 +108,7 @@ def test_a_refused_queue_does_not_keep_the_others_unstored_on_the_standard_path(
     broker = start_broker()
 
     async def scenario() -> None:
-        async with Producer(broker.endpoint) as producer:
-            for _ in range(80):  # one at a time: spread over the queues
-                await producer.send("PartCommit", b"x", tag="t")
+        await _spread(broker.endpoint, "PartCommit", 80)
         consumer = PullConsumer(broker.endpoint, "part-commit", "PartCommit", FilterExpression.tag())
         consumer.connection.batch_extension = False
         await consumer.start()
@@ -134,9 +139,7 @@ def test_a_queue_rebalanced_away_before_its_update_offset_is_forgotten(start_bro
     broker = start_broker()
 
     async def scenario() -> None:
-        async with Producer(broker.endpoint) as producer:
-            for _ in range(40):  # one at a time: spread over the queues
-                await producer.send("Rebalanced", b"x", tag="t")
+        await _spread(broker.endpoint, "Rebalanced", 40)
         first = PullConsumer(broker.endpoint, "rebalanced", "Rebalanced", FilterExpression.tag())
         first.connection.batch_extension = False
         await first.start()

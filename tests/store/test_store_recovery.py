@@ -451,9 +451,9 @@ def test_a_damaged_index_entry_costs_that_entry_only(tmp_path: Path) -> None:
         assert store.damaged_reads == 1
 
 
-def test_a_rebuild_keeps_the_offsets_of_a_queue_retention_emptied(tmp_path: Path) -> None:
-    """Retention removed every record of queue A; a rebuild of the consume queues (another queue's
-    index was lost) starts A where it was, not at 0 below its consumers' progress."""
+def _queue_emptied_by_retention(tmp_path: Path) -> StoreConfig:
+    """A store whose queue A had 10 messages, all removed by retention (its offsets 0..9 handed
+    out), and whose queue B's index is lost: the next open rebuilds the consume queues."""
     import time
 
     cfg = small_config(tmp_path)
@@ -465,6 +465,13 @@ def test_a_rebuild_keeps_the_offsets_of_a_queue_retention_emptied(tmp_path: Path
         store.delete_expired_files(now_ms=int(time.time() * 1000) + 10**12)
         assert (store.get_min_offset_in_queue("A", 0), store.get_max_offset_in_queue("A", 0)) == (10, 10)
     shutil.rmtree(tmp_path / "consumequeue" / "B")
+    return cfg
+
+
+def test_a_rebuild_keeps_the_offsets_of_a_queue_retention_emptied(tmp_path: Path) -> None:
+    """Retention removed every record of queue A; a rebuild of the consume queues (another queue's
+    index was lost) starts A where it was, not at 0 below its consumers' progress."""
+    cfg = _queue_emptied_by_retention(tmp_path)
     for _ in range(2):  # and again after a restart: the offsets were kept on disk
         with MessageStore.open(cfg) as store:
             assert (store.get_min_offset_in_queue("A", 0), store.get_max_offset_in_queue("A", 0)) == (10, 10)
@@ -499,19 +506,9 @@ def test_a_rebuild_cut_short_keeps_the_offsets_at_the_next_start(
     """The rebuild destroys every queue before it scans the log: killed meanwhile, the next start
     measured an emptied queue from nothing and gave its offsets again. Recovery notes the offsets
     handed out (on disk) before it changes a queue, and the next start reads the note."""
-    import time
-
     from siftmq.store import recovery
 
-    cfg = small_config(tmp_path)
-    with MessageStore.open(cfg) as store:
-        for i in range(10):
-            store.put_message(msg(topic="A", body=b"a%d" % i))
-        while len(store.commit_log.segments()) < 3:
-            store.put_message(msg(topic="B", body=bytes(60_000)))
-        store.delete_expired_files(now_ms=int(time.time() * 1000) + 10**12)
-        assert store.get_max_offset_in_queue("A", 0) == 10
-    shutil.rmtree(tmp_path / "consumequeue" / "B")  # a lost index: the queues are rebuilt
+    cfg = _queue_emptied_by_retention(tmp_path)
     rebuild = recovery._rebuild_all
 
     def killed(commit_log: object, queues: dict[object, object], reput: object) -> None:
@@ -576,18 +573,9 @@ def test_a_deleted_topics_queue_of_fillers_only_goes_at_the_next_start(
     """A queue retention emptied keeps its offsets with a filler. Deleted, and the deletion cut
     short after its tombstone: the next start finishes a deletion by a queue's first entry, which
     a queue of fillers only lacks; it came back, and the topic made again started at its old offset."""
-    import time
-
     from siftmq.store.tombstones import Tombstones
 
-    cfg = small_config(tmp_path)
-    with MessageStore.open(cfg) as store:
-        for i in range(10):
-            store.put_message(msg(topic="A", body=b"a%d" % i))
-        while len(store.commit_log.segments()) < 3:
-            store.put_message(msg(topic="B", body=bytes(60_000)))
-        store.delete_expired_files(now_ms=int(time.time() * 1000) + 10**12)
-    shutil.rmtree(tmp_path / "consumequeue" / "B")  # a rebuild: A keeps its offsets with a filler
+    cfg = _queue_emptied_by_retention(tmp_path)  # the rebuild keeps A's offsets with a filler
     with MessageStore.open(cfg) as store:
         assert store.get_max_offset_in_queue("A", 0) == 10
         added = Tombstones.add
