@@ -38,6 +38,19 @@ async def _spread(endpoint: str, topic: str, count: int) -> None:
             await producer.send(topic, b"x", tag="t")
 
 
+async def _polled(consumer: PullConsumer) -> int:
+    """How many messages ten polls return (the topic's, once its sends are done)."""
+    return sum([len(await consumer.poll(64, timeout=0.2)) for _ in range(10)])
+
+
+async def _standard_path_consumer(endpoint: str, group: str, topic: str) -> PullConsumer:
+    """A started PullConsumer that uses the standard calls only, as against Apache RocketMQ."""
+    consumer = PullConsumer(endpoint, group, topic, FilterExpression.tag())
+    consumer.connection.batch_extension = False
+    await consumer.start()
+    return consumer
+
+
 @pytest.mark.parametrize("extension", [True, False])
 def test_commit_stores_the_positions_of_the_clients_queues(start_broker: Any, extension: bool) -> None:
     broker = start_broker()
@@ -51,10 +64,7 @@ def test_commit_stores_the_positions_of_the_clients_queues(start_broker: Any, ex
             consumer.connection.batch_extension = False
         await consumer.start()
         try:
-            got = 0
-            for _ in range(10):
-                got += len(await consumer.poll(64, timeout=0.2))
-            assert got == 80
+            assert await _polled(consumer) == 80
             calls: list[str] = []
             original = consumer.connection._method
 
@@ -109,14 +119,9 @@ def test_a_refused_queue_does_not_keep_the_others_unstored_on_the_standard_path(
 
     async def scenario() -> None:
         await _spread(broker.endpoint, "PartCommit", 80)
-        consumer = PullConsumer(broker.endpoint, "part-commit", "PartCommit", FilterExpression.tag())
-        consumer.connection.batch_extension = False
-        await consumer.start()
+        consumer = await _standard_path_consumer(broker.endpoint, "part-commit", "PartCommit")
         try:
-            got = 0
-            for _ in range(10):
-                got += len(await consumer.poll(64, timeout=0.2))
-            assert got == 80
+            assert await _polled(consumer) == 80
             queues = list(consumer._offsets)  # the order commit goes through them
             consumer.seek(queues[0], 10_000)  # past the end: the broker refuses this one
             with pytest.raises(RemoteError, match=f"1 of {len(queues)} queue offsets were not stored"):
@@ -140,15 +145,10 @@ def test_a_queue_rebalanced_away_before_its_update_offset_is_forgotten(start_bro
 
     async def scenario() -> None:
         await _spread(broker.endpoint, "Rebalanced", 40)
-        first = PullConsumer(broker.endpoint, "rebalanced", "Rebalanced", FilterExpression.tag())
-        first.connection.batch_extension = False
-        await first.start()
+        first = await _standard_path_consumer(broker.endpoint, "rebalanced", "Rebalanced")
         second = PullConsumer(broker.endpoint, "rebalanced", "Rebalanced", FilterExpression.tag())
         try:
-            got = 0
-            for _ in range(10):
-                got += len(await first.poll(64, timeout=0.2))
-            assert got == 40
+            assert await _polled(first) == 40
             stale = await first.assignment()  # every queue, while it is alone
             assert stale == list(range(8))
 

@@ -92,23 +92,22 @@ class BrokerParts:
         """The topic's config, created with the default queue count when auto-creation is on; a
         system topic (``%...``: a dead-letter topic) only the broker creates, as it needs it."""
         if topic.startswith("%"):
-            found = self.topics.get(topic)
-            if found is None:
-                check_topic(topic)
-                raise NotFoundError(f"topic {topic!r} does not exist yet", status=StatusCode.TOPIC_NOT_FOUND)
-            return found
+            check_topic(topic)
+            return self._made_by_the_broker(topic, "topic")
         return self.topics.get_or_create(topic)
 
     def _readable_topic(self, topic: str) -> TopicConfig:
         check_topic(topic)
         if topic.startswith(DLQ_PREFIX):
-            found = self.topics.get(topic)
-            if found is None:
-                raise NotFoundError(
-                    f"dead-letter topic {topic!r} has no messages yet", status=StatusCode.TOPIC_NOT_FOUND
-                )
-            return found
+            return self._made_by_the_broker(topic, "dead-letter topic")
         return self.topics.get_or_create(topic)
+
+    def _made_by_the_broker(self, topic: str, what: str) -> TopicConfig:
+        """A topic no call creates: TOPIC_NOT_FOUND until the broker has made it."""
+        found = self.topics.get(topic)
+        if found is None:
+            raise NotFoundError(f"{what} {topic!r} does not exist yet", status=StatusCode.TOPIC_NOT_FOUND)
+        return found
 
 
 def _now_ms() -> int:

@@ -624,6 +624,11 @@ class PullConsumer(_Consumer):
         if task is not None:
             task.cancel()
 
+    def _rebalanced_away(self, qid: int) -> None:
+        """Let go of a queue another member owns now: its new owner continues from the group's offset."""
+        self._forget(qid)
+        del self._offsets[qid]
+
     def _resume_offset(self, qid: int) -> int:
         """Where this queue continues after a restart: its first message not yet returned by poll."""
         buffered = self._buffered.get(qid)
@@ -789,15 +794,13 @@ class PullConsumer(_Consumer):
         if committed is not None:  # one call through siftmq's extension; it answers the assignment
             owned = set(committed)
             for qid in [q for q in self._offsets if q not in owned]:
-                self._forget(qid)
-                del self._offsets[qid]  # rebalanced away: its new owner continues from the group's offset
+                self._rebalanced_away(qid)
             return
         owned = set(await self.assignment())
         refused: list[tuple[int, RemoteError]] = []
         for qid in list(self._offsets):
             if qid not in owned:
-                self._forget(qid)
-                del self._offsets[qid]  # rebalanced away: its new owner continues from the group's offset
+                self._rebalanced_away(qid)
                 continue
             try:
                 await self.connection.unary(
@@ -812,8 +815,7 @@ class PullConsumer(_Consumer):
                 if exc.status == "PRECONDITION_FAILED":
                     # rebalanced away since the assignment above: the broker keeps a queue's offset
                     # for its owner, whose position this one would move
-                    self._forget(qid)
-                    del self._offsets[qid]
+                    self._rebalanced_away(qid)
                     self._assigned = None  # ask again before the next pull
                     continue
                 refused.append((qid, exc))

@@ -37,7 +37,8 @@ _CRC32 = pb.DigestType.CRC32
 _NORMAL = pb.MessageType.NORMAL
 
 
-#: Characters of a client id the broker keeps (its sessions, and who owns them): a longer one is cut.
+#: Characters of a client id the broker keeps (its sessions, and who owns them): a longer one is
+#: cut, so one header cannot grow the session table.
 MAX_CLIENT_ID_LENGTH = 256
 
 

@@ -47,7 +47,6 @@ _ROUTE_PERMISSION = {  # a topic's read (4) and write (2) bits, as QueryRoute te
     2: pb.Permission.WRITE,
     0: pb.Permission.NONE,
 }
-#: Characters of a client id kept (longer ids are cut, so one header cannot grow the session table).
 
 
 def _message_model(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:

@@ -25,8 +25,8 @@ from siftmq.errors import StoreError, StoreLockedError
 from siftmq.store import codec
 from siftmq.store.commitlog import CommitLog
 from siftmq.store.config import GIB
-from siftmq.store.consumequeue import CQ_DTYPE
-from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range
+from siftmq.store.consumequeue import CQ_DTYPE, filler_entries, written_slots
+from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, in_damaged
 from siftmq.store.recovery import TAKEN_FILE, Checkpoint
 from siftmq.store.segment import Segment, list_segment_starts, sequential_starts
 
@@ -159,12 +159,10 @@ def _lost_entries(
     lost: list[LostEntry] = []
     bad: list[LostEntry] = []
     fillers = 0
-    starts = np.array([d.offset for d in damaged], dtype=np.int64)
-    ends = np.array([d.offset + d.length for d in damaged], dtype=np.int64)
     for topic, queue_id, first, entries in _queue_entries(store_dir):
         phy = entries["commit_log_offset"].astype(np.int64)
         sizes = entries["size"].astype(np.int64)
-        fillers += int(np.count_nonzero((sizes == 0) & (phy != 0)))
+        fillers += int(np.count_nonzero(filler_entries(entries)))
         # below the log's start is removed by retention, not damage; a filler may sit at the end
         impossible = (sizes < 0) | (sizes > segment_size) | (phy + sizes > log_span[1])
         impossible &= phy + sizes > log_span[0]
@@ -174,9 +172,7 @@ def _lost_entries(
             bad.append(LostEntry(topic, queue_id, listed, len(wrong)))
         if not len(damaged):
             continue
-        at = np.searchsorted(starts, phy, side="right") - 1
-        inside = (at >= 0) & (phy < ends[np.maximum(at, 0)]) & (sizes > 0)
-        hits = np.nonzero(inside)[0]
+        hits = np.nonzero(in_damaged(phy, damaged) & (sizes > 0))[0]
         if len(hits):
             offsets = tuple(int(first + i) for i in hits[:MAX_LISTED])
             lost.append(LostEntry(topic, queue_id, offsets, len(hits)))
@@ -195,7 +191,7 @@ def _queue_entries(store_dir: Path) -> Iterator[tuple[str, int, int, np.ndarray]
                 raw = (queue_dir / f"{start:020d}").read_bytes()
                 entries = np.frombuffer(raw[: len(raw) - len(raw) % unit], dtype=CQ_DTYPE)
                 # the unused leading slots of a queue's first file, and a zero tail, are not entries
-                used = np.nonzero((entries["commit_log_offset"] != 0) | (entries["size"] != 0))[0]
+                used = np.nonzero(written_slots(entries))[0]
                 if len(used):
                     lo, hi = int(used[0]), int(used[-1]) + 1
                     yield topic_dir.name, int(queue_dir.name), start // unit + lo, entries[lo:hi]

@@ -51,6 +51,17 @@ def encode_entry_columns(offsets: Sequence[int], sizes: Sequence[int], tags_code
     return arr.tobytes()
 
 
+def written_slots(entries: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+    """Which slots hold an entry: an unwritten one (a file's leading holes, a zero tail) is all zeros."""
+    return (entries["commit_log_offset"] != 0) | (entries["size"] != 0)  # type: ignore[no-any-return]
+
+
+def filler_entries(entries: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+    """Which entries are fillers: size 0 at a real position, standing for a record lost before and
+    keeping its queue offset taken (an unwritten slot is all zeros)."""
+    return (entries["size"] == 0) & (entries["commit_log_offset"] != 0)  # type: ignore[no-any-return]
+
+
 class ConsumeQueue:
     """The index of one message queue, with its optional extension."""
 
@@ -212,7 +223,7 @@ class ConsumeQueue:
             if not data:
                 return end
             arr = np.frombuffer(data, dtype=CQ_DTYPE)
-            written = np.flatnonzero((arr["commit_log_offset"] != 0) | (arr["size"] != 0))
+            written = np.flatnonzero(written_slots(arr))
             if len(written):
                 return first + int(written[-1]) + 1
             end = first
@@ -230,7 +241,7 @@ class ConsumeQueue:
             sizes = arr["size"].astype(np.int64)
             # a filler (size 0, the next record's position) stands for a record lost to damage and
             # keeps its queue offset taken; only an unwritten slot (all zeros) or a negative size is dirty
-            bad = (phy + sizes > commit_log_max_offset) | (sizes < 0) | ((sizes == 0) & (phy == 0))
+            bad = (phy + sizes > commit_log_max_offset) | (sizes < 0) | ~written_slots(arr)
             if not bad.any():
                 break
             first_bad = int(np.flatnonzero(bad)[0])

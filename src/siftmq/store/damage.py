@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from siftmq.durable import fsync_dir
 from siftmq.errors import CorruptRecordError
 from siftmq.store import codec, decoding
@@ -104,6 +107,16 @@ def _find_all(data: bytes, pattern: bytes) -> list[int]:
         found.append(at)
         at = data.find(pattern, at + 1)
     return found
+
+
+def in_damaged(positions: npt.NDArray[np.int64], damaged: list[DamagedRange]) -> npt.NDArray[np.bool_]:
+    """Which commit log ``positions`` fall inside one of the ``damaged`` ranges (in log order)."""
+    if not damaged:
+        return np.zeros(len(positions), dtype=np.bool_)
+    starts = np.array([d.offset for d in damaged], dtype=np.int64)
+    ends = starts + np.array([d.length for d in damaged], dtype=np.int64)
+    at = np.searchsorted(starts, positions, side="right") - 1
+    return (at >= 0) & (positions < ends[np.maximum(at, 0)])
 
 
 def damaged_range(seg: Segment, pos: int, end: int, reason: str) -> DamagedRange:

@@ -39,8 +39,8 @@ import numpy as np
 from siftmq.durable import write_atomically
 from siftmq.errors import StoreError
 from siftmq.store.commitlog import CommitLog
-from siftmq.store.consumequeue import ConsumeQueue
-from siftmq.store.damage import DamagedRange, damaged_range, quarantine
+from siftmq.store.consumequeue import ConsumeQueue, filler_entries
+from siftmq.store.damage import DamagedRange, damaged_range, in_damaged, quarantine
 from siftmq.store.dispatch import DispatchRequest, Reput
 from siftmq.store.keyindex import KeyIndex
 
@@ -278,19 +278,13 @@ def _past_damage(
     (``fillers_too``: nor is a filler, which stands for a record lost before and keeps its offset).
     Read a block at a time: a queue can end in hundreds of thousands of fillers."""
     at = start
-    starts = np.array([d.offset for d in damaged], dtype=np.int64)
-    ends = np.array([d.offset + d.length for d in damaged], dtype=np.int64)
     while (damaged or fillers_too) and at < cq.max_offset:
         block = cq.read_block(at, min(cq.max_offset - at, _BATCH * 64))
         if block is None or not len(block):
             break
-        phy = block["commit_log_offset"].astype(np.int64)
-        passed = np.zeros(len(block), dtype=np.bool_)
+        passed = in_damaged(block["commit_log_offset"].astype(np.int64), damaged)
         if fillers_too:
-            passed |= (block["size"] == 0) & (phy != 0)
-        if damaged:
-            inside = np.searchsorted(starts, phy, side="right") - 1
-            passed |= (inside >= 0) & (phy < ends[np.maximum(inside, 0)])
+            passed |= filler_entries(block)
         stop = np.flatnonzero(~passed)
         if len(stop):
             return at + int(stop[0])

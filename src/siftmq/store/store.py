@@ -261,7 +261,8 @@ class MessageStore:
         one (a queue of fillers only, which keep offsets taken, has no first entry to look at)."""
         first = cq.get_entry(cq.min_offset)
         if first is None:
-            last = cq.read_block(cq.written_max_offset() - 1, 1) if cq.written_max_offset() else None
+            written = cq.written_max_offset()
+            last = cq.read_block(written - 1, 1) if written else None
             first = tuple(last[0]) if last is not None and len(last) else None
         if first is None:
             return False
