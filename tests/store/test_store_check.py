@@ -96,3 +96,16 @@ def test_fillers_left_by_recovery_are_counted(tmp_path: Path) -> None:
     report = check_store(tmp_path)
     assert report.fillers == 1 and [d.offset for d in report.damaged] == [placed[4][0]]
     assert report.quarantined == [f"commitlog-{placed[4][0]:020d}-{placed[5][0] - placed[4][0]}.bin"]
+
+
+def test_the_segment_size_comes_from_layout_json_not_from_a_stray_file(tmp_path: Path) -> None:
+    # one segment and a stray file: their spacing is not the segment size, layout.json knows it
+    cfg = small_config(tmp_path)
+    _fill(cfg, 3)
+    stray = tmp_path / "commitlog" / f"{3 * cfg.commit_log_segment_size:020d}"
+    stray.write_bytes(bytes(4096))
+    before = _digest(tmp_path)
+    report = check_store(tmp_path)
+    assert report.records == 3 and not report.damaged and report.torn_tail is None
+    assert report.misplaced_segments == [stray.name]  # as recovery would put it aside
+    assert _digest(tmp_path) == before

@@ -51,7 +51,9 @@ def check(
     data_dir: Annotated[Path, typer.Argument(help="The broker's data directory (or its store directory).")],
     segment_size: Annotated[
         int | None,
-        typer.Option("--segment-size", help="commit_log_segment_size, when the store has one segment file."),
+        typer.Option(
+            "--segment-size", help="commit_log_segment_size, for a store with no layout.json and one segment."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
 ) -> None:

@@ -27,10 +27,12 @@ from siftmq.store.commitlog import CommitLog
 from siftmq.store.config import GIB
 from siftmq.store.consumequeue import CQ_DTYPE, filler_entries, written_slots
 from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, in_damaged
+from siftmq.store.layout import saved_segment_size
 from siftmq.store.recovery import TAKEN_FILE, Checkpoint
 from siftmq.store.segment import Segment, list_segment_starts, sequential_starts
 
-#: The segment size of a store whose single segment file does not show it (StoreConfig's default).
+#: The segment size of a store with neither ``layout.json`` nor two segment files to show it
+#: (StoreConfig's default).
 DEFAULT_SEGMENT_SIZE: Final = GIB
 #: Queue offsets listed per damaged range (the count is always complete).
 MAX_LISTED: Final = 20
@@ -81,8 +83,9 @@ def check_store(
 ) -> CheckReport:
     """Verify every record of the stopped store at ``store_dir``; nothing is changed.
 
-    ``segment_size`` defaults to the spacing of the segment files (or the store default when there
-    is one file). ``on_progress(bytes_done, bytes_total)`` is called as segments are read.
+    ``segment_size`` defaults to the one ``layout.json`` keeps, then to the spacing of the segment
+    files (or the store default when there is one file: a store written before ``layout.json``).
+    ``on_progress(bytes_done, bytes_total)`` is called as segments are read.
     Raises :class:`StoreError` if there is no store there and :class:`StoreLockedError` while a
     broker has it open.
     """
@@ -94,7 +97,7 @@ def check_store(
         crashed = (store_dir / "abort").exists() or (store_dir / TAKEN_FILE).exists()
         report = CheckReport(store_dir, crashed=crashed)
         starts = list_segment_starts(log_dir)
-        size = segment_size or _segment_size(starts)
+        size = segment_size or saved_segment_size(store_dir) or _segment_size(starts)
         kept = sequential_starts(starts, size)
         report.misplaced_segments = [f"{s:020d}" for s in starts[len(kept) :]]
         commit_log = CommitLog(log_dir, size, size - codec.BLANK_MARKER_SIZE)

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from siftmq.errors import ConfigError
 from siftmq.store.segment import list_segment_starts
-from siftmq.store.statefile import read_json, write_json
+from siftmq.store.statefile import peek_json, read_json, write_json
 
 LAYOUT_FILE: Final = "layout.json"
 
@@ -55,6 +55,18 @@ def settle(data_dir: Path, segment_size: int, max_record_size: int) -> Layout:
     if saved != {"commit_log_segment_size": segment_size, "max_record_size": largest}:
         write_json(path, {"commit_log_segment_size": segment_size, "max_record_size": largest})
     return layout
+
+
+def saved_segment_size(data_dir: Path) -> int | None:
+    """The segment size ``layout.json`` keeps for the store at ``data_dir`` (None without one),
+    read without writing anything: for the offline tools, which must not change a stopped store.
+    A damaged file counts as none (the broker's next open finds the size again from the files)."""
+    try:
+        saved = peek_json(data_dir / LAYOUT_FILE, {})
+    except ConfigError:
+        return None
+    size = saved.get("commit_log_segment_size") if isinstance(saved, dict) else None
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def _spacing(log_dir: Path) -> int | None:
