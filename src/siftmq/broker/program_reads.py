@@ -99,12 +99,13 @@ class ProgramReads(BrokerParts):
         """
         topic = dlq_topic(group)
         cfg = self.topics.get_or_create(topic, system=True)
+        extra = dict(extra or {})
+        if PROPERTY_FILTER_ERROR in extra:
+            extra[PROPERTY_FILTER_ERROR] = _cut_utf8(extra[PROPERTY_FILTER_ERROR], MAX_FILTER_ERROR_BYTES)
         props = dict(msg.properties)
         props[PROPERTY_DLQ_ORIGIN_TOPIC] = msg.topic
         props[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = msg.uniq_key or msg.offset_msg_id
-        props.update(extra or {})
-        if extra and PROPERTY_FILTER_ERROR in extra:
-            props[PROPERTY_FILTER_ERROR] = _cut_utf8(extra[PROPERTY_FILTER_ERROR], MAX_FILTER_ERROR_BYTES)
+        props.update(extra)
         self.store.put_message(
             Message(
                 topic=cfg.name,
@@ -117,7 +118,7 @@ class ProgramReads(BrokerParts):
             )
         )
         self.stats.count(self.stats.dead_letters, group)
-        why = f" ({extra[PROPERTY_FILTER_ERROR]})" if extra and PROPERTY_FILTER_ERROR in extra else ""
+        why = f" ({extra[PROPERTY_FILTER_ERROR]})" if PROPERTY_FILTER_ERROR in extra else ""
         _log.info(
             "message %s of %s moved to %s after %d attempts%s", msg.uniq_key, msg.topic, topic, attempts, why
         )
