@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import grpc
 
@@ -45,6 +45,30 @@ class Answer:
 def new_client_id() -> str:
     """``host@pid@n@time``: unique per client object, as RocketMQ's clients build it."""
     return f"{socket.gethostname()}@{os.getpid()}@{next(_counter)}@{time.time_ns():x}"
+
+
+class Started:
+    """``async with`` for a producer or consumer: ``start()`` on entry (the channel closed again if
+    that fails, since no ``__aexit__`` follows), ``stop()`` on exit."""
+
+    connection: Connection
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.connection.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
 
 
 class Connection:

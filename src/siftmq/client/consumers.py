@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from siftmq.client.connection import Connection, check
+from siftmq.client.connection import Connection, Started, check
 from siftmq.client.model import FilterExpression, ReceivedMessage
 from siftmq.client.prefetch import Prefetching
 from siftmq.durable import write_atomically
@@ -33,7 +33,7 @@ MAX_ACK_BATCH = 256  # entries per AckMessage a PushConsumer sends
 RELEASE_S = 1.0  # a stopping push consumer makes its unprocessed messages visible again this soon
 
 
-class _Consumer:
+class _Consumer(Started):
     """What every consumer shares: subscriptions, heartbeats, the client-side re-check.
 
     ``mode`` (``CLUSTERING`` or ``BROADCASTING``) is declared to the broker, which refuses a model
@@ -64,17 +64,6 @@ class _Consumer:
         self.subscriptions = dict(subscriptions)
         self.dropped = 0
         self._heartbeat: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Any:
-        try:
-            await self.start()
-        except BaseException:  # no __aexit__ follows: the channel would stay open
-            await self.connection.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     def _settings(self) -> pb.Settings:
         entries = [

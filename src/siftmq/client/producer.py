@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from siftmq.client.connection import Connection
+from siftmq.client.connection import Connection, Started
 from siftmq.client.model import OutgoingMessage, SendReceipt
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -24,7 +24,7 @@ def new_message_id() -> str:
     return f"{_PREFIX}{time.time_ns() & 0xFFFFFFFF:08X}{next(_seq) & 0xFFFFFFFF:08X}"
 
 
-class Producer:
+class Producer(Started):
     """``async with Producer("127.0.0.1:8081") as p: await p.send("Orders", b"...", tag="Pay")``."""
 
     def __init__(
@@ -33,17 +33,6 @@ class Producer:
         self.connection = Connection(endpoint, **options)
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
-
-    async def __aenter__(self) -> Producer:
-        try:
-            await self.start()
-        except BaseException:  # no __aexit__ follows: the channel would stay open
-            await self.connection.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         settings = pb.Settings(client_type=pb.ClientType.PRODUCER, publishing=pb.Publishing())
