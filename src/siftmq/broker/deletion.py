@@ -14,6 +14,7 @@ name starts like a new one: a program left behind would filter it without its ow
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from siftmq.broker.client_state import CLIENT_SEPARATOR
@@ -28,10 +29,19 @@ _log = logging.getLogger(__name__)
 
 def delete_topic(broker: Broker, name: str) -> None:
     """Delete topic ``name`` and everything of it (raises :class:`NotFoundError` if it does not exist)."""
+    broker.topics.existing(name)
+
+    def of_topic(key: tuple[str, str, int]) -> bool:
+        return key[1] == name
+
+    # Progress goes first, on disk: kept past a crash after the tombstone, a group's old position
+    # would skip the first messages of a topic created again under the name; lost before it, the
+    # topic's messages come again at worst.
+    progress, offsets = _forget_progress(broker, of_topic)
     broker.topics.delete(name)
     queues = broker.store.delete_topic(name)
-    progress = broker.consumers.remove_where(lambda key: key[1] == name)
-    offsets = broker.offsets.remove_where(lambda key: key[1] == name)
+    again = _forget_progress(broker, of_topic)  # made by reads that ran meanwhile
+    progress, offsets = progress + again[0], offsets + again[1]
     filters = broker.filters.remove_where(lambda reg: reg.topic == name)
     programs = broker.programs.remove_where(lambda program: program.topic == name)
     groups = broker.groups.drop_topic(name)
@@ -62,9 +72,9 @@ def delete_group(broker: Broker, group: str) -> None:
     def of_group(name: str) -> bool:
         return name == group or name.startswith(own)
 
+    # progress first, on disk: kept past a crash, it would be the start of a group created again
+    progress, offsets = _forget_progress(broker, lambda key: of_group(key[0]))
     known = broker.groups.delete(group)
-    progress = broker.consumers.remove_where(lambda key: of_group(key[0]))
-    offsets = broker.offsets.remove_where(lambda key: of_group(key[0]))
     filters = broker.filters.remove_where(lambda reg: reg.group == group)
     programs = broker.programs.remove_where(lambda program: program.group == group)
     if not (known or progress or offsets or filters or programs):
@@ -79,3 +89,15 @@ def delete_group(broker: Broker, group: str) -> None:
         len(filters),
         len(programs),
     )
+
+
+def _forget_progress(broker: Broker, doomed: Callable[[tuple[str, str, int]], bool]) -> tuple[int, int]:
+    """Remove the group progress and pull offsets ``doomed`` accepts, and write both tables at once
+    (the housekeeping writes them up to a second later); how many of each were removed."""
+    progress = broker.consumers.remove_where(doomed)
+    offsets = broker.offsets.remove_where(doomed)
+    if progress:
+        broker.consumers.save()
+    if offsets:
+        broker.offsets.save()
+    return progress, offsets
