@@ -298,6 +298,47 @@ def test_a_budget_stops_a_long_batch_between_chunks() -> None:
         server.close()
 
 
+def test_a_budget_stops_a_bisection_too() -> None:
+    """A program that kills its worker on any batch of more than one message: each half of the
+    bisection costs a worker's start. With a budget the verdict stops once it has passed (before,
+    64 messages took 64 worker restarts in one read, past the client's deadline)."""
+    source = (
+        "COUNT = [0]\n"
+        + PATCH_WRITE.replace("AFTER()", "COUNT[0] = 0")
+        + (
+            "def match(m):\n    COUNT[0] += 1\n"
+            "    if COUNT[0] > 1:\n        _os()['_exit'](3)\n    return True\n"
+        )
+    )  # COUNT: the messages of the batch under way (reset as each answer is written)
+    rows = [row(topic="T", queue_offset=i) for i in range(64)]
+    server = FilterServer(Limits(max_failures=1000), 1)
+    try:
+        verdict = server.evaluate(ProgramKey("g", "bisect", 1), source, rows, budget_s=0.01)
+        assert 1 <= len(verdict.codes) < 64
+        assert set(verdict.codes) == {wire.MATCH} and not verdict.errors  # alone, each one passes
+        everything = server.evaluate(ProgramKey("g", "bisect", 2), source, rows[:8])  # no budget: all
+        assert list(everything.codes) == [wire.MATCH] * 8
+    finally:
+        server.close()
+
+
+def test_a_program_no_longer_in_force_gets_no_new_worker() -> None:
+    """A read in flight through a program replaced or removed meanwhile: before, its next chunk or
+    bisection step made a slot and a worker for it again, which lived on unused."""
+    from siftmq.filterserver.pool import ProgramForgotten
+
+    server = FilterServer(Limits(), 2)
+    key = ProgramKey("g", "gone", 1)
+    try:
+        assert list(server.evaluate(key, "def match(m):\n    return True\n", ROWS[:1]).codes) == [wire.MATCH]
+        server.forget(key)
+        with pytest.raises(ProgramForgotten):
+            server.evaluate(key, "def match(m):\n    return True\n", ROWS[:1], current=lambda: False)
+        assert key not in server._workers  # no slot, no worker
+    finally:
+        server.close()
+
+
 PATCH_WRITE = OS + (
     "MAIN = _os()['sys'].modules['__main__']\n"
     "WRITE = MAIN._write\n"
@@ -377,3 +418,55 @@ def test_a_program_new_to_a_full_pool_waits_for_room_and_the_bound_holds() -> No
         watcher.join(10)
         fs.close()
     assert most[0] == 1
+
+
+_ORPHAN_SCRIPT = """
+import os, threading, time
+from siftmq.filterserver.message import row
+from siftmq.filterserver.pool import FilterServer, Limits, ProgramKey
+fs = FilterServer(Limits(timeout_ms=600_000, batch_timeout_ms=600_000), 1)
+spin = "def match(m):\\n    while True:\\n        pass\\n"
+args = (ProgramKey("g", "t", 1), spin, [row(topic="t")])
+threading.Thread(target=fs.evaluate, args=args, daemon=True).start()
+me = str(os.getpid())
+while True:
+    time.sleep(0.2)
+    children = [p for p in os.listdir("/proc") if p.isdigit() and
+                open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == me]
+    if children:
+        break
+time.sleep(1.0)  # its program is running
+print(" ".join(children), flush=True)
+os._exit(0)  # the broker gone without stopping its workers
+"""
+
+
+def test_a_worker_dies_with_the_broker_even_running_as_another_user() -> None:
+    """Before, the parent-death signal was asked before the worker's change of user, which clears
+    it: a worker busy in its program outlived a killed broker, spinning as nobody for good."""
+    import subprocess
+    import sys
+    import time
+
+    check_supported()
+    done = subprocess.run(
+        [sys.executable, "-c", _ORPHAN_SCRIPT], check=False, capture_output=True, text=True, timeout=120
+    )
+    pids = [int(p) for p in done.stdout.split()]
+    assert pids, done.stderr
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+    for p in alive:  # not to leave it spinning when the test fails
+        os.kill(p, 9)
+    assert not alive
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

@@ -18,6 +18,16 @@ PROPERTY_RESENT_FROM = "RESENT_FROM_MESSAGE_ID"
 PROPERTY_FILTER_ERROR = "FILTER_ERROR"
 #: UTF-8 bytes of a dead-letter copy's FILTER_ERROR text, at most (a longer one is cut).
 MAX_FILTER_ERROR_BYTES: Final = 700
+
+
+def filter_error_text(why: str) -> str:
+    """``why`` cut to :data:`MAX_FILTER_ERROR_BYTES` of UTF-8, at a character boundary."""
+    encoded = why.encode("utf-8", "replace")
+    if len(encoded) <= MAX_FILTER_ERROR_BYTES:
+        return why
+    return encoded[:MAX_FILTER_ERROR_BYTES].decode("utf-8", "ignore")
+
+
 #: Property bytes every sent message leaves free below the record limit (32,767): what a
 #: dead-letter copy adds, each ``name\x01value\x02`` at its largest (the origin topic and
 #: message id are ASCII). A message the broker accepted must always fit its dead-letter copy:

@@ -13,16 +13,16 @@ from dataclasses import replace
 from typing import Any
 
 from siftmq.broker.model import (
-    MAX_FILTER_ERROR_BYTES,
     PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
     PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_FILTER_ERROR,
+    filter_error_text,
 )
 from siftmq.broker.parts import BrokerParts, NotOnTheLoop, dlq_topic
 from siftmq.broker.programs import Program, check_sample, row_of
 from siftmq.broker.validation import check_group, check_topic
 from siftmq.filterserver.message import Row
-from siftmq.filterserver.wire import MATCH
+from siftmq.filterserver.wire import ERROR, MATCH
 from siftmq.store import GetMessageResult, Message, MessageFilter, StoredMessage
 
 _log = logging.getLogger(__name__)
@@ -76,15 +76,27 @@ class ProgramReads(BrokerParts):
         cut = len(codes)
         if len(kept) > want:
             cut = kept.pop()  # the first kept one left over: the next read starts there
+        elif cut < len(records):
+            # the read's time ran out in a bisection: the failures it ended on wait (their verdicts
+            # kept) for a read that gets past them, so a program failing every message is
+            # suspended before it dead-letters them
+            while cut > 0 and codes[cut - 1] == ERROR:
+                cut -= 1
         if cut < len(records):  # or the first not evaluated in time
             stop = records[cut].queue_offset
             left = {records[i].queue_offset: (codes[i], errors.get(i, "")) for i in range(cut, len(codes))}
-            self.programs.leave(group, topic, queue_id, left)
+            self.programs.leave(group, topic, queue_id, filtered.version, left)
             result = replace(result, next_begin_offset=stop, scanned=stop - offset)
-        for i, why in errors.items():
-            failed = self.store.decode_raw(topic, queue_id, records[i]) if i < cut else None
+        done = self.programs.dead_lettered(group, topic, queue_id, filtered.version)
+        failed_at = [i for i in errors if i < cut and records[i].queue_offset >= done]
+        for i in failed_at:
+            failed = self.store.decode_raw(topic, queue_id, records[i])
             if failed is not None:  # (None: damaged, its CRC failed)
-                self._to_dlq(group, failed, 0, {PROPERTY_FILTER_ERROR: why})
+                self._to_dlq(group, failed, 0, {PROPERTY_FILTER_ERROR: errors[i]})
+        if failed_at:  # a pull that seeks back over them does not copy them again
+            self.programs.note_dead_lettered(
+                group, topic, queue_id, filtered.version, records[failed_at[-1]].queue_offset + 1
+            )
         decoded = [self.store.decode_raw(topic, queue_id, records[i]) for i in kept]
         messages = [m for m in decoded if m is not None]
         return replace(result, messages=messages), messages
@@ -101,7 +113,7 @@ class ProgramReads(BrokerParts):
         cfg = self.topics.get_or_create(topic, system=True)
         extra = dict(extra or {})
         if PROPERTY_FILTER_ERROR in extra:
-            extra[PROPERTY_FILTER_ERROR] = _cut_utf8(extra[PROPERTY_FILTER_ERROR], MAX_FILTER_ERROR_BYTES)
+            extra[PROPERTY_FILTER_ERROR] = filter_error_text(extra[PROPERTY_FILTER_ERROR])
         props = dict(msg.properties)
         props[PROPERTY_DLQ_ORIGIN_TOPIC] = msg.topic
         props[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = msg.uniq_key or msg.offset_msg_id
@@ -156,11 +168,3 @@ def _positions(codes: bytes, code: int, limit: int) -> list[int]:
         found.append(at)
         at = codes.find(needle, at + 1)
     return found
-
-
-def _cut_utf8(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes, at a character boundary."""
-    encoded = text.encode("utf-8", "replace")
-    if len(encoded) <= limit:
-        return text
-    return encoded[:limit].decode("utf-8", "ignore")

@@ -12,6 +12,7 @@ its group's progress stays where it is, until a new version is registered.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import threading
@@ -21,11 +22,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from siftmq.errors import BadRequestError, ConfigError, NotFoundError, UnsupportedError
+from siftmq.broker.model import filter_error_text
+from siftmq.errors import BadRequestError, ConfigError, NotFoundError, StatusCode, UnsupportedError
 from siftmq.filterserver.message import NAME_VALUE, SEPARATOR, UNIQ_KEY, Row, row
 from siftmq.filterserver.pool import (
+    Counters,
     FilterServer,
     Limits,
+    ProgramForgotten,
     ProgramKey,
     ProgramLoadError,
     ProgramSuspended,
@@ -46,6 +50,12 @@ MAX_PROGRAMS: Final = 1000
 # within these bounds: one evaluation batch instead of many shrinking ones for a selective program.
 MAX_READ_AHEAD: Final = 1024
 MAX_LEFT_OVER: Final = 4096  # queues whose read-ahead verdicts are kept for their next read
+#: the error texts kept with them, all queues together (a failed message's text is also cut to
+#: what its dead-letter copy keeps): past it the oldest queues' verdicts go (asked again)
+MAX_LEFT_OVER_TEXT: Final = 16 * 1024 * 1024
+#: trial runs of programs being registered have workers of their own, at most this many: a
+#: registration (a program whose module code takes seconds, say) never takes a read's worker
+MAX_TRIAL_WORKERS: Final = 2
 # A read's time in its program, after which the rest of its records wait for the next read: a
 # program slow on a batch (or bisected to a poisoned message) does not hold a consumer's call past
 # its client's deadline. Checked between the chunks sent to the worker.
@@ -80,6 +90,7 @@ class Filtered:
     codes: bytes
     errors: dict[int, str]
     held: bool = False
+    version: int = 0  # of the program that made them
 
 
 _UNIQ_KEY_FIRST: Final = f"{UNIQ_KEY}{NAME_VALUE}".encode()
@@ -110,9 +121,17 @@ class ProgramRegistry:
             self._programs[(program.group, program.topic)] = program
         self._limits, self._workers = limits, workers
         self._server: FilterServer | None = None
+        self._trial_server: FilterServer | None = None
+        self._trials = itertools.count(1)
+        self._registering: set[tuple[str, str]] = set()
         self._kept_share: dict[tuple[str, str], float] = {}  # of the messages evaluated, lately
         # per (group, topic, queue): the program version and the verdicts a read got past its batch
         self._left_over: dict[tuple[str, str, int], tuple[int, dict[int, tuple[int, str]]]] = {}
+        self._left_over_text: dict[tuple[str, str, int], int] = {}  # characters of their error texts
+        self._left_over_bytes = 0  # all of them
+        # per (group, topic, queue): the program version and the offset below which its failures
+        # are in the dead-letter topic already (a pull that seeks back reads them again)
+        self._dead_lettered: dict[tuple[str, str, int], tuple[int, int]] = {}
         if self._programs and self.unavailable:
             _log.error("filter programs are registered but cannot run here: %s", self.unavailable)
 
@@ -126,10 +145,14 @@ class ProgramRegistry:
             return str(exc)
         return ""
 
-    def _filter_server(self) -> FilterServer:
+    def _filter_server(self, *, trial: bool = False) -> FilterServer:
         if self.unavailable:
             raise UnsupportedError(f"the filter server cannot run here: {self.unavailable}")
         with self._lock:
+            if trial:
+                if self._trial_server is None:
+                    self._trial_server = FilterServer(self._limits, MAX_TRIAL_WORKERS)
+                return self._trial_server
             if self._server is None:
                 self._server = FilterServer(self._limits, self._workers)
             return self._server
@@ -140,12 +163,27 @@ class ProgramRegistry:
         """Check ``source``, load it in the sandbox and run it on ``sample``; then it is the
         (group, topic)'s program, a version above the one it replaces."""
         checked = check_program(source)
-        server = self._filter_server()
+        self._filter_server(trial=True)  # UnsupportedError where programs cannot run
+        with self._lock:
+            if (group, topic) in self._registering:
+                raise BadRequestError(
+                    f"a filter program of {group!r} on {topic!r} is being registered; try again once it is",
+                    status=StatusCode.PRECONDITION_FAILED,
+                )
+            self._registering.add((group, topic))
+        try:
+            return self._register(group, topic, source, sample, checked.sha256)
+        finally:
+            with self._lock:
+                self._registering.discard((group, topic))
+
+    def _register(self, group: str, topic: str, source: str, sample: list[Row], sha256: str) -> Program:
         old = self._programs.get((group, topic))
         version = (old.version if old else 0) + 1
         if old is None and len(self._programs) >= MAX_PROGRAMS:
             raise BadRequestError(f"the broker holds {MAX_PROGRAMS} filter programs, its limit")
-        trial = ProgramKey(group, topic, -version)  # not the key reads use
+        trial = ProgramKey(group, topic, -next(self._trials))  # never a key reads use
+        server = self._filter_server(trial=True)
         try:
             verdict = server.evaluate(trial, source, sample) if sample else None
             if verdict is None:
@@ -161,13 +199,13 @@ class ProgramRegistry:
             server.forget(trial)
         if verdict is not None and verdict.errors:
             raise ProgramError(f"match failed on the sample message: {next(iter(verdict.errors.values()))}")
-        program = Program(group, topic, version, checked.sha256, source, int(time.time() * 1000))
+        program = Program(group, topic, version, sha256, source, int(time.time() * 1000))
         with self._lock:
             self._programs[(group, topic)] = program
             self._save_locked()
-        if old is not None:
-            server.forget(old.key)
-        _log.info("filter program of %s on %s: version %d (%s)", group, topic, version, checked.sha256[:12])
+        if old is not None and self._server is not None:
+            self._server.forget(old.key)
+        _log.info("filter program of %s on %s: version %d (%s)", group, topic, version, sha256[:12])
         return program
 
     def remove(self, group: str, topic: str) -> None:
@@ -187,7 +225,7 @@ class ProgramRegistry:
                 self._kept_share.pop((program.group, program.topic), None)
             pairs = {(p.group, p.topic) for p in gone}
             for queue in [q for q in self._left_over if (q[0], q[1]) in pairs]:
-                del self._left_over[queue]
+                self._drop_left_over(queue)
             self._save_locked()
         if self._server is not None:
             for program in gone:
@@ -196,7 +234,7 @@ class ProgramRegistry:
 
     def counters(self, program: Program) -> dict[str, int]:
         """What the program's workers did since the broker started (or the version was registered)."""
-        return self._server.counters(program.key).as_dict() if self._server else {}
+        return (self._server.counters(program.key) if self._server else Counters()).as_dict()
 
     def report(self, group: str, topic: str) -> dict[str, Any]:
         program = self._programs.get((group, topic))
@@ -235,7 +273,8 @@ class ProgramRegistry:
             return None
         if program.status != "active" or self.unavailable:
             return Filtered(b"", {}, held=True)
-        left = self._left_over.pop((group, topic, queue_id), None)
+        with self._lock:
+            left = self._drop_left_over((group, topic, queue_id))
         known = left[1] if left is not None and left[0] == program.version else {}
         todo = [r for r in records if r.queue_offset not in known]
         fresh: dict[int, int] = {}  # queue offset -> index in the worker's answer
@@ -247,7 +286,10 @@ class ProgramRegistry:
                     program.source,
                     [row_of(r, topic, queue_id) for r in todo],
                     budget_s=READ_BUDGET_S,
+                    current=lambda: self._programs.get((group, topic)) is program,
                 )
+            except ProgramForgotten:  # replaced or removed meanwhile: the next read uses what is in force
+                return Filtered(b"", {}, held=True)
             except ProgramSuspended as exc:
                 self._set_status(program, "suspended", str(exc))
                 return Filtered(b"", {}, held=True)
@@ -262,7 +304,7 @@ class ProgramRegistry:
             weight = len(verdict.codes) / (len(verdict.codes) + 256)
             self._kept_share[(group, topic)] = old + (share - old) * weight
             if not known:  # the usual read: the worker's answer, as it is
-                return Filtered(verdict.codes, verdict.errors)
+                return Filtered(verdict.codes, verdict.errors, version=program.version)
             fresh = {todo[i].queue_offset: i for i in range(len(verdict.codes))}
         codes = bytearray()
         errors: dict[int, str] = {}
@@ -277,16 +319,46 @@ class ProgramRegistry:
             if code == ERROR:
                 errors[len(codes)] = why
             codes.append(code)
-        return Filtered(bytes(codes), errors)
+        return Filtered(bytes(codes), errors, version=program.version)
 
-    def leave(self, group: str, topic: str, queue_id: int, verdicts: dict[int, tuple[int, str]]) -> None:
-        """Keep the verdicts a read got past its batch (by queue offset) for the queue's next read."""
+    def leave(
+        self, group: str, topic: str, queue_id: int, version: int, verdicts: dict[int, tuple[int, str]]
+    ) -> None:
+        """Keep the verdicts a read got past its batch (by queue offset) from the program's
+        ``version`` for the queue's next read (not when another version is in force by now)."""
         program = self._programs.get((group, topic))
-        if program is None:
+        if program is None or program.version != version:
             return
-        if len(self._left_over) >= MAX_LEFT_OVER:
-            self._left_over.pop(next(iter(self._left_over)), None)  # the oldest
-        self._left_over[(group, topic, queue_id)] = (program.version, verdicts)
+        verdicts = {o: (code, filter_error_text(why)) for o, (code, why) in verdicts.items()}
+        text = sum(len(why) for _code, why in verdicts.values())
+        queue = (group, topic, queue_id)
+        with self._lock:
+            self._drop_left_over(queue)
+            while self._left_over and (
+                len(self._left_over) >= MAX_LEFT_OVER or self._left_over_bytes + text > MAX_LEFT_OVER_TEXT
+            ):
+                self._drop_left_over(next(iter(self._left_over)))  # the oldest
+            self._left_over[queue] = (version, verdicts)
+            self._left_over_text[queue] = text
+            self._left_over_bytes += text
+
+    def dead_lettered(self, group: str, topic: str, queue_id: int, version: int) -> int:
+        """The queue offset below which ``version``'s failures on the queue were dead-lettered."""
+        mark = self._dead_lettered.get((group, topic, queue_id))
+        return mark[1] if mark is not None and mark[0] == version else 0
+
+    def note_dead_lettered(self, group: str, topic: str, queue_id: int, version: int, below: int) -> None:
+        queue = (group, topic, queue_id)
+        with self._lock:
+            self._dead_lettered.pop(queue, None)
+            if len(self._dead_lettered) >= MAX_LEFT_OVER:
+                self._dead_lettered.pop(next(iter(self._dead_lettered)))  # the oldest
+            self._dead_lettered[queue] = (version, max(below, self.dead_lettered(*queue, version)))
+
+    def _drop_left_over(self, queue: tuple[str, str, int]) -> tuple[int, dict[int, tuple[int, str]]] | None:
+        """With the lock held: forget (and return) the verdicts ``queue``'s last read left over."""
+        self._left_over_bytes -= self._left_over_text.pop(queue, 0)
+        return self._left_over.pop(queue, None)
 
     def _set_status(self, program: Program, status: Status, error: str) -> None:
         with self._lock:
@@ -301,8 +373,9 @@ class ProgramRegistry:
         write_json(self._path, [asdict(p) for p in self._programs.values()])
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._trial_server):
+            if server is not None:
+                server.close()
 
 
 def check_sample(raw: Any) -> Row:

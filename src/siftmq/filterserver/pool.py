@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -80,6 +80,11 @@ class ProgramLoadError(Exception):
 
 class ProgramSuspended(Exception):
     """The program killed its workers too often; it runs no more until replaced."""
+
+
+class ProgramForgotten(Exception):
+    """The program was replaced or removed while a read ran through it: the read stops (no new
+    worker is started for it)."""
 
 
 class WorkerDied(Exception):
@@ -244,13 +249,21 @@ class FilterServer:
             return self._counters.setdefault(key, Counters())
 
     def evaluate(
-        self, key: ProgramKey, source: str, rows: Sequence[Row], *, budget_s: float | None = None
+        self,
+        key: ProgramKey,
+        source: str,
+        rows: Sequence[Row],
+        *,
+        budget_s: float | None = None,
+        current: Callable[[], bool] | None = None,
     ) -> Verdict:
-        """Each message's outcome; with ``budget_s``, chunks stop being sent once that many seconds
-        have passed, and the verdict covers only the first rows (always at least one chunk's).
-        Raises :class:`ProgramSuspended`, :class:`ProgramLoadError` (the program's module code
-        failed), or :class:`WorkerDied` when no worker could be started (the batch may be tried
-        again later)."""
+        """Each message's outcome; with ``budget_s``, chunks and the halves of a bisection stop
+        being sent once that many seconds have passed, and the verdict covers only the first rows
+        (always at least one). ``current`` says whether the program is still the one in force: once
+        it is not, no slot or worker is made for it (its removal's :meth:`forget` may already have
+        run). Raises :class:`ProgramSuspended`, :class:`ProgramLoadError` (the program's module code
+        failed), :class:`ProgramForgotten`, or :class:`WorkerDied` when no worker could be started
+        (the batch may be tried again later)."""
         if not rows:
             return Verdict(b"", {})
         why = self._suspended.get(key)
@@ -269,12 +282,16 @@ class FilterServer:
             )
             chunk = list(rows[start : start + max(size, 1)])
             began = time.monotonic()
-            more_codes, more_errors = self._run(key, source, chunk, start, counters)
-            took = (time.monotonic() - began) / len(chunk)
+            more_codes, more_errors = self._run(
+                key, source, chunk, start, counters, stop_at=stop_at, current=current
+            )
+            took = (time.monotonic() - began) / len(more_codes)
             counters.seconds_per_message = took if pace <= 0 else (pace + took) / 2
             codes += more_codes
             errors.update(more_errors)
-            start += len(chunk)
+            start += len(more_codes)
+            if len(more_codes) < len(chunk):  # a bisection out of time
+                break
         with self._lock:
             counters.evaluated += len(codes)
             counters.matched += codes.count(wire.MATCH)
@@ -282,9 +299,19 @@ class FilterServer:
         return Verdict(codes, errors)
 
     def _run(
-        self, key: ProgramKey, source: str, rows: list[Row], first: int, counters: Counters
+        self,
+        key: ProgramKey,
+        source: str,
+        rows: list[Row],
+        first: int,
+        counters: Counters,
+        *,
+        stop_at: float | None,
+        current: Callable[[], bool] | None,
     ) -> tuple[bytes, dict[int, str]]:
-        slot = self._checkout(key)
+        """The outcomes of ``rows`` (the first of them only, when ``stop_at`` passes during a
+        bisection: at least one)."""
+        slot = self._checkout(key, current)
         try:
             worker = slot.worker
             if worker is None or not worker.alive or worker.spun_idle:
@@ -298,7 +325,8 @@ class FilterServer:
                     self._set(key, slot, None)
                     self._killed(key, WorkerDied(why), counters)
                 worker = self._start(key, source, counters)
-                self._set(key, slot, worker)
+                if not self._set(key, slot, worker):
+                    raise ProgramForgotten(f"{key} was replaced or removed")
             try:
                 result = worker.evaluate(rows)
                 return result.codes, {first + i: text for i, text in result.errors.items()}
@@ -310,8 +338,10 @@ class FilterServer:
         finally:
             slot.lock.release()
         half = len(rows) // 2  # bisect to the message that kills it; the others keep their results
-        left = self._run(key, source, rows[:half], first, counters)
-        right = self._run(key, source, rows[half:], first + half, counters)
+        left = self._run(key, source, rows[:half], first, counters, stop_at=stop_at, current=current)
+        if len(left[0]) < half or (stop_at is not None and time.monotonic() >= stop_at):
+            return left  # each kill costs a worker's start: the rest waits for the next read
+        right = self._run(key, source, rows[half:], first + half, counters, stop_at=stop_at, current=current)
         return left[0] + right[0], {**left[1], **right[1]}
 
     def _start(self, key: ProgramKey, source: str, counters: Counters) -> Worker:
@@ -351,14 +381,17 @@ class FilterServer:
             _log.error("filter program of %s on %s (v%d) %s", key.group, key.topic, key.version, why)
             raise ProgramSuspended(why)
 
-    def _checkout(self, key: ProgramKey) -> _Slot:
+    def _checkout(self, key: ProgramKey, current: Callable[[], bool] | None) -> _Slot:
         """A slot of the program, locked: an idle one; else a new one while there is room (idle
         workers of the least recently used other programs make room); else its first, once free;
         a program with none waits up to :data:`ROOM_WAIT_S` for room (``max_workers`` holds, trial
-        runs of new programs included), then :class:`WorkerDied` (the batch is tried again later)."""
+        runs of new programs included), then :class:`WorkerDied` (the batch is tried again later).
+        :class:`ProgramForgotten` when ``current`` says the program is no longer in force."""
         deadline = time.monotonic() + ROOM_WAIT_S
         with self._room:
             while True:
+                if current is not None and not current():
+                    raise ProgramForgotten(f"{key} was replaced or removed")
                 slots = self._workers.setdefault(key, [])
                 self._workers.move_to_end(key)
                 for slot in slots:
@@ -402,15 +435,16 @@ class FilterServer:
                     return True
         return False
 
-    def _set(self, key: ProgramKey, slot: _Slot, worker: Worker | None) -> None:
+    def _set(self, key: ProgramKey, slot: _Slot, worker: Worker | None) -> bool:
         """Put ``worker`` in ``slot``; a program forgotten meanwhile does not get its slot back
-        (its new worker is stopped)."""
+        (its new worker is stopped: False)."""
         with self._lock:
             if slot in self._workers.get(key, ()):
                 slot.worker = worker
-                return
+                return True
         if worker is not None:
             worker.kill()
+        return False
 
     def forget(self, key: ProgramKey) -> None:
         """A program replaced or removed: its workers go, its suspension and counters with it."""

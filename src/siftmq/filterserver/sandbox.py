@@ -1,8 +1,9 @@
 """The walls around a filter worker, raised in the worker itself before the program loads.
 
-In order: the worker dies with the broker (``PR_SET_PDEATHSIG``); every descriptor but its two
-pipes and ``/dev/null`` on 0-2 is closed; rlimits (address space, no file writes, no core dumps,
-no new descriptors); an unprivileged user when it runs as root; then a seccomp filter (libseccomp
+In order: every descriptor but its two pipes and ``/dev/null`` on 0-2 is closed; rlimits (address
+space, no file writes, no core dumps); an unprivileged user when it runs as root; the worker dies
+with the broker (``PR_SET_PDEATHSIG``, asked after the change of user: the kernel clears it at a
+change of credentials); no new descriptors; then a seccomp filter (libseccomp
 through ``pyseccomp``, which also sets ``no_new_privs``) that allows only :data:`ALLOWED_SYSCALLS`:
 what a running interpreter needs to compute, allocate memory, tell the time and use its pipes.
 Anything else — opening a file, a socket, exec, fork or clone (threads), kill, ptrace — fails with
@@ -58,10 +59,7 @@ def enter(*, keep_fds: tuple[int, ...], memory_bytes: int) -> None:
     may need and before running any of it."""
     import pyseccomp
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the broker gone: this worker goes too
-    if os.getppid() == 1:  # the broker died before the line above took effect
-        os._exit(1)
+    broker = os.getppid()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -78,6 +76,10 @@ def enter(*, keep_fds: tuple[int, ...], memory_bytes: int) -> None:
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
+    # the broker gone, this worker goes too; asked after the change of user, which clears it
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    if os.getppid() != broker:  # the broker died before that took effect
+        os._exit(1)
     highest = max(keep_fds) + 1
     resource.setrlimit(resource.RLIMIT_NOFILE, (highest, highest))
     syscalls = pyseccomp.SyscallFilter(defaction=pyseccomp.ERRNO(errno.EPERM))
