@@ -103,6 +103,8 @@ def test_a_file_value_is_checked_even_when_an_option_replaces_it(tmp_path: Path)
         ("retention_hours = -1", "retention_hours must be positive, not -1"),
         ('allow_anonymous = "false"', "allow_anonymous must be true or false, not 'false'"),
         ('retry_backoff_s = "abc"', "retry_backoff_s must be a list of numbers, not 'abc'"),
+        # before: named a key that does not exist (max_message_size), exited 1, made the data dir
+        ("max_body_size = 2000000000", "max_body_size 2000000000 needs commit_log_segment_size of at least"),
     ],
 )
 def test_siftmq_broker_with_a_bad_config_exits_with_the_message(tmp_path: Path, text: str, why: str) -> None:

@@ -116,9 +116,12 @@ def test_siftmq_client_signs_its_calls(start_broker: Any, tmp_path: Path) -> Non
     assert broker.stop() == 0
 
 
-def test_protected_mode_refuses_a_public_address_without_authentication(start_broker: Any) -> None:
+def test_protected_mode_refuses_a_public_address_without_authentication(
+    start_broker: Any, tmp_path: Path
+) -> None:
     with pytest.raises(RuntimeError, match="protected mode"):
         start_broker("refused", listen="0.0.0.0:0")
+    assert not [p for p in (tmp_path / "refused").rglob("*") if p.is_file()]  # the refusal wrote nothing
     broker = start_broker("open", listen="0.0.0.0:0", config={"allow_anonymous": True})
     assert "--allow-anonymous" in broker.log() and "anyone who can reach the port" in broker.log()
     health = httpx.get(f"{broker.admin_url}/healthz", timeout=10).json()

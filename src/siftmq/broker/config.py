@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from siftmq.errors import ConfigError
+from siftmq.store.config import smallest_segment
 
 MIB = 1024 * 1024
 
@@ -176,6 +177,12 @@ class BrokerConfig:
             raise ConfigError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
         if self.authorization_enabled and not self.authentication_enabled:
             raise ConfigError("authorization_enabled needs authentication_enabled (who is asking?)")
+        if self.commit_log_segment_size < smallest_segment(self.max_body_size):
+            raise ConfigError(
+                f"max_body_size {self.max_body_size} needs commit_log_segment_size of at least "
+                f"{smallest_segment(self.max_body_size)} (a record adds headers and properties), not "
+                f"{self.commit_log_segment_size}: lower max_body_size or raise commit_log_segment_size"
+            )
         if self.default_queue_nums > self.max_queue_nums:
             raise ConfigError("default_queue_nums must not exceed max_queue_nums")
         if not 0 < self.min_invisible_time_s <= self.default_invisible_time_s <= self.max_invisible_time_s:

@@ -29,7 +29,7 @@ def broker(  # noqa: PLR0917 - typer maps each parameter to an option
         int | None,
         typer.Option(
             "--workers",
-            help="gRPC front-end processes in front of the core process [one per core; 1 = one process].",
+            help="gRPC front-end processes before the core process (default: one per core; 1 = one process).",
         ),
     ] = None,
     allow_anonymous: Annotated[

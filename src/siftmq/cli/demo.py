@@ -59,7 +59,7 @@ def consistency() -> None:
 def trade(
     count: Annotated[int, typer.Option("--count", min=1, max=1_000_000, help="Messages to send.")] = 3000,
     endpoint: Annotated[
-        str | None, typer.Option("--endpoint", help="host:port of a running broker [an embedded one].")
+        str | None, typer.Option("--endpoint", help="host:port of a running broker (default: embedded).")
     ] = None,
 ) -> None:
     """Seed 002: Trade_Topic with order, payment and logistics messages and its downstream systems."""

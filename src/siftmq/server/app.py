@@ -188,6 +188,19 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
     send_threads = config.send_threads or (1 if config.flush == "async" else RPC_THREADS)
     sends = ThreadPoolExecutor(send_threads, thread_name_prefix="siftmq-send")
     program_reads = ThreadPoolExecutor(max(1, config.filter_server_nums), thread_name_prefix="siftmq-program")
+    # what refuses the start is checked before the store is opened: a refused start writes nothing
+    host, listen_port = parse_listen(config.listen)
+    warnings = _check_protected_mode(config, host)
+    credentials = _tls_credentials(config)  # unreadable files refuse the start either way
+    gate = None
+    if config.authentication_enabled:
+        gate = auth.Gate.load(
+            auth.auth_file(config.data_dir / "config", config.auth_file),
+            authenticate=True,
+            authorize=config.authorization_enabled,
+            skew_s=config.auth_clock_skew_s,
+            local_time=config.auth_local_time_stamps,
+        )
     broker = Broker(config)
     broker.start()
     try:
@@ -196,22 +209,10 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
         # one bound both ways: the largest message, or the largest pull answer, plus room for the rest
         frame_limit = max(config.max_body_size, config.max_pull_bytes) + FRAME_OVERHEAD
         service = MessagingService(broker, notifier, reads, sends, program_reads)
-        gate = None
-        if config.authentication_enabled:
-            gate = auth.Gate.load(
-                auth.auth_file(config.data_dir / "config", config.auth_file),
-                authenticate=True,
-                authorize=config.authorization_enabled,
-                skew_s=config.auth_clock_skew_s,
-                local_time=config.auth_local_time_stamps,
-            )
-            if config.auto_create_topics:  # a call on a topic that does not exist creates it
-                gate.missing_topic = lambda name: broker.topics.get(name) is None
+        if gate is not None and config.auto_create_topics:  # a call on a topic that does not exist creates it
+            gate.missing_topic = lambda name: broker.topics.get(name) is None
         signals.gate = gate
         table = behaviours(service, batch_extension=config.batch_extension, gate=gate)
-        host, listen_port = parse_listen(config.listen)
-        warnings = _check_protected_mode(config, host)
-        credentials = _tls_credentials(config)  # unreadable files refuse the start either way
         edge: _InProcessEdge | FrontEnds
         if config.workers > 1:
             edge = FrontEnds(config, config.workers, behaviour_table(table), frame_limit, gate)

@@ -64,7 +64,7 @@ class StoreConfig:
             raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
         if self.max_message_size < 1:
             raise ConfigError("max_message_size must be positive")
-        if self.commit_log_segment_size < self.max_record_size + codec.BLANK_MARKER_SIZE:
+        if self.commit_log_segment_size < smallest_segment(self.max_message_size):
             raise ConfigError(
                 f"commit_log_segment_size {self.commit_log_segment_size} cannot hold a record of "
                 f"{self.max_record_size} bytes (max_message_size plus headers)"
@@ -93,11 +93,14 @@ class StoreConfig:
     @property
     def max_record_size(self) -> int:
         """The largest CommitLog record a message within the limits can produce."""
-        return (
-            codec.HEADER_SIZE
-            + self.max_message_size
-            + 1
-            + codec.MAX_TOPIC_LENGTH
-            + 2
-            + codec.MAX_PROPERTIES_LENGTH
-        )
+        return max_record_size(self.max_message_size)
+
+
+def max_record_size(max_message_size: int) -> int:
+    """The largest CommitLog record a body of ``max_message_size`` bytes can produce."""
+    return codec.HEADER_SIZE + max_message_size + 1 + codec.MAX_TOPIC_LENGTH + 2 + codec.MAX_PROPERTIES_LENGTH
+
+
+def smallest_segment(max_message_size: int) -> int:
+    """The smallest ``commit_log_segment_size`` that holds such a record and its blank marker."""
+    return max_record_size(max_message_size) + codec.BLANK_MARKER_SIZE
