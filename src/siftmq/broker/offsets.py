@@ -22,6 +22,9 @@ class OffsetTable:
     def __init__(self, config_dir: Path) -> None:
         self._path = config_dir / "consumer_offsets.json"
         self._lock = threading.Lock()
+        # one save at a time: two writers of the file share its temporary name (one failed with
+        # FileNotFoundError), and the slower could put an older snapshot last
+        self._saving = threading.Lock()
         self._offsets: dict[OffsetKey, int] = {}
         self._dirty = False
         for key, offset in read_json(self._path, {}, strict=True).items():
@@ -56,11 +59,12 @@ class OffsetTable:
         return self._dirty
 
     def save(self) -> None:
-        with self._lock:
-            snapshot = {f"{g}\t{t}\t{q}": o for (g, t, q), o in self._offsets.items()}
-            self._dirty = False
-        try:
-            write_json(self._path, snapshot)
-        except OSError:
-            self._dirty = True
-            raise
+        with self._saving:
+            with self._lock:
+                snapshot = {f"{g}\t{t}\t{q}": o for (g, t, q), o in self._offsets.items()}
+                self._dirty = False
+            try:
+                write_json(self._path, snapshot)
+            except OSError:
+                self._dirty = True
+                raise
