@@ -42,6 +42,7 @@ Each layer raises its own errors; the edges translate them (``raise X from exc``
 from __future__ import annotations
 
 import enum
+import errno
 from typing import ClassVar
 
 
@@ -223,7 +224,8 @@ class MessageTooLargeError(StoreError):
 
 class DiskFullError(StoreError):
     """The disk holding the store is past its high-water mark or reserve: appends are refused
-    until it is below again (nothing stored is deleted to make room)."""
+    until it is below again (nothing stored is deleted to make room, unless the operator's
+    ``disk_full_policy`` says so)."""
 
     code = "DISK_FULL"
     retriable = True
@@ -435,3 +437,25 @@ def _caret_message(description: str, text: str, start: int, end: int) -> str:
     caret = " " * (len(prefix) + rel_start) + "^" * max(1, rel_end - rel_start)
     where = f"line {line}, column {col}"
     return f"{description} at {where}:\n  {prefix}{shown}\n  {caret}"
+
+
+def caused_by_full_disk(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, is the OS saying the disk (or the quota)
+    is full: the documented, retriable :class:`DiskFullError`, not an internal error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def as_store_error(exc: BaseException) -> StoreError:
+    """``exc`` as a :class:`StoreError` that keeps it as its cause (a full disk stays one)."""
+    if isinstance(exc, StoreError):
+        return exc
+    wrapped = StoreError(str(exc))
+    wrapped.__cause__ = exc
+    return wrapped

@@ -85,3 +85,109 @@ def test_a_full_disk_refuses_sends_and_loses_nothing(start_broker: Any, small_di
     log = broker.log()
     assert "Traceback" not in log and "Errno" not in log
     assert broker.stop() == 0
+
+
+def _fill_but(directory: Path, left: int) -> Path:
+    """A file that takes all but ``left`` bytes of what the file system has free."""
+    ballast = directory / "everything"
+    stat = os.statvfs(directory)
+    fd = os.open(ballast, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, stat.f_bavail * stat.f_frsize - left)
+    finally:
+        os.close(fd)
+    return ballast
+
+
+def _patch(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    import httpx
+
+    answer = httpx.patch(url, json=body, timeout=10)
+    return answer.status_code, answer.json()
+
+
+def test_when_the_os_itself_says_the_disk_is_full(start_broker: Any, small_disk: Path) -> None:
+    """With the broker's own guard off (high water 100 %, no reserve), the OS's ENOSPC reaches the
+    index, the state files and a topic change. Before: every receive failed INTERNAL_ERROR with
+    OS text while the index could not be written; sends got a non-retriable error; a topic grown
+    while full was in force though its answer was an error, and its new queues' acknowledged
+    messages were not served after a restart."""
+    import httpx
+
+    broker = start_broker(
+        "disk/data",
+        config={
+            "commit_log_segment_size": 8 * 1024 * 1024,
+            "disk_high_water_ratio": 1.0,
+            "disk_reserve_bytes": 0,
+        },
+    )
+    asyncio.run(_send_n(broker.endpoint, 8))
+    assert len(asyncio.run(drain(broker.endpoint, "g", TOPIC))) == 8
+    time.sleep(1.2)  # the group's progress is on disk
+    ballast = _fill_but(small_disk, 8192)  # below the guard's 100 %: the OS refuses first
+
+    # the commit log's segment is allocated ahead; the queues' index files and the state files
+    # need pages the disk no longer has
+    acked, refusals = asyncio.run(_send_batches(broker.endpoint, 400))
+    assert acked and refusals
+    assert all(r.is_retriable and "Errno" not in str(r) for r in refusals), refusals[-1]
+    reading = asyncio.run(drain(broker.endpoint, "g", TOPIC))  # reads go on
+    assert len(reading) > 0
+
+    topic_url = f"{broker.admin_url}/topics/{TOPIC}"
+    code, answer = _patch(topic_url, {"queue_nums": 16})
+    assert code == 507 and answer["error"] == "DISK_FULL", answer
+    assert len(httpx.get(topic_url, timeout=10).json()["queues"]) == 8  # not in force
+
+    ballast.unlink()
+    after = asyncio.run(_send_once_there_is_room(broker.endpoint, 10))
+    fresh = [m.message_id for m in asyncio.run(drain(broker.endpoint, "fresh", TOPIC))]
+    assert set(acked) | {after} <= set(fresh) and len(fresh) == 8 + len(acked) + 1
+    assert {m.message_id for m in reading} <= set(acked)
+    log = broker.log()
+    assert "Traceback" not in log.split("ready on", 1)[1], log[-3000:]
+    assert broker.stop() == 0
+
+
+async def _send_n(endpoint: str, count: int) -> None:
+    async with Producer(endpoint) as producer:
+        await producer.send_many([producer.message(TOPIC, b"x" * 1024) for _ in range(count)])
+
+
+async def _send_batches(endpoint: str, count: int) -> tuple[list[str], list[RemoteError]]:
+    """``count`` batches of 16, each on its own: the ids acknowledged and the refusals."""
+    acked: list[str] = []
+    refusals: list[RemoteError] = []
+    async with Producer(endpoint, max_attempts=1) as producer:
+        for _ in range(count):
+            try:
+                receipts = await producer.send_many([producer.message(TOPIC, b"y" * 100) for _ in range(16)])
+                acked += [r.message_id for r in receipts]
+            except RemoteError as exc:
+                refusals.append(exc)
+    return acked, refusals
+
+
+def test_a_store_stopped_cleanly_opens_on_a_full_disk(small_disk: Path) -> None:
+    """Before, every open wrote its note of handed-out queue offsets, so a broker could not start
+    on a full disk to serve what it holds; now the note is written only when recovery changes a
+    queue."""
+    from siftmq.errors import DiskFullError
+    from siftmq.store import MessageStore
+    from store_helpers import msg, small_config
+
+    cfg = small_config(small_disk / "store", disk_reserve_bytes=0, disk_high_water_ratio=1.0)
+    with MessageStore.open(cfg) as store:
+        for i in range(20):
+            store.put_message(msg(body=b"m%d" % i))
+    ballast = _fill_but(small_disk, 0)
+    try:
+        with MessageStore.open(cfg) as store:
+            first = store.get_messages("g", "T", 0, 0, 32)
+            rest = store.get_messages("g", "T", 0, first.next_begin_offset, 32)
+            assert [m.body for m in [*first.messages, *rest.messages]] == [b"m%d" % i for i in range(20)]
+            with pytest.raises(DiskFullError):
+                store.put_message(msg(body=b"no room"))
+    finally:
+        ballast.unlink()

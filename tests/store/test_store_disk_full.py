@@ -105,3 +105,20 @@ def test_a_full_disk_met_by_the_commit_logs_own_write_is_a_disk_full_error(
         with pytest.raises(DiskFullError) as exc:
             store.put_messages(batch)
         assert "no room for the message" in exc.value.message and "Errno" not in exc.value.message
+
+
+@pytest.mark.parametrize(
+    ("policy", "says"),
+    [("refuse", "nothing stored is deleted"), ("delete_oldest", "the oldest segments are deleted")],
+)
+def test_a_refusal_says_what_the_disk_policy_does_meanwhile(tmp_path: Path, policy: str, says: str) -> None:
+    """Before, a broker deleting its oldest segments to make room said that nothing was deleted."""
+    disk = FakeDisk()
+    store = MessageStore.open(small_config(tmp_path / "data", disk_full_policy=policy), disk_usage=disk)
+    try:
+        disk.used = 0.95
+        store.disk.state(fresh=True)
+        with pytest.raises(DiskFullError, match=says):
+            store.put_message(msg(body=b"x"))
+    finally:
+        store.close()

@@ -225,8 +225,8 @@ def test_failed_dispatch_is_retried_and_reported(idle_store: MessageStore) -> No
     store = idle_store
     _fail_dispatch_once(store)
     store.put_messages([msg(body=b"1"), msg(body=b"2")])
-    with pytest.raises(StoreError, match="consume queue"):
-        store.get_messages("g", "T", 0, 0, 32)
+    # a full disk: the read serves what is indexed (nothing yet) rather than fail
+    assert store.get_messages("g", "T", 0, 0, 32).messages == []
     # nothing was lost or indexed twice: the next read dispatches the same records once
     assert _bodies(store, "T", 0) == [b"1", b"2"]
     assert store.get_max_offset_in_queue("T", 0) == 2

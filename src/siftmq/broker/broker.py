@@ -33,6 +33,7 @@ from siftmq.broker.receive import Receiving
 from siftmq.broker.reports import Reporting
 from siftmq.broker.stats import BrokerStats
 from siftmq.broker.topics import TopicManager
+from siftmq.errors import caused_by_full_disk
 from siftmq.filter import BloomFilter
 from siftmq.filterserver.pool import Limits
 from siftmq.store import (
@@ -49,6 +50,7 @@ SAVE_SPACING: Final = 20
 #: queue locks, must not put the next one off for minutes: older progress after a crash means
 #: more deliveries again). Removed progress is written at the next pass whatever the spacing.
 MAX_SAVE_GAP_S: Final = 5.0
+HOUSEKEEPING_LOG_GAP_S: Final = 60.0  # a housekeeping step that keeps failing is logged this often
 
 
 class Broker(Inspecting, Receiving, Pulling, Reporting):
@@ -164,28 +166,35 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
         last_sweep = 0.0
         last_retention = time.monotonic()
         next_save = 0.0
+        logged: dict[str, float] = {}  # each failing step's last log line
+
+        def save_consumers() -> None:
+            nonlocal next_save
+            consumers = self.consumers
+            if consumers.dirty and (time.monotonic() >= next_save or consumers.urgent):
+                started = time.monotonic()
+                consumers.save()
+                next_save = started + min(SAVE_SPACING * (time.monotonic() - started), MAX_SAVE_GAP_S)
+
+        def sweep() -> None:
+            self.clients.expire()
+            for group in self.clients.live_groups():
+                self.filters.touch_group(group)
+            self.filters.expire()
+            self.client_states.sweep()
+
         while not self._stop.wait(flush_s):
-            try:
-                consumers = self.consumers
-                if consumers.dirty and (time.monotonic() >= next_save or consumers.urgent):
-                    started = time.monotonic()
-                    consumers.save()
-                    took = time.monotonic() - started
-                    next_save = started + min(SAVE_SPACING * took, MAX_SAVE_GAP_S)
-                if self.offsets.dirty:
-                    self.offsets.save()
-                if time.monotonic() - last_sweep >= 10:
-                    last_sweep = time.monotonic()
-                    self.clients.expire()
-                    for group in self.clients.live_groups():
-                        self.filters.touch_group(group)
-                    self.filters.expire()
-                    self.client_states.sweep()
-                if time.monotonic() - last_retention >= self.config.retention_check_interval_s:
-                    last_retention = time.monotonic()
-                    self.apply_retention()
-            except Exception:
-                _log.exception("broker housekeeping failed; retrying")
+            # each step on its own, retention first: a state file that cannot be written (a full
+            # disk) must not stop the retention that would make room
+            if time.monotonic() - last_retention >= self.config.retention_check_interval_s:
+                last_retention = time.monotonic()
+                _step("retention", self.apply_retention, logged)
+            _step("saving consumer progress", save_consumers, logged)
+            if self.offsets.dirty:
+                _step("saving pull offsets", self.offsets.save, logged)
+            if time.monotonic() - last_sweep >= 10:
+                last_sweep = time.monotonic()
+                _step("expiring clients", sweep, logged)
 
     def apply_retention(self) -> None:
         """Delete CommitLog segments past ``retention_hours`` (and, under ``disk_full_policy =
@@ -226,3 +235,23 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
             if past > first:
                 lost[group] = lost.get(group, 0) + past - first
         return lost
+
+
+def _step(name: str, run: Callable[[], None], logged: dict[str, float]) -> None:
+    """Run one housekeeping step; a failure is logged when it starts and then once a minute at
+    most while it goes on (a full disk fails every pass), and the next pass tries again."""
+    try:
+        run()
+    except Exception as exc:
+        now = time.monotonic()
+        if now - logged.get(name, -HOUSEKEEPING_LOG_GAP_S) >= HOUSEKEEPING_LOG_GAP_S:
+            logged[name] = now
+            _log.error(
+                "broker housekeeping: %s failed; retrying: %s",
+                name,
+                exc,
+                exc_info=not caused_by_full_disk(exc),
+            )
+    else:
+        if logged.pop(name, None) is not None:
+            _log.info("broker housekeeping: %s works again", name)

@@ -117,8 +117,7 @@ class TopicManager:
                     status=StatusCode.PRECONDITION_FAILED,
                 )
             topic = TopicConfig(name, queue_nums, perm)
-            self._topics[name] = topic
-            self._save_locked()
+            self._put_locked(name, topic)
             return topic
 
     def update(self, name: str, *, queue_nums: int | None = None, perm: int | None = None) -> TopicConfig:
@@ -135,16 +134,33 @@ class TopicManager:
             if perm is not None and not 0 <= perm <= 7:
                 raise BadRequestError(f"perm must be RocketMQ permission bits 0..7, not {perm}")
             topic = TopicConfig(name, queue_nums or found.queue_nums, found.perm if perm is None else perm)
-            self._topics[name] = topic
-            self._save_locked()
+            self._put_locked(name, topic)
             return topic
 
     def delete(self, name: str) -> None:
         """Forget a topic (its stored messages go with CommitLog retention)."""
         with self._lock:
-            if self._topics.pop(name, None) is None:
+            if name not in self._topics:
                 raise NotFoundError(f"topic {name!r} does not exist", status=StatusCode.TOPIC_NOT_FOUND)
+            self._put_locked(name, None)
+
+    def _put_locked(self, name: str, topic: TopicConfig | None) -> None:
+        """Set (None: remove) one topic and write the table. A change the file did not take (a full
+        disk) is taken back: in force but not on disk, a grown topic's new queues took messages that
+        a restart no longer served."""
+        before = self._topics.get(name)
+        if topic is None:
+            del self._topics[name]
+        else:
+            self._topics[name] = topic
+        try:
             self._save_locked()
+        except BaseException:
+            if before is None:
+                self._topics.pop(name, None)
+            else:
+                self._topics[name] = before
+            raise
 
     def _save_locked(self) -> None:
         write_json(

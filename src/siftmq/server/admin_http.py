@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal
 
@@ -29,7 +30,15 @@ from siftmq.broker.inspect import message_view
 from siftmq.broker.model import Subscription
 from siftmq.broker.topics import PERM_READ_WRITE
 from siftmq.console import CONSOLE_PATHS, console_router
-from siftmq.errors import BadRequestError, BrokerError, FilterError, NotFoundError, SiftError, StatusCode
+from siftmq.errors import (
+    BadRequestError,
+    BrokerError,
+    FilterError,
+    NotFoundError,
+    SiftError,
+    StatusCode,
+    caused_by_full_disk,
+)
 from siftmq.server.admin_auth import (
     OPEN_PATHS,
     LoginThrottle,
@@ -42,6 +51,8 @@ from siftmq.server.admin_auth import (
 from siftmq.server.admin_inspect import History, inspect_router, may_get_topic
 from siftmq.server.admin_users import users_router
 from siftmq.server.auth import Gate
+
+_log = logging.getLogger(__name__)
 
 _HTTP_STATUS = {"PRECONDITION_FAILED": 409, "UNSUPPORTED": 501, "TOO_MANY_REQUESTS": 429}
 
@@ -217,6 +228,15 @@ def create_app(
         else:
             code, http = exc.code, 500
         return JSONResponse({"error": code, "message": exc.message}, status_code=http)
+
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError) -> JSONResponse:
+        if caused_by_full_disk(exc):  # a state file the change writes; nothing of it is in force
+            _log.warning("%s %s failed: the disk is full (%s)", request.method, request.url.path, exc)
+            message = "the broker's disk is full: the change could not be written; retry once there is room"
+            return JSONResponse({"error": "DISK_FULL", "message": message}, status_code=507)
+        _log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"error": "INTERNAL_ERROR", "message": "internal error; see the broker log"}, 500)
 
     # ----------------------------------------------------------------------------------- topics
 

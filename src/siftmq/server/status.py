@@ -14,6 +14,7 @@ from siftmq.errors import (
     SiftError,
     StatusCode,
     StoreClosedError,
+    caused_by_full_disk,
 )
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 
@@ -52,6 +53,12 @@ def status_of(exc: BaseException, *, call: str) -> pb.Status:
         return status(StatusCode.MESSAGE_BODY_TOO_LARGE, exc.message)
     if isinstance(exc, DiskFullError):
         return status(StatusCode.INTERNAL_SERVER_ERROR, exc.message)
+    if caused_by_full_disk(exc):  # a state file the call writes (groups, topics, offsets)
+        _log.warning("%s failed: the disk is full (%s)", call, exc)
+        return status(
+            StatusCode.INTERNAL_SERVER_ERROR,
+            f"the broker's disk is full: {call} could not write its state; retry once there is room",
+        )
     if isinstance(exc, StoreClosedError):
         return status(
             StatusCode.INTERNAL_SERVER_ERROR, "the broker is shutting down; retry on another broker"

@@ -13,7 +13,7 @@ array with big-endian fields, so filters can scan them at memory speed.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -229,8 +229,11 @@ class ConsumeQueue:
             end = first
         return end
 
-    def truncate_dirty(self, commit_log_max_offset: int) -> None:
-        """Drop tail entries that point at or beyond ``commit_log_max_offset`` (not in the log)."""
+    def truncate_dirty(
+        self, commit_log_max_offset: int, *, before_cut: Callable[[], None] | None = None
+    ) -> None:
+        """Drop tail entries that point at or beyond ``commit_log_max_offset`` (not in the log);
+        ``before_cut`` runs before any is dropped."""
         while self.max_offset > self.min_offset:
             first = max(self.min_offset, self.max_offset - 1024)
             data = self.log.read(first, self.max_offset - first, within_segment=False)
@@ -245,6 +248,8 @@ class ConsumeQueue:
             if not bad.any():
                 break
             first_bad = int(np.flatnonzero(bad)[0])
+            if before_cut is not None:
+                before_cut()
             self.truncate(first + first_bad)
             if first_bad > 0:
                 break

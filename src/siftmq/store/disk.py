@@ -41,6 +41,7 @@ class DiskState:
     free_bytes: int
     high_water_ratio: float
     reserve_bytes: int
+    deletes_oldest: bool = False  # disk_full_policy = "delete_oldest"
 
     @property
     def full(self) -> bool:
@@ -53,10 +54,15 @@ class DiskState:
         else:
             free, reserve = self.free_bytes / MIB, self.reserve_bytes / MIB
             why = f"has {free:.1f} MiB free, less than the reserve of {reserve:.0f} MiB"
-        return (
-            f"the disk holding {self.path} {why}: new messages are refused until it is below "
-            "(reads and acks go on; nothing stored is deleted to make room)"
-        )
+        refused = "new messages are refused until it is below"
+        return f"the disk holding {self.path} {why}: {refused} {self.meanwhile}"
+
+    @property
+    def meanwhile(self) -> str:
+        """What goes on while appends are refused (what the operator's policy does about it)."""
+        if self.deletes_oldest:
+            return "(reads and acks go on; the oldest segments are deleted to make room: delete_oldest)"
+        return "(reads and acks go on; nothing stored is deleted to make room)"
 
 
 class DiskGuard:
@@ -68,11 +74,13 @@ class DiskGuard:
         *,
         high_water_ratio: float,
         reserve_bytes: int,
+        deletes_oldest: bool = False,
         usage: Callable[[str], DiskUsage] | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.high_water_ratio = high_water_ratio
         self.reserve_bytes = reserve_bytes
+        self.deletes_oldest = deletes_oldest
         self._usage = usage or _disk_usage
         self._checked_at = -1.0
         self._state: DiskState | None = None
@@ -87,6 +95,7 @@ class DiskGuard:
                 u.free,
                 self.high_water_ratio,
                 self.reserve_bytes,
+                self.deletes_oldest,
             )
             self._checked_at = now
         return self._state
@@ -104,7 +113,7 @@ class DiskGuard:
             return DiskFullError(state.refusal())
         return DiskFullError(
             f"the disk holding {self.path} had no room for the message: new messages are refused "
-            "until there is (reads and acks go on; nothing stored is deleted to make room)"
+            f"until there is {state.meanwhile}"
         )
 
 

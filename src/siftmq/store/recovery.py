@@ -114,7 +114,8 @@ def recover(
     checkpoint after a clean stop, only the last segment is). ``key_index_max_messages``: the
     key index is trimmed to it as the scan fills it (0: not trimmed here).
     """
-    handed_out = _handed_out(commit_log, queues)
+    note = _TakenNote(commit_log, queues)
+    handed_out = note.taken
     cl_min = commit_log.min_offset
     redispatch_from = commit_log.max_offset
     if abnormal:
@@ -167,12 +168,17 @@ def recover(
     elif abnormal and commit_log.scan_end != commit_log.max_offset:
         _log.warning("commit log recovery: truncating at %d", commit_log.scan_end)
     if scan_from < commit_log.max_offset or commit_log.scan_end != commit_log.max_offset:
+        if commit_log.scan_end != commit_log.max_offset:
+            note.ensure()  # records are cut: their queue offsets stay taken
         commit_log.truncate(commit_log.scan_end)
 
     if not rebuild:
-        rebuild = not _reconcile(commit_log, queues, last_of_queue, scan_from, damaged)
+        rebuild = not _reconcile(
+            commit_log, queues, last_of_queue, scan_from, damaged, before_cut=note.ensure
+        )
     if rebuild:
         _log.error("consume queues disagree with the commit log; rebuilding them all from the commit log")
+        note.ensure()
         _rebuild_all(commit_log, queues, reput)
     for key in sorted(handed_out.keys() - queues.keys()):
         try:
@@ -186,7 +192,7 @@ def recover(
     commit_log.queue_offsets = {key: cq.max_offset for key, cq in queues.items()}
     for cq in queues.values():  # the fillers are on disk before the note of what they keep goes
         cq.flush()
-    _taken_file(commit_log).unlink(missing_ok=True)
+    note.remove()
     return latest
 
 
@@ -194,25 +200,36 @@ def _taken_file(commit_log: CommitLog) -> Path:
     return commit_log.directory.parent / TAKEN_FILE
 
 
-def _handed_out(
-    commit_log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue]
-) -> dict[tuple[str, int], int]:
-    """The queue offsets each queue had handed out, noted durably before recovery changes any
-    queue: a recovery cut short (a kill while it rebuilt the queues, or between cutting a queue
-    and filling it) finds its note at the next start and keeps them taken all the same."""
-    path = _taken_file(commit_log)
-    taken = {key: cq.written_max_offset() for key, cq in queues.items()}
-    try:
-        noted = [(str(t), int(q), int(o)) for t, q, o in json.loads(path.read_bytes()) if int(q) >= 0]
-    except FileNotFoundError:
-        noted = []
-    except (ValueError, TypeError) as exc:  # written whole or not at all: only damage gets here
-        _log.error("ignoring the damaged %s: %s", path, exc)
-        noted = []
-    for topic, queue_id, offset in noted:  # (a queue a rebuild cut short had destroyed has no files)
-        taken[(topic, queue_id)] = max(offset, taken.get((topic, queue_id), 0))
-    write_atomically(path, json.dumps([[t, q, o] for (t, q), o in sorted(taken.items())]).encode())
-    return taken
+class _TakenNote:
+    """The queue offsets each queue had handed out (``taken``), noted durably before recovery's
+    first change that could lose one (a record or a queue entry cut, the queues rebuilt): a
+    recovery cut short at any point after finds the note at the next start and keeps them taken
+    all the same. A start that changes nothing writes nothing (it can start on a full disk)."""
+
+    def __init__(self, commit_log: CommitLog, queues: dict[tuple[str, int], ConsumeQueue]) -> None:
+        self.path = _taken_file(commit_log)
+        self.taken = {key: cq.written_max_offset() for key, cq in queues.items()}
+        try:
+            noted = [
+                (str(t), int(q), int(o)) for t, q, o in json.loads(self.path.read_bytes()) if int(q) >= 0
+            ]
+        except FileNotFoundError:
+            noted = []
+        except (ValueError, TypeError) as exc:  # written whole or not at all: only damage gets here
+            _log.error("ignoring the damaged %s: %s", self.path, exc)
+            noted = []
+        for topic, queue_id, offset in noted:  # (a queue a rebuild cut short had destroyed has no files)
+            self.taken[(topic, queue_id)] = max(offset, self.taken.get((topic, queue_id), 0))
+        self._written = False
+
+    def ensure(self) -> None:
+        if not self._written:
+            note = json.dumps([[t, q, o] for (t, q), o in sorted(self.taken.items())]).encode()
+            write_atomically(self.path, note)
+            self._written = True
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def _redispatch(
@@ -248,11 +265,14 @@ def _reconcile(
     last_of_queue: dict[tuple[str, int], DispatchRequest],
     scan_from: int,
     damaged: list[DamagedRange],
+    *,
+    before_cut: Callable[[], None],
 ) -> bool:
     """Cut each queue after its last surviving record, keeping the entries of damaged records
-    there (reads pass over them; their queue offsets stay taken); False if a queue misses entries."""
+    there (reads pass over them; their queue offsets stay taken); False if a queue misses entries.
+    ``before_cut`` runs before the first entry is cut."""
     for key, cq in queues.items():
-        cq.truncate_dirty(commit_log.max_offset)
+        cq.truncate_dirty(commit_log.max_offset, before_cut=before_cut)
         last = last_of_queue.get(key)
         if last is None:
             cq.correct_min_offset(commit_log.min_offset)
@@ -263,6 +283,7 @@ def _reconcile(
         q = last.consume_queue_offset
         keep = _past_damage(cq, q + 1, damaged, fillers_too=True)
         if cq.max_offset > keep:
+            before_cut()
             cq.truncate(keep)
         entry = cq.get_entry(q)
         if entry is None or entry[0] != last.commit_log_offset or entry[1] != last.msg_size:

@@ -232,8 +232,12 @@ class Segment:
     def flush(self) -> None:
         """fdatasync the file if it was written since the last flush."""
         if self.dirty:
-            self.dirty = False
-            os.fdatasync(self.fd)
+            self.dirty = False  # cleared first: a write during the sync sets it again
+            try:
+                os.fdatasync(self.fd)
+            except BaseException:
+                self.dirty = True  # the next flush syncs it again (it did not count as done)
+                raise
 
     def truncate(self, length: int) -> None:
         """Cut the file to ``length`` bytes and make it durable (nobody may read it meanwhile).

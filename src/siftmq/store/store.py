@@ -40,7 +40,6 @@ Threads and guarantees:
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -53,7 +52,7 @@ from types import TracebackType
 from typing import Final, cast
 
 from siftmq.durable import fsync_dir
-from siftmq.errors import StoreClosedError, StoreError, StoreLockedError
+from siftmq.errors import StoreClosedError, StoreError, StoreLockedError, as_store_error, caused_by_full_disk
 from siftmq.store import codec, retention
 from siftmq.store.codec import Message, StoredMessage
 from siftmq.store.commitlog import AppendedRecord, CommitLog
@@ -73,6 +72,7 @@ from siftmq.store.reput import INLINE_BACKLOG_BYTES, MessageArrivingListener, Re
 from siftmq.store.tombstones import Tombstones
 
 _log = logging.getLogger(__name__)
+FLUSH_LOG_GAP_S: Final = 60.0
 
 #: CommitLog bytes appended but not yet dispatched beyond which appenders dispatch themselves
 _MAX_DISPATCH_LAG: Final = 32 * 1024 * 1024
@@ -99,6 +99,7 @@ class MessageStore:
             self.data_dir,
             high_water_ratio=config.disk_high_water_ratio,
             reserve_bytes=config.disk_reserve_bytes,
+            deletes_oldest=config.disk_full_policy == "delete_oldest",
             usage=disk_usage,
         )
         self.commit_log = CommitLog(
@@ -177,7 +178,16 @@ class MessageStore:
                 key_index_max_messages=self.config.key_index_max_messages,
             )
             self.commit_log.map_for_append()
-            self._flush_all()
+            try:
+                self._flush_all()
+            except (OSError, StoreError) as exc:
+                if not caused_by_full_disk(exc):
+                    raise
+                # the last checkpoint still holds (nothing was appended since): the store opens to
+                # serve what it has, and appends are refused (DiskFullError) until a flush works
+                _log.error("%s: the disk is full; serving reads, refusing new messages until there is room",
+                           self.data_dir)  # fmt: skip
+                self._flush_error = as_store_error(exc)
             abort.touch()
             fsync_dir(self.data_dir)
         except OSError as exc:
@@ -211,6 +221,11 @@ class MessageStore:
             self._flush_all()
             (self.data_dir / "abort").unlink(missing_ok=True)
             fsync_dir(self.data_dir)
+        except (OSError, StoreError) as exc:
+            if not caused_by_full_disk(exc):
+                raise
+            # the abort marker stays: the next start recovers what this stop could not write
+            _log.error("%s: the disk is full; stopped without a final checkpoint (%s)", self.data_dir, exc)
         finally:
             self._release()
 
@@ -331,7 +346,13 @@ class MessageStore:
         """The queue's index, or None if the queue was never created or written. Without
         ``catch_up``, as indexed so far (see :meth:`catch_up_now`)."""
         if catch_up:
-            self.reput_service.catch_up()
+            try:
+                self.reput_service.catch_up()
+            except (OSError, StoreError) as exc:
+                if not caused_by_full_disk(exc):
+                    raise
+                # what is indexed is served (reads go on while the disk is full); the rest is
+                # indexed by the reput thread once there is room
         return self._queues.get((topic, queue_id))
 
     def catch_up_now(self) -> bool:
@@ -456,10 +477,10 @@ class MessageStore:
         try:
             return self._append_checked(prepared, index)
         except (OSError, StoreError) as exc:
-            # the commit log wraps the OS's error in a StoreError; a full disk (or quota) is the
-            # documented DiskFullError, which clients retry, not an internal error with OS text
-            cause = exc if isinstance(exc, OSError) else exc.__cause__
-            if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            # the commit log, the flush and the index wrap the OS's error in a StoreError; a full
+            # disk (or quota) is the documented DiskFullError, which clients retry, not an internal
+            # error with OS text
+            if caused_by_full_disk(exc):
                 raise self.disk.refused_by_os() from exc
             raise
 
@@ -470,9 +491,11 @@ class MessageStore:
             if not self._running:
                 raise StoreClosedError("the message store is closed")
             if self._flush_error is not None:
-                raise StoreError(f"the store cannot flush: {self._flush_error}")
+                raise StoreError(f"the store cannot flush: {self._flush_error}") from self._flush_error
             if self.reput_service.error is not None:
-                raise StoreError(f"the store cannot index: {self.reput_service.error}")
+                raise StoreError(
+                    f"the store cannot index: {self.reput_service.error}"
+                ) from self.reput_service.error
             now = time.time_ns() // 1_000_000
             self._max_store_timestamp = max(self._max_store_timestamp, now)
             if isinstance(prepared, codec.EncodedBatch):
@@ -572,13 +595,20 @@ class MessageStore:
 
     def _flush_loop(self) -> None:
         interval = self.config.flush_interval_ms / 1000.0
+        logged = -FLUSH_LOG_GAP_S  # while flushes keep failing (a full disk), a line a minute
         while not self._stop.wait(interval):
             try:
                 self._flush_all()
+                if self._flush_error is not None:
+                    _log.info("periodic flush works again")
                 self._flush_error = None
             except (OSError, StoreError) as exc:
-                _log.exception("periodic flush failed")
-                self._flush_error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
+                if time.monotonic() - logged >= FLUSH_LOG_GAP_S:
+                    logged = time.monotonic()
+                    _log.error(
+                        "periodic flush failed; retrying: %s", exc, exc_info=not caused_by_full_disk(exc)
+                    )
+                self._flush_error = as_store_error(exc)
 
     def _check_open(self) -> None:
         if not self._running:
