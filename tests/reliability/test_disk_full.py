@@ -191,3 +191,39 @@ def test_a_store_stopped_cleanly_opens_on_a_full_disk(small_disk: Path) -> None:
                 store.put_message(msg(body=b"no room"))
     finally:
         ballast.unlink()
+
+
+def test_retention_makes_room_while_the_progress_file_cannot_be_written(
+    start_broker: Any, small_disk: Path
+) -> None:
+    """Before, the housekeeping saved consumer progress first in one step with retention: on a
+    full disk the save failed every pass and retention, which would have made room, never ran."""
+    broker = start_broker(
+        "disk/data",
+        config={
+            "commit_log_segment_size": 1024 * 1024,
+            "max_body_size": 64 * 1024,
+            "retention_hours": 0.0005,  # 1.8 s
+            "retention_check_interval_s": 0.5,
+            "disk_high_water_ratio": 1.0,
+            "disk_reserve_bytes": 0,
+        },
+    )
+    for _ in range(3):  # ~3 segments of 1 KiB messages
+        asyncio.run(_send_n(broker.endpoint, 1000))
+    segments = broker.data_dir / "store" / "commitlog"
+    assert len(list(segments.iterdir())) >= 3
+    assert len(asyncio.run(drain(broker.endpoint, "g", TOPIC, limit=8))) == 8  # the group exists
+    time.sleep(1.2)
+    ballast = _fill_but(small_disk, 0)
+    try:
+        # acknowledged while full: the group's progress is dirty and cannot be written
+        assert len(asyncio.run(drain(broker.endpoint, "g", TOPIC, limit=64))) == 64
+        deadline = time.monotonic() + 30
+        while len(list(segments.iterdir())) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(list(segments.iterdir())) == 1, "retention did not run"
+        assert "retention: deleted" in broker.log()
+    finally:
+        ballast.unlink()
+    assert broker.stop() == 0
