@@ -36,6 +36,7 @@ def main() -> None:
         consume_queue_entries_per_file=32,
         flush_mode=mode,  # type: ignore[arg-type]
         flush_interval_ms=20,
+        disk_reserve_bytes=0,  # it also writes on a small tmpfs (the full-disk tests)
     )
     store = MessageStore.open(cfg)
     out_lock = threading.Lock()

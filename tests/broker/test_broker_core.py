@@ -743,3 +743,26 @@ def test_every_delivery_of_a_receive_gets_its_own_nonce(broker: Broker) -> None:
     ]
     nonces = [ReceiptHandle.decode(h).nonce for h in handles]
     assert len(handles) == 40 and len(set(nonces)) == 40 and all(0 <= n < 2**48 for n in nonces)
+
+
+def test_progress_left_past_a_queues_end_by_a_cut_short_deletion_goes_at_start(tmp_path: Path) -> None:
+    """A topic deletion killed after its tombstone but before the removal of its groups' progress
+    reached the disk: at the next start that progress is past its (now empty) queue's end. Before,
+    it stayed, and once the topic was created again and grew past it the group read from the old
+    position: 30 of 80 new messages."""
+    sub = Subscription(TOPIC, "TAG", "*")
+    broker = make_broker(tmp_path / "data", default_queue_nums=1)
+    for _ in range(50):
+        send(broker)
+    assert len(drain(broker, "g", sub)) == 50
+    broker.consumers.save()
+    broker.store.delete_topic(TOPIC)  # the tombstone, and the crash before anything else
+    broker.close()  # (writes the progress as it was: as the crash would have left it)
+
+    broker = make_broker(tmp_path / "data", default_queue_nums=1)
+    try:
+        for _ in range(80):
+            send(broker)
+        assert len(drain(broker, "g", sub)) == 80
+    finally:
+        broker.close()

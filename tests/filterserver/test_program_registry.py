@@ -89,3 +89,39 @@ def test_verdicts_left_over_keep_bounded_error_texts(registry: ProgramRegistry) 
         registry.leave("g", "T", q, program.version, per_queue)
     assert registry.apply("g", "T", 0, records(0)).codes == bytes([REJECT])  # evicted: asked again
     assert registry.apply("g", "T", queues - 1, records(0)).codes == bytes([ERROR])  # the newest kept
+
+
+def test_a_program_registered_again_after_its_removal_dead_letters_its_failures(
+    registry: ProgramRegistry,
+) -> None:
+    """Versions start at 1 again after a removal (and offsets at 0 after a topic's): before, the
+    removed program's mark of what it had dead-lettered hid the new one's failures below it, which
+    were then neither delivered nor dead-lettered."""
+    registry.register("g", "T", REFUSE, [row(topic="T")])
+    registry.note_dead_lettered("g", "T", 0, 1, 10)
+    assert registry.dead_lettered("g", "T", 0, 1) == 10
+    registry.remove("g", "T")
+    registry.register("g", "T", REFUSE, [row(topic="T")])
+    assert registry.all()[0].version == 1 and registry.dead_lettered("g", "T", 0, 1) == 0
+    registry.note_dead_lettered("g", "T", 0, 1, 4)
+    registry.note_dead_lettered("g", "T", 0, 1, 2)  # an earlier read's, later: the mark stays
+    assert registry.dead_lettered("g", "T", 0, 1) == 4
+
+
+def test_registrations_beyond_the_trial_workers_are_told_to_retry(registry: ProgramRegistry) -> None:
+    """Before, a third registration while two loaded slow module code was refused as a bad
+    program (400, "the program's worker did not start")."""
+    slow = [
+        threading.Thread(target=registry.register, args=(f"slow{i}", "T", SLOW_LOAD, [row(topic="T")]))
+        for i in range(2)
+    ]
+    for thread in slow:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        with pytest.raises(BadRequestError, match="try again") as busy:
+            registry.register("g3", "T", ACCEPT, [row(topic="T")])
+        assert busy.value.status is StatusCode.TOO_MANY_REQUESTS
+    finally:
+        for thread in slow:
+            thread.join(60)

@@ -378,7 +378,11 @@ def test_a_worker_that_spins_between_batches_is_replaced_and_counted() -> None:
     key = ProgramKey("g", "t", 1)
     try:
         assert list(fs.evaluate(key, source, ROWS[:2]).codes) == [wire.MATCH] * 2
-        time.sleep(1.0)  # it spins meanwhile
+        worker = fs._workers[key][0].worker
+        assert worker is not None
+        deadline = time.monotonic() + 20  # it spins meanwhile (on a busy host, CPU comes slower)
+        while not worker.spun_idle and time.monotonic() < deadline:
+            time.sleep(0.1)
         # in a new worker (one message: that worker spins too after its first result, and a second
         # chunk, should the pace estimate cut the batch, would meet it spinning)
         assert list(fs.evaluate(key, source, ROWS[:1]).codes) == [wire.MATCH]

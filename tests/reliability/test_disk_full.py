@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from client_helpers import drain
@@ -24,6 +25,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOPIC = "Fill"
 BODY = 32 * 1024
 BALLAST = 6 * 1024 * 1024
+#: the broker's own disk guard off: the OS's ENOSPC is what refuses
+GUARD_OFF = {
+    "commit_log_segment_size": 8 * 1024 * 1024,
+    "disk_high_water_ratio": 1.0,
+    "disk_reserve_bytes": 0,
+}
 
 
 async def _fill(endpoint: str) -> tuple[list[str], RemoteError]:
@@ -100,8 +107,6 @@ def _fill_but(directory: Path, left: int) -> Path:
 
 
 def _patch(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    import httpx
-
     answer = httpx.patch(url, json=body, timeout=10)
     return answer.status_code, answer.json()
 
@@ -112,15 +117,9 @@ def test_when_the_os_itself_says_the_disk_is_full(start_broker: Any, small_disk:
     OS text while the index could not be written; sends got a non-retriable error; a topic grown
     while full was in force though its answer was an error, and its new queues' acknowledged
     messages were not served after a restart."""
-    import httpx
-
     broker = start_broker(
         "disk/data",
-        config={
-            "commit_log_segment_size": 8 * 1024 * 1024,
-            "disk_high_water_ratio": 1.0,
-            "disk_reserve_bytes": 0,
-        },
+        config=GUARD_OFF,
     )
     asyncio.run(_send_n(broker.endpoint, 8))
     assert len(asyncio.run(drain(broker.endpoint, "g", TOPIC))) == 8
@@ -227,3 +226,65 @@ def test_retention_makes_room_while_the_progress_file_cannot_be_written(
     finally:
         ballast.unlink()
     assert broker.stop() == 0
+
+
+def test_a_group_deletion_the_disk_refuses_keeps_the_groups_position(
+    start_broker: Any, small_disk: Path
+) -> None:
+    """Before, the deletion took the group's progress from memory, failed to write it, answered an
+    error and left the group in place without a position: its next read started as a new group's
+    (from the first message here; from the queue's end once retention has taken that one)."""
+    broker = start_broker(
+        "disk/data",
+        config=GUARD_OFF,
+    )
+    asyncio.run(_send_n(broker.endpoint, 20))
+    first = {m.message_id for m in asyncio.run(drain(broker.endpoint, "g", TOPIC, limit=10))}
+    time.sleep(1.2)  # the group's progress is on disk
+    ballast = _fill_but(small_disk, 0)
+    try:
+        answer = httpx.delete(f"{broker.admin_url}/groups/g", timeout=10)
+        assert answer.status_code == 507 and answer.json()["error"] == "DISK_FULL", answer.text
+    finally:
+        ballast.unlink()
+    rest = {m.message_id for m in asyncio.run(drain(broker.endpoint, "g", TOPIC))}
+    assert len(rest) == 10 and not rest & first  # where it was: none again, none skipped
+    assert broker.stop() == 0
+
+
+def test_a_store_killed_mid_write_opens_on_a_full_disk(small_disk: Path) -> None:
+    """A kill -9 leaves the unwritten zeros of a segment allocated ahead; recovery drops them, which
+    cuts no record. Before, that counted as a cut: recovery wrote its note of handed-out queue
+    offsets first, and on a full disk the store could not open."""
+    import signal
+    import subprocess
+    import sys
+
+    from siftmq.store import MessageStore, StoreConfig
+
+    data = small_disk / "store"
+    writer = Path(__file__).parents[1] / "crash_writer.py"
+    proc = subprocess.Popen([sys.executable, str(writer), str(data), "0", "sync"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate()
+    acked = [
+        line.split()
+        for line in out.decode().splitlines()
+        if line.startswith("ack ") and len(line.split()) == 7
+    ]
+    assert acked
+    ballast = _fill_but(small_disk, 0)
+    try:
+        cfg = StoreConfig(
+            data,
+            commit_log_segment_size=256 * 1024,
+            max_message_size=16 * 1024,
+            consume_queue_entries_per_file=32,
+        )
+        with MessageStore.open(cfg) as store:
+            for fields in acked:
+                assert store.look_message_by_offset(int(fields[4])) is not None
+    finally:
+        ballast.unlink()

@@ -610,3 +610,45 @@ def test_offline_jobs_refuse_a_store_whose_recovery_was_cut_short(tmp_path: Path
     assert not (tmp_path / recovery.TAKEN_FILE).exists()
     with open_offline(tmp_path, what="the store"):
         pass
+
+
+def test_a_redispatch_cut_short_keeps_the_offsets_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a power loss can leave: queue T:0 holds records 0..9, its index also has entries 10..13
+    for records the log lost (handed out to consumers), and entry 6's page is zeros; the checkpoint
+    says the queues were flushed up to record 5. The redispatch cuts the queue at 6; killed right
+    after, the next start gave offsets 10..13 again (its note was written only later)."""
+    import struct
+
+    from siftmq.store import recovery
+    from siftmq.store.consumequeue import ConsumeQueue
+
+    cfg = small_config(tmp_path)
+    with MessageStore.open(cfg) as store:
+        for i in range(10):
+            store.put_message(msg(body=b"m%d" % i))
+    entry = struct.Struct(">qiq")
+    index = sorted((tmp_path / "consumequeue" / "T" / "0").iterdir())[0]
+    data = bytearray(index.read_bytes())
+    last, size, _ = entry.unpack_from(data, 9 * 20)
+    data[6 * 20 : 7 * 20] = bytes(20)  # entry 6: its page lost
+    lost = b"".join(entry.pack(last + size * (k + 1), size, 0) for k in range(4))  # 10..13
+    index.write_bytes(bytes(data[:200]) + lost)
+    fifth = entry.unpack_from(data, 5 * 20)[0]
+    Checkpoint(fifth, fifth, 0).save(tmp_path / "checkpoint")
+    (tmp_path / "abort").touch()
+
+    cut = ConsumeQueue.truncate
+
+    def killed_after_the_cut(self: ConsumeQueue, offset: int) -> None:
+        cut(self, offset)
+        raise KeyboardInterrupt("killed right after the redispatch's cut")
+
+    monkeypatch.setattr(ConsumeQueue, "truncate", killed_after_the_cut)
+    with pytest.raises(KeyboardInterrupt):
+        MessageStore.open(cfg)
+    monkeypatch.setattr(ConsumeQueue, "truncate", cut)
+    assert (tmp_path / recovery.TAKEN_FILE).exists()
+    with MessageStore.open(cfg) as store:
+        assert store.put_message(msg(body=b"new")).queue_offset == 14

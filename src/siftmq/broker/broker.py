@@ -132,11 +132,39 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
         for topic in self.topics.all():
             for qid in range(topic.queue_nums):
                 self.store.create_queue(topic.name, qid)
+        self._drop_progress_past_queue_ends()
         self._stop.clear()
         self._housekeeper = threading.Thread(
             target=self._housekeeping, name="siftmq-broker-housekeeping", daemon=True
         )
         self._housekeeper.start()
+
+    def _drop_progress_past_queue_ends(self) -> None:
+        """Progress past its queue's end is of a topic deleted (its queues too) without the removal
+        of its groups' progress reaching the disk (a crash in between): kept, a topic created again
+        would be read from the old positions, skipping its first messages. No progress of a live
+        queue can be past its end (recovery keeps every queue offset handed out, commits are
+        checked against the end), so it goes, as a read past the end would reset it."""
+        ends: dict[tuple[str, int], int] = {}
+
+        def past_end(key: tuple[str, str, int], position: int) -> bool:
+            queue = (key[1], key[2])
+            if queue not in ends:
+                ends[queue] = self.store.get_max_offset_in_queue(*queue)
+            return position > ends[queue]
+
+        stale = {key for key, prog in self.consumers.items() if past_end(key, prog.pop_offset)}
+        stale_offsets = {key for key, offset in self.offsets.items() if past_end(key, offset)}
+        if not (stale or stale_offsets):
+            return
+        self.consumers.remove_where(stale.__contains__)
+        self.offsets.remove_where(stale_offsets.__contains__)
+        _log.warning(
+            "dropped the progress of %d and the pull offsets of %d queue(s) past their queue's end "
+            "(left by a topic deletion cut short)",
+            len(stale),
+            len(stale_offsets),
+        )
 
     def close(self) -> None:
         """Stop background work, write consumer state and registrations, close the store (flushes)."""

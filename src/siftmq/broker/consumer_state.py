@@ -156,13 +156,25 @@ class ConsumerStateTable:
 
     def remove_where(self, doomed: Callable[[QueueKey], bool]) -> int:
         """Forget the progress (in-flight messages included) of every queue key ``doomed`` accepts."""
+        return len(self.take_where(doomed))
+
+    def take_where(self, doomed: Callable[[QueueKey], bool]) -> dict[QueueKey, QueueProgress]:
+        """Remove and return the progress of every queue key ``doomed`` accepts."""
         with self._lock:
-            keys = [key for key in self._queues if doomed(key)]
-            for key in keys:
+            taken = {key: prog for key, prog in self._queues.items() if doomed(key)}
+            for key in taken:
                 del self._queues[key]
-            if keys:
+            if taken:
                 self._dirty = self._urgent = True
-        return len(keys)
+        return taken
+
+    def put_back(self, taken: dict[QueueKey, QueueProgress]) -> None:
+        """Restore progress :meth:`take_where` took (an operation that failed), where none was made since."""
+        with self._lock:
+            for key, prog in taken.items():
+                self._queues.setdefault(key, prog)
+            if taken:
+                self._dirty = self._urgent = True
 
     @property
     def dirty(self) -> bool:

@@ -23,6 +23,7 @@ from siftmq.errors import BadRequestError, NotFoundError, StatusCode
 
 if TYPE_CHECKING:
     from siftmq.broker.broker import Broker
+    from siftmq.broker.consumer_state import QueueKey, QueueProgress
 
 _log = logging.getLogger(__name__)
 
@@ -34,12 +35,13 @@ def delete_topic(broker: Broker, name: str) -> None:
     def of_topic(key: tuple[str, str, int]) -> bool:
         return key[1] == name
 
-    # Progress goes first, on disk: kept past a crash after the tombstone, a group's old position
-    # would skip the first messages of a topic created again under the name; lost before it, the
-    # topic's messages come again at worst.
+    # The tombstone first: once it is on disk the topic's messages are dead whatever happens after
+    # (a send racing the deletion is kept, not acknowledged and then killed). Its groups' progress
+    # goes next: should a crash keep it on disk, the broker drops progress past its queue's end at
+    # start (a topic created again must not be read from the old positions).
+    queues = broker.store.delete_topic(name)
     progress, offsets = _forget_progress(broker, of_topic)
     broker.topics.delete(name)
-    queues = broker.store.delete_topic(name)
     again = _forget_progress(broker, of_topic)  # made by reads that ran meanwhile
     progress, offsets = progress + again[0], offsets + again[1]
     filters = broker.filters.remove_where(lambda reg: reg.topic == name)
@@ -69,14 +71,23 @@ def delete_group(broker: Broker, group: str) -> None:
         )
     own = f"{group}{CLIENT_SEPARATOR}"
 
-    def of_group(name: str) -> bool:
-        return name == group or name.startswith(own)
+    def of_group(key: tuple[str, str, int]) -> bool:
+        return key[0] == group or key[0].startswith(own)
 
-    # progress first, on disk: kept past a crash, it would be the start of a group created again
-    progress, offsets = _forget_progress(broker, lambda key: of_group(key[0]))
-    known = broker.groups.delete(group)
-    filters = broker.filters.remove_where(lambda reg: reg.group == group)
-    programs = broker.programs.remove_where(lambda program: program.group == group)
+    # Progress first, on disk: kept past a crash, it would be the start of a group created again.
+    # A deletion that fails puts it back: a group that stays must not lose its position (a group
+    # without one starts at the queue's end once its first message is gone).
+    progress = broker.consumers.take_where(of_group)
+    offsets = broker.offsets.take_where(of_group)
+    try:
+        _save(broker, progress, offsets)
+        known = broker.groups.delete(group)
+        filters = broker.filters.remove_where(lambda reg: reg.group == group)
+        programs = broker.programs.remove_where(lambda program: program.group == group)
+    except BaseException:
+        broker.consumers.put_back(progress)
+        broker.offsets.put_back(offsets)
+        raise
     if not (known or progress or offsets or filters or programs):
         raise NotFoundError(
             f"consumer group {group!r} is unknown", status=StatusCode.CONSUMER_GROUP_NOT_FOUND
@@ -84,20 +95,28 @@ def delete_group(broker: Broker, group: str) -> None:
     _log.info(
         "deleted group %s: %d progress and %d offset entries, %d SQL92 registration(s), %d filter program(s)",
         group,
-        progress,
-        offsets,
+        len(progress),
+        len(offsets),
         len(filters),
         len(programs),
     )
 
 
 def _forget_progress(broker: Broker, doomed: Callable[[tuple[str, str, int]], bool]) -> tuple[int, int]:
-    """Remove the group progress and pull offsets ``doomed`` accepts, and write both tables at once
-    (the housekeeping writes them up to a second later); how many of each were removed."""
-    progress = broker.consumers.remove_where(doomed)
-    offsets = broker.offsets.remove_where(doomed)
+    """Remove the group progress and pull offsets ``doomed`` accepts and write both tables at once
+    (the housekeeping would write them up to a second later); how many of each were removed. A
+    write that fails is left to the housekeeping (and to the start's check of queue ends)."""
+    progress = broker.consumers.take_where(doomed)
+    offsets = broker.offsets.take_where(doomed)
+    try:
+        _save(broker, progress, offsets)
+    except OSError as exc:
+        _log.warning("the progress a deletion removed is written later: %s", exc)
+    return len(progress), len(offsets)
+
+
+def _save(broker: Broker, progress: dict[QueueKey, QueueProgress], offsets: dict[QueueKey, int]) -> None:
     if progress:
         broker.consumers.save()
     if offsets:
         broker.offsets.save()
-    return progress, offsets

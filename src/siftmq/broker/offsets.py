@@ -46,13 +46,25 @@ class OffsetTable:
 
     def remove_where(self, doomed: Callable[[OffsetKey], bool]) -> int:
         """Forget the offsets of every key ``doomed`` accepts; how many there were."""
+        return len(self.take_where(doomed))
+
+    def take_where(self, doomed: Callable[[OffsetKey], bool]) -> dict[OffsetKey, int]:
+        """Remove and return the offsets of every key ``doomed`` accepts."""
         with self._lock:
-            keys = [key for key in self._offsets if doomed(key)]
-            for key in keys:
+            taken = {key: offset for key, offset in self._offsets.items() if doomed(key)}
+            for key in taken:
                 del self._offsets[key]
-            if keys:
+            if taken:
                 self._dirty = True
-        return len(keys)
+        return taken
+
+    def put_back(self, taken: dict[OffsetKey, int]) -> None:
+        """Restore offsets :meth:`take_where` took (an operation that failed), where none was set since."""
+        with self._lock:
+            for key, offset in taken.items():
+                self._offsets.setdefault(key, offset)
+            if taken:
+                self._dirty = True
 
     @property
     def dirty(self) -> bool:

@@ -29,6 +29,7 @@ from siftmq.filterserver.pool import (
     Counters,
     FilterServer,
     Limits,
+    NoWorkerFree,
     ProgramForgotten,
     ProgramKey,
     ProgramLoadError,
@@ -193,6 +194,11 @@ class ProgramRegistry:
             raise ProgramError(f"the program failed to load: {exc}") from exc
         except ProgramSuspended as exc:
             raise ProgramError(f"the program kept killing its worker: {exc}") from exc
+        except NoWorkerFree as exc:  # other registrations hold the trial workers: not the program's fault
+            raise BadRequestError(
+                f"other filter programs are being registered ({exc.reason}); try again shortly",
+                status=StatusCode.TOO_MANY_REQUESTS,
+            ) from exc
         except WorkerDied as exc:
             raise ProgramError(f"the program's worker did not start: {exc.reason}") from exc
         finally:
@@ -226,6 +232,9 @@ class ProgramRegistry:
             pairs = {(p.group, p.topic) for p in gone}
             for queue in [q for q in self._left_over if (q[0], q[1]) in pairs]:
                 self._drop_left_over(queue)
+            # a program registered again starts at version 1 again, over queue offsets from 0
+            for queue in [q for q in self._dead_lettered if (q[0], q[1]) in pairs]:
+                del self._dead_lettered[queue]
             self._save_locked()
         if self._server is not None:
             for program in gone:
@@ -350,10 +359,11 @@ class ProgramRegistry:
     def note_dead_lettered(self, group: str, topic: str, queue_id: int, version: int, below: int) -> None:
         queue = (group, topic, queue_id)
         with self._lock:
+            below = max(below, self.dead_lettered(*queue, version))
             self._dead_lettered.pop(queue, None)
             if len(self._dead_lettered) >= MAX_LEFT_OVER:
                 self._dead_lettered.pop(next(iter(self._dead_lettered)))  # the oldest
-            self._dead_lettered[queue] = (version, max(below, self.dead_lettered(*queue, version)))
+            self._dead_lettered[queue] = (version, below)
 
     def _drop_left_over(self, queue: tuple[str, str, int]) -> tuple[int, dict[int, tuple[int, str]]] | None:
         """With the lock held: forget (and return) the verdicts ``queue``'s last read left over."""

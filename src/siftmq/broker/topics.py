@@ -145,24 +145,18 @@ class TopicManager:
             self._put_locked(name, None)
 
     def _put_locked(self, name: str, topic: TopicConfig | None) -> None:
-        """Set (None: remove) one topic and write the table. A change the file did not take (a full
-        disk) is taken back: in force but not on disk, a grown topic's new queues took messages that
-        a restart no longer served."""
-        before = self._topics.get(name)
+        """Set (None: remove) one topic: the table with the change is written first and then put in
+        force, so a change the file did not take (a full disk) is never seen (in force but not on
+        disk, a grown topic's new queues took messages that a restart no longer served)."""
+        changed = dict(self._topics)
         if topic is None:
-            del self._topics[name]
+            del changed[name]
         else:
-            self._topics[name] = topic
-        try:
-            self._save_locked()
-        except BaseException:
-            if before is None:
-                self._topics.pop(name, None)
-            else:
-                self._topics[name] = before
-            raise
+            changed[name] = topic
+        self._save_locked(changed)
+        self._topics = changed  # readers look without the lock: one swap, never a half-made table
 
-    def _save_locked(self) -> None:
+    def _save_locked(self, topics: dict[str, TopicConfig]) -> None:
         write_json(
-            self._path, {t.name: {"queue_nums": t.queue_nums, "perm": t.perm} for t in self._topics.values()}
+            self._path, {t.name: {"queue_nums": t.queue_nums, "perm": t.perm} for t in topics.values()}
         )

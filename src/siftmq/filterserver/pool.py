@@ -94,6 +94,10 @@ class WorkerDied(Exception):
         self.timed_out = timed_out
 
 
+class NoWorkerFree(WorkerDied):
+    """Every worker the pool may run was busy for longer than :data:`ROOM_WAIT_S`: try again."""
+
+
 @dataclass
 class Counters:
     evaluated: int = 0
@@ -409,7 +413,7 @@ class FilterServer:
                 if left <= 0 or self._closed:
                     if not slots:
                         self._workers.pop(key, None)
-                    raise WorkerDied(f"no filter worker free: all {self.max_workers} are busy")
+                    raise NoWorkerFree(f"no filter worker free: all {self.max_workers} are busy")
                 self._room.wait(min(left, 0.05))  # the lock is let go meanwhile
         waited.lock.acquire()
         return waited

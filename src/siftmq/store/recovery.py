@@ -151,10 +151,10 @@ def recover(
             continue
         batch.append(req)
         if len(batch) >= _BATCH:
-            rebuild = not _redispatch(batch, find_or_create, reput)
+            rebuild = not _redispatch(batch, find_or_create, reput, before_cut=note.ensure)
             batch = []
     if batch and not rebuild:
-        rebuild = not _redispatch(batch, find_or_create, reput)
+        rebuild = not _redispatch(batch, find_or_create, reput, before_cut=note.ensure)
     damaged = commit_log.damaged
     _quarantine_damage(commit_log)
     if commit_log.scan_error is not None:
@@ -168,8 +168,8 @@ def recover(
     elif abnormal and commit_log.scan_end != commit_log.max_offset:
         _log.warning("commit log recovery: truncating at %d", commit_log.scan_end)
     if scan_from < commit_log.max_offset or commit_log.scan_end != commit_log.max_offset:
-        if commit_log.scan_end != commit_log.max_offset:
-            note.ensure()  # records are cut: their queue offsets stay taken
+        if commit_log.scan_error is not None:
+            note.ensure()  # records are cut (not only a crash's unwritten zeros): their offsets stay taken
         commit_log.truncate(commit_log.scan_end)
 
     if not rebuild:
@@ -233,9 +233,14 @@ class _TakenNote:
 
 
 def _redispatch(
-    batch: list[DispatchRequest], find_or_create: Callable[[str, int], ConsumeQueue], reput: Reput
+    batch: list[DispatchRequest],
+    find_or_create: Callable[[str, int], ConsumeQueue],
+    reput: Reput,
+    *,
+    before_cut: Callable[[], None],
 ) -> bool:
-    """Write the entries of ``batch`` the ConsumeQueues miss; False if a queue has a hole."""
+    """Write the entries of ``batch`` the ConsumeQueues miss; False if a queue has a hole.
+    ``before_cut`` runs before a stale entry is cut."""
     todo: list[DispatchRequest] = []
     next_offset: dict[tuple[str, int], int] = {}
     for req in batch:
@@ -252,6 +257,7 @@ def _redispatch(
                 return False
             if entry[0] == req.commit_log_offset and entry[1] == req.msg_size:
                 continue
+            before_cut()
             cq.truncate(q)
         todo.append(req)
         next_offset[key] = q + 1

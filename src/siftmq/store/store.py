@@ -184,10 +184,12 @@ class MessageStore:
                 if not caused_by_full_disk(exc):
                     raise
                 # the last checkpoint still holds (nothing was appended since): the store opens to
-                # serve what it has, and appends are refused (DiskFullError) until a flush works
-                _log.error("%s: the disk is full; serving reads, refusing new messages until there is room",
-                           self.data_dir)  # fmt: skip
-                self._flush_error = as_store_error(exc)
+                # serve what it has; appends are refused as on any full disk (the guard, or the
+                # OS's ENOSPC as DiskFullError), and the flush thread writes the checkpoint later
+                _log.error(
+                    "%s: the disk is full; serving reads, refusing messages until there is room",
+                    self.data_dir,
+                )
             abort.touch()
             fsync_dir(self.data_dir)
         except OSError as exc:
