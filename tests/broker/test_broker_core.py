@@ -766,3 +766,27 @@ def test_progress_left_past_a_queues_end_by_a_cut_short_deletion_goes_at_start(t
         assert len(drain(broker, "g", sub)) == 80
     finally:
         broker.close()
+
+
+@given(
+    st.text(min_size=1, max_size=20),
+    st.integers(0, 1 << 20),
+    st.integers(0, 1 << 40),
+    st.integers(0, (1 << 48) - 1),
+)
+def test_a_receipt_handle_is_read_only_as_it_is_written(
+    topic: str, qid: int, offset: int, nonce: int
+) -> None:
+    """Before, int() read other spellings of one handle too (a sign, spaces, "_", "0x", leading
+    zeros, upper-case hex): one delivery had many handles, and a forged spelling acked it."""
+    from siftmq.broker.receipts import encode_handle
+
+    handle = encode_handle(topic, qid, offset, nonce)
+    assert ReceiptHandle.decode(handle) == ReceiptHandle(topic, qid, offset, nonce)
+    v, q, o, n, t = handle.split(":", 4)
+    for other in (f"+{q}", f" {q}", f"0{q}", f"{q}_0" if len(q) > 1 else f"0x{q}"):
+        with pytest.raises(BadRequestError, match="malformed receipt handle"):
+            ReceiptHandle.decode(":".join((v, other, o, n, t)))
+    for other in (f"0x{n}", n.upper() if n.upper() != n else f"0{n}", f"0{n}"):
+        with pytest.raises(BadRequestError, match="malformed receipt handle"):
+            ReceiptHandle.decode(":".join((v, q, o, other, t)))

@@ -435,6 +435,7 @@ def test_backfill_coverage_belongs_to_one_registration_version(tmp_path: Path) -
 def test_the_jobs_and_the_broker_read_and_write_one_registration_format(tmp_path: Path) -> None:
     registry = FilterRegistry(tmp_path, BloomFilter(), expire_s=3600)
     reg = registry.register("g", "T", compile_filter("SQL92", "a > 1"))
+    registry.save()  # as the broker's sweep or stop does (a new registration is not written at once)
     jobs = RegistrationFile(tmp_path)
     [seen] = jobs.all()
     assert (seen.bloom_key, seen.version, seen.expression, seen.born_time_ms) == (

@@ -206,8 +206,7 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
 
         def sweep() -> None:
             self.clients.expire()
-            for group in self.clients.live_groups():
-                self.filters.touch_group(group)
+            self.filters.touch_groups(set(self.clients.live_groups()))
             self.filters.expire()
             self.client_states.sweep()
 

@@ -26,11 +26,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 
 from siftmq.broker.message_filters import SqlMessageFilter
 from siftmq.broker.stats import FilterStats
+from siftmq.errors import BadRequestError, StatusCode
 from siftmq.filter import BloomFilter, CompiledFilter, compile_filter
 from siftmq.filter.registrations import Registration, read_entries, with_backfill
 from siftmq.store import DispatchRequest
@@ -38,6 +40,12 @@ from siftmq.store.statefile import read_json, write_json
 
 _log = logging.getLogger(__name__)
 _NEVER = 1 << 62
+#: SQL92 registrations a topic holds at most: every one is evaluated on each record the topic
+#: stores (its bloom bits), so new group names without end (a registration stays 24 h after its
+#: group was last seen) must not slow every send of the topic without end
+MAX_REGISTRATIONS_PER_TOPIC: Final = 512
+MAX_REGISTRATIONS: Final = 10_000  # all topics together
+_LOGGED_EXPRESSION: Final = 200  # characters of an expression in the log line
 _RECORD_FIELDS = tuple(f.name for f in fields(Registration))
 
 
@@ -106,6 +114,8 @@ class FilterRegistry:
                     self._by_key[key] = replace(current, last_seen_ms=now)
                     self._dirty = True
                 return self._by_key[key]
+            if current is None:
+                self._check_room_locked(group, topic)
             version = current.version + 1 if current is not None else 1
             # Until its born time is set below, no bitmap is trusted for this registration.
             reg = FilterRegistration(
@@ -118,18 +128,43 @@ class FilterRegistry:
                 positions=tuple(self.bloom.bit_positions(f"{group}#{topic}")),
                 compiled=compiled,
             )
-            self._by_key[key] = reg
-            self._reindex_locked()
+            self._put_locked(reg)
             # The born time is read after the registration is visible to the dispatcher, so every
             # record stored later gets this registration's bits; and it is no earlier than any
             # record stored so far, so a record that did not get them is never trusted to have
             # them, even when the wall clock has stepped back since it was stored.
             reg = replace(reg, born_time_ms=max(_now_ms(), self.latest_store_time()))
-            self._by_key[key] = reg
-            self._reindex_locked()
-            self._save_locked()
-        _log.info("registered SQL92 filter v%d for %s#%s: %s", reg.version, group, topic, reg.expression)
+            self._put_locked(reg)
+            if current is None:
+                # a new group's registration is written with the next sweep (every 10 s) or the
+                # stop: lost to a crash, it is made again at the group's next heartbeat, with a
+                # later born time (nothing is trusted that should not be); writing the whole file
+                # for each made a churn of new groups quadratic
+                self._dirty = True
+            else:
+                self._save_locked()
+        shown = (
+            reg.expression
+            if len(reg.expression) <= _LOGGED_EXPRESSION
+            else reg.expression[:_LOGGED_EXPRESSION] + "..."
+        )
+        _log.info("registered SQL92 filter v%d for %s#%s: %s", reg.version, group, topic, shown)
         return reg
+
+    def _check_room_locked(self, group: str, topic: str) -> None:
+        on_topic = len(self._by_topic.get(topic, ()))
+        if on_topic >= MAX_REGISTRATIONS_PER_TOPIC or len(self._by_key) >= MAX_REGISTRATIONS:
+            where = (
+                f"topic {topic!r} holds {on_topic} SQL92 filter registrations, its limit"
+                if on_topic >= MAX_REGISTRATIONS_PER_TOPIC
+                else f"the broker holds {len(self._by_key)} SQL92 filter registrations, its limit"
+            )
+            raise BadRequestError(
+                f"cannot register group {group!r}'s SQL92 filter: {where} (a registration goes "
+                "filter_registration_expire_s after its group was last seen; delete groups no longer "
+                "used, or subscribe by TAG)",
+                status=StatusCode.PRECONDITION_FAILED,
+            )
 
     def get(self, group: str, topic: str) -> FilterRegistration | None:
         return self._by_key.get((group, topic))
@@ -156,13 +191,16 @@ class FilterRegistry:
 
     def touch_group(self, group: str, now_ms: int | None = None) -> None:
         """Record that ``group`` has a live consumer (keeps its registrations from expiring)."""
+        self.touch_groups({group}, now_ms)
+
+    def touch_groups(self, groups: set[str], now_ms: int | None = None) -> None:
+        """:meth:`touch_group` for each of ``groups``, in one pass over the registrations."""
         now = now_ms if now_ms is not None else _now_ms()
         with self._lock:
-            for key, reg in list(self._by_key.items()):
-                if reg.group == group and now - reg.last_seen_ms > 1000:
-                    self._by_key[key] = replace(reg, last_seen_ms=now)
+            for reg in list(self._by_key.values()):
+                if reg.group in groups and now - reg.last_seen_ms > 1000:
+                    self._put_locked(replace(reg, last_seen_ms=now))
                     self._dirty = True
-            self._reindex_locked()
 
     def expire(self, now_ms: int | None = None) -> list[FilterRegistration]:
         """Drop registrations whose group was last seen more than ``expire_s`` ago; returns them."""
@@ -198,6 +236,13 @@ class FilterRegistry:
     def save(self) -> None:
         with self._lock:
             self._save_locked()
+
+    def _put_locked(self, reg: FilterRegistration) -> None:
+        """Set one registration, and its topic's in the dispatcher's index (not every topic's)."""
+        key = (reg.group, reg.topic)
+        self._by_key[key] = reg
+        others = tuple(r for r in self._by_topic.get(reg.topic, ()) if (r.group, r.topic) != key)
+        self._by_topic[reg.topic] = (*others, reg)
 
     def _reindex_locked(self) -> None:
         by_topic: dict[str, list[FilterRegistration]] = {}

@@ -6,12 +6,15 @@ new nonce, so an older handle of the same message is recognisably stale.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from siftmq.errors import BadRequestError, StatusCode
 
 _VERSION = "v1"
 MAX_HANDLE_LENGTH = 512
+_NUMBER = "(0|[1-9][0-9]*)"
+_HANDLE = re.compile(rf"{_VERSION}:{_NUMBER}:{_NUMBER}:(0|[1-9a-f][0-9a-f]{{0,15}}):(.+)", re.DOTALL)
 
 
 class ReceiptHandle(NamedTuple):
@@ -33,18 +36,15 @@ class ReceiptHandle(NamedTuple):
             raise BadRequestError(
                 "receipt handle is empty or too long", status=StatusCode.INVALID_RECEIPT_HANDLE
             )
-        parts = text.split(":", 4)
-        try:
-            if len(parts) != 5 or parts[0] != _VERSION or not parts[4]:
-                raise ValueError
-            qid, offset, nonce = int(parts[1]), int(parts[2]), int(parts[3], 16)
-            if qid < 0 or offset < 0 or nonce < 0:
-                raise ValueError
-        except ValueError:
+        # exactly as encode() spells them: int() would also take signs, spaces, "_" and "0x", and
+        # one delivery would have many handles
+        found = _HANDLE.fullmatch(text)
+        if found is None:
             raise BadRequestError(
                 f"malformed receipt handle {text[:100]!r}", status=StatusCode.INVALID_RECEIPT_HANDLE
-            ) from None
-        return cls(parts[4], qid, offset, nonce)
+            )
+        qid, offset, nonce, topic = found.groups()
+        return cls(topic, int(qid), int(offset), int(nonce, 16))
 
 
 def encode_handle(topic: str, queue_id: int, queue_offset: int, nonce: int) -> str:

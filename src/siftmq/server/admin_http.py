@@ -11,6 +11,7 @@ import asyncio
 import functools
 import ipaddress
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal
 
@@ -54,6 +55,8 @@ from siftmq.server.auth import Gate
 
 _log = logging.getLogger(__name__)
 
+#: a scrape's time for counting consumer lags (see BrokerCollector._lags_of)
+LAG_BUDGET_S = 0.5
 _HTTP_STATUS = {"PRECONDITION_FAILED": 409, "UNSUPPORTED": 501, "TOO_MANY_REQUESTS": 429}
 
 
@@ -400,6 +403,24 @@ class BrokerCollector(Collector):
         self.broker = broker
         self.gate = gate
         self.front_ends = front_ends
+        # (group, topic) -> (matching lag, when it was counted); see _lags
+        self._lags: dict[tuple[str, str], tuple[int, float]] = {}
+
+    def _lags_of(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """The matching lag of each (group, topic). Counting one reads up to 200,000 index entries,
+        so a scrape counts, the longest-uncounted first, until :data:`LAG_BUDGET_S` has passed (at
+        least one), and reports the others as last counted: with thousands of groups a scrape
+        stays short (it took 10 s at 6,300 groups, past Prometheus's default timeout) and every
+        lag is fresh within a few scrapes. A pair not counted yet is left out until it is."""
+        known = {pair: self._lags[pair] for pair in pairs if pair in self._lags}
+        started = time.monotonic()
+        for n, pair in enumerate(sorted(pairs, key=lambda p: known.get(p, (0, -1.0))[1])):
+            if n and time.monotonic() - started >= LAG_BUDGET_S:
+                break
+            rows = self.broker.lag(*pair, max_scan=200_000)
+            known[pair] = (sum(int(str(r["matching_lag"])) for r in rows), time.monotonic())
+        self._lags = known  # pairs gone (groups or topics deleted) go with it
+        return {pair: value for pair, (value, _) in known.items()}
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.broker.stats
@@ -459,12 +480,14 @@ class BrokerCollector(Collector):
             "Matching messages behind, per group and topic",
             labels=["group", "topic"],
         )
+        pairs = []
         for info in self.broker.groups.all():
             inconsistent.add_metric([info.name], info.inconsistencies)
-            for topic in list(info.subscriptions):
-                if self.broker.topics.get(topic) is not None:
-                    rows = self.broker.lag(info.name, topic, max_scan=200_000)
-                    lag.add_metric([info.name, topic], sum(int(str(r["matching_lag"])) for r in rows))
+            pairs += [
+                (info.name, t) for t in list(info.subscriptions) if self.broker.topics.get(t) is not None
+            ]
+        for (group, topic), behind in self._lags_of(pairs).items():
+            lag.add_metric([group, topic], behind)
         store = GaugeMetricFamily("siftmq_commit_log_bytes", "Bytes in the CommitLog")
         store.add_metric([], self.broker.store.commit_log_bytes)
         damaged = CounterMetricFamily(
