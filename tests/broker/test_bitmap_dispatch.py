@@ -102,3 +102,34 @@ def test_a_topics_sql92_registrations_are_bounded(tmp_path: Path) -> None:
     assert (
         len(FilterRegistry(tmp_path, BloomFilter(), expire_s=3600).all()) == MAX_REGISTRATIONS_PER_TOPIC + 1
     )
+
+
+def test_a_removal_the_file_did_not_take_is_written_before_the_key_is_registered_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removal whose write failed (a full disk) left the file holding the old registration, and a
+    new one of the key waited for the sweep: killed meanwhile, the old born time came back and records
+    dispatched in between, without the group's bits, were trusted to have them."""
+    import errno
+    import time
+
+    from siftmq.broker import filter_registry as module
+
+    registry = FilterRegistry(tmp_path, BloomFilter(), expire_s=3600)
+    expression = compile_filter("SQL92", "a > 1")
+    old = registry.register("g", "T", expression)
+    registry.save()
+    real = module.write_json
+
+    def full(path: Path, data: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(module, "write_json", full)
+    with pytest.raises(OSError):
+        registry.remove_where(lambda reg: reg.group == "g")
+    monkeypatch.setattr(module, "write_json", real)
+    time.sleep(0.01)  # records are dispatched meanwhile, without g's bits
+    again = registry.register("g", "T", expression)
+    assert again.born_time_ms > old.born_time_ms
+    reloaded = FilterRegistry(tmp_path, BloomFilter(), expire_s=3600).get("g", "T")  # as after a kill -9
+    assert reloaded is not None and reloaded.born_time_ms == again.born_time_ms

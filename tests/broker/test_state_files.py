@@ -258,3 +258,26 @@ def test_pull_offsets_saved_from_two_threads_at_once(tmp_path: Path) -> None:
     table.save()
     again = OffsetTable(tmp_path)
     assert again.get(("g", "T", 0)) == 300 and again.get(("g", "T", 1)) == 300
+
+
+def test_progress_put_back_wins_over_progress_made_meanwhile(tmp_path: Path) -> None:
+    """A group deletion that fails puts back what it took. A read in between (a client that had not
+    been seen yet) made progress by the rule for a new group; before, that stayed, and the group's
+    position and its messages in flight were lost."""
+    from siftmq.broker.consumer_state import ConsumerStateTable
+    from siftmq.broker.offsets import OffsetTable
+
+    consumers = ConsumerStateTable(tmp_path)
+    consumers.get_or_create(("g", "T", 0), 6)
+    taken = consumers.take_where(lambda key: key[0] == "g")
+    consumers.get_or_create(("g", "T", 0), 0)  # the read meanwhile
+    consumers.put_back(taken)
+    prog = consumers.get(("g", "T", 0))
+    assert prog is not None and prog.pop_offset == 6
+
+    offsets = OffsetTable(tmp_path)
+    offsets.set(("g", "T", 0), 6)
+    taken_offsets = offsets.take_where(lambda key: key[0] == "g")
+    offsets.set(("g", "T", 0), 0)
+    offsets.put_back(taken_offsets)
+    assert offsets.get(("g", "T", 0)) == 6

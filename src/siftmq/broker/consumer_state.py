@@ -169,10 +169,10 @@ class ConsumerStateTable:
         return taken
 
     def put_back(self, taken: dict[QueueKey, QueueProgress]) -> None:
-        """Restore progress :meth:`take_where` took (an operation that failed), where none was made since."""
+        """Restore progress :meth:`take_where` took (an operation that failed). It wins over progress
+        made meanwhile, which a read without the position made by the rule for a new group."""
         with self._lock:
-            for key, prog in taken.items():
-                self._queues.setdefault(key, prog)
+            self._queues.update(taken)
             if taken:
                 self._dirty = self._urgent = True
 

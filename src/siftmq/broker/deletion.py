@@ -13,6 +13,7 @@ name starts like a new one: a program left behind would filter it without its ow
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -87,6 +88,8 @@ def delete_group(broker: Broker, group: str) -> None:
     except BaseException:
         broker.consumers.put_back(progress)
         broker.offsets.put_back(offsets)
+        with contextlib.suppress(OSError):  # else the housekeeping writes it
+            _save(broker, progress, offsets)
         raise
     if not (known or progress or offsets or filters or programs):
         raise NotFoundError(

@@ -86,6 +86,7 @@ class FilterRegistry:
         self._by_key: dict[tuple[str, str], FilterRegistration] = {}
         self._by_topic: dict[str, tuple[FilterRegistration, ...]] = {}
         self._dirty = False
+        self._removal_unsaved = False  # a removal the file may not show yet (its write failed)
         records, problems = read_entries(read_json(self._path, []))
         for problem in problems:
             _log.error("%s: %s", self._path, problem)
@@ -135,11 +136,12 @@ class FilterRegistry:
             # them, even when the wall clock has stepped back since it was stored.
             reg = replace(reg, born_time_ms=max(_now_ms(), self.latest_store_time()))
             self._put_locked(reg)
-            if current is None:
+            if current is None and not self._removal_unsaved:
                 # a new group's registration is written with the next sweep (every 10 s) or the
                 # stop: lost to a crash, it is made again at the group's next heartbeat, with a
                 # later born time (nothing is trusted that should not be); writing the whole file
-                # for each made a churn of new groups quadratic
+                # for each made a churn of new groups quadratic. Not while the file may still hold
+                # a removed registration of the key: reloaded, its old born time would be trusted
                 self._dirty = True
             else:
                 self._save_locked()
@@ -197,10 +199,14 @@ class FilterRegistry:
         """:meth:`touch_group` for each of ``groups``, in one pass over the registrations."""
         now = now_ms if now_ms is not None else _now_ms()
         with self._lock:
-            for reg in list(self._by_key.values()):
+            touched = False
+            for key, reg in list(self._by_key.items()):
                 if reg.group in groups and now - reg.last_seen_ms > 1000:
-                    self._put_locked(replace(reg, last_seen_ms=now))
-                    self._dirty = True
+                    self._by_key[key] = replace(reg, last_seen_ms=now)
+                    touched = True
+            if touched:
+                self._dirty = True
+                self._reindex_locked()
 
     def expire(self, now_ms: int | None = None) -> list[FilterRegistration]:
         """Drop registrations whose group was last seen more than ``expire_s`` ago; returns them."""
@@ -217,6 +223,7 @@ class FilterRegistry:
                 )
             if gone:
                 self._reindex_locked()
+                self._removal_unsaved = self._dirty = True  # written again until a write works
                 self._save_locked()
             elif self._dirty:
                 self._save_locked()
@@ -230,6 +237,7 @@ class FilterRegistry:
                 del self._by_key[(reg.group, reg.topic)]
             if gone:
                 self._reindex_locked()
+                self._removal_unsaved = self._dirty = True  # written again until a write works
                 self._save_locked()
         return gone
 
@@ -252,7 +260,7 @@ class FilterRegistry:
 
     def _save_locked(self) -> None:
         write_json(self._path, [r.to_entry() for r in self._by_key.values()])
-        self._dirty = False
+        self._dirty = self._removal_unsaved = False
 
     # ----------------------------------------------------------------------------------- dispatching
 

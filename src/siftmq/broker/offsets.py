@@ -59,10 +59,10 @@ class OffsetTable:
         return taken
 
     def put_back(self, taken: dict[OffsetKey, int]) -> None:
-        """Restore offsets :meth:`take_where` took (an operation that failed), where none was set since."""
+        """Restore offsets :meth:`take_where` took (an operation that failed); they win over any
+        set meanwhile."""
         with self._lock:
-            for key, offset in taken.items():
-                self._offsets.setdefault(key, offset)
+            self._offsets.update(taken)
             if taken:
                 self._dirty = True
 
