@@ -281,3 +281,19 @@ def test_progress_put_back_wins_over_progress_made_meanwhile(tmp_path: Path) -> 
     offsets.set(("g", "T", 0), 0)
     offsets.put_back(taken_offsets)
     assert offsets.get(("g", "T", 0)) == 6
+
+
+def test_progress_past_its_queues_end_is_brought_back_keeping_what_is_in_flight_below(tmp_path: Path) -> None:
+    """At start, progress past its queue's end (a topic deletion cut short, or a power loss that
+    took a queue's unflushed tail) goes back to the end; messages in flight below it stay."""
+    from siftmq.broker.consumer_state import ConsumerStateTable, InFlight
+
+    table = ConsumerStateTable(tmp_path)
+    prog = table.get_or_create(("g", "T", 0), 10)
+    for offset in (3, 4, 8):
+        prog.put(InFlight(offset, 100 * offset, 50, 1, 0, 7))
+    table.clamp(("g", "T", 0), 6)
+    clamped = table.get(("g", "T", 0))
+    assert clamped is not None
+    assert (clamped.pop_offset, sorted(clamped.inflight)) == (6, [3, 4])
+    assert [i.queue_offset for i in clamped.pop_due(10**15, 10)] == [3, 4]  # still delivered again

@@ -132,39 +132,42 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
         for topic in self.topics.all():
             for qid in range(topic.queue_nums):
                 self.store.create_queue(topic.name, qid)
-        self._drop_progress_past_queue_ends()
+        self._clamp_progress_past_queue_ends()
         self._stop.clear()
         self._housekeeper = threading.Thread(
             target=self._housekeeping, name="siftmq-broker-housekeeping", daemon=True
         )
         self._housekeeper.start()
 
-    def _drop_progress_past_queue_ends(self) -> None:
-        """Progress past its queue's end is of a topic deleted (its queues too) without the removal
-        of its groups' progress reaching the disk (a crash in between): kept, a topic created again
-        would be read from the old positions, skipping its first messages. No progress of a live
-        queue can be past its end (recovery keeps every queue offset handed out, commits are
-        checked against the end), so it goes, as a read past the end would reset it."""
+    def _clamp_progress_past_queue_ends(self) -> None:
+        """Progress past its queue's end is brought back to the end, its messages in flight there
+        forgotten, as a read past the end would reset it, but at start. A topic deleted (its queues
+        too) without the removal of its groups' progress reaching the disk (a crash in between)
+        leaves such progress: kept, a topic created again would be read from the old positions,
+        skipping its first messages. A power loss can leave it too (a queue's unflushed tail lost):
+        its messages still in flight below the end stay in flight. Nothing else can be past an end
+        (recovery keeps every queue offset handed out; commits are checked against the end)."""
         ends: dict[tuple[str, int], int] = {}
 
-        def past_end(key: tuple[str, str, int], position: int) -> bool:
+        def end_of(key: tuple[str, str, int]) -> int:
             queue = (key[1], key[2])
             if queue not in ends:
                 ends[queue] = self.store.get_max_offset_in_queue(*queue)
-            return position > ends[queue]
+            return ends[queue]
 
-        stale = {key for key, prog in self.consumers.items() if past_end(key, prog.pop_offset)}
-        stale_offsets = {key for key, offset in self.offsets.items() if past_end(key, offset)}
-        if not (stale or stale_offsets):
-            return
-        self.consumers.remove_where(stale.__contains__)
-        self.offsets.remove_where(stale_offsets.__contains__)
-        _log.warning(
-            "dropped the progress of %d and the pull offsets of %d queue(s) past their queue's end "
-            "(left by a topic deletion cut short)",
-            len(stale),
-            len(stale_offsets),
-        )
+        past = [key for key, prog in self.consumers.items() if prog.pop_offset > end_of(key)]
+        past_offsets = [key for key, offset in self.offsets.items() if offset > end_of(key)]
+        for key in past:
+            self.consumers.clamp(key, end_of(key))
+        for key in past_offsets:
+            self.offsets.set(key, end_of(key))
+        if past or past_offsets:
+            _log.warning(
+                "brought the progress of %d and the pull offsets of %d queue(s) back to their queue's "
+                "end (left by a topic deletion cut short, or a power loss)",
+                len(past),
+                len(past_offsets),
+            )
 
     def close(self) -> None:
         """Stop background work, write consumer state and registrations, close the store (flushes)."""

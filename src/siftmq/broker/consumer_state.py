@@ -147,6 +147,22 @@ class ConsumerStateTable:
             self._queues[key] = QueueProgress(pop_offset)
             self._dirty = self._urgent = True
 
+    def clamp(self, key: QueueKey, end: int) -> None:
+        """Bring ``key``'s progress back to ``end`` (its queue's end): a position past it goes to it,
+        and messages in flight at or past it are forgotten (they are not in the queue); those below
+        it stay in flight."""
+        with self._lock:
+            prog = self._queues.get(key)
+            if prog is None:
+                return
+            kept = QueueProgress(min(prog.pop_offset, end))
+            with prog.lock:
+                for offset, item in prog.inflight.items():
+                    if offset < end:
+                        kept.put(item)
+            self._queues[key] = kept
+            self._dirty = self._urgent = True
+
     def items(self) -> list[tuple[QueueKey, QueueProgress]]:
         with self._lock:
             return list(self._queues.items())
