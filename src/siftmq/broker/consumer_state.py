@@ -151,15 +151,15 @@ class ConsumerStateTable:
         """Bring ``key``'s progress back to ``end`` (its queue's end): a position past it goes to it,
         and messages in flight at or past it are forgotten (they are not in the queue); those below
         it stay in flight."""
+        prog = self._queues.get(key)
+        if prog is None:
+            return
+        kept = QueueProgress(min(prog.pop_offset, end))
+        with prog.lock:  # the queue's lock, then the table's: one after the other, never nested here
+            for offset, item in prog.inflight.items():
+                if offset < end:
+                    kept.put(item)
         with self._lock:
-            prog = self._queues.get(key)
-            if prog is None:
-                return
-            kept = QueueProgress(min(prog.pop_offset, end))
-            with prog.lock:
-                for offset, item in prog.inflight.items():
-                    if offset < end:
-                        kept.put(item)
             self._queues[key] = kept
             self._dirty = self._urgent = True
 
