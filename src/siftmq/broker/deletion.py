@@ -38,8 +38,8 @@ def delete_topic(broker: Broker, name: str) -> None:
 
     # The tombstone first: once it is on disk the topic's messages are dead whatever happens after
     # (a send racing the deletion is kept, not acknowledged and then killed). Its groups' progress
-    # goes next: should a crash keep it on disk, the broker drops progress past its queue's end at
-    # start (a topic created again must not be read from the old positions).
+    # goes next: should a crash keep it on disk, the broker brings progress past its queue's end
+    # back to the end at start (a topic created again must not be read from the old positions).
     queues = broker.store.delete_topic(name)
     progress, offsets = _forget_progress(broker, of_topic)
     broker.topics.delete(name)
