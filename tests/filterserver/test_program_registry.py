@@ -98,14 +98,26 @@ def test_a_program_registered_again_after_its_removal_dead_letters_its_failures(
     removed program's mark of what it had dead-lettered hid the new one's failures below it, which
     were then neither delivered nor dead-lettered."""
     registry.register("g", "T", REFUSE, [row(topic="T")])
-    registry.note_dead_lettered("g", "T", 0, 1, 10)
-    assert registry.dead_lettered("g", "T", 0, 1) == 10
+    registry.note_dead_lettered("g", "T", 0, 1, range(0, 10))
+    assert registry.dead_lettered("g", "T", 0, 1) == range(0, 10)
     registry.remove("g", "T")
     registry.register("g", "T", REFUSE, [row(topic="T")])
-    assert registry.all()[0].version == 1 and registry.dead_lettered("g", "T", 0, 1) == 0
-    registry.note_dead_lettered("g", "T", 0, 1, 4)
-    registry.note_dead_lettered("g", "T", 0, 1, 2)  # an earlier read's, later: the mark stays
-    assert registry.dead_lettered("g", "T", 0, 1) == 4
+    assert registry.all()[0].version == 1 and not registry.dead_lettered("g", "T", 0, 1)
+
+
+def test_dead_letter_runs_join_only_where_reads_met(registry: ProgramRegistry) -> None:
+    """A pull that seeks forward past unread messages, then back: the failures it skipped were
+    never dead-lettered. Before, one mark (the highest offset dead-lettered) covered them too, and
+    they were neither delivered nor dead-lettered."""
+    registry.register("g", "T", REFUSE, [row(topic="T")])
+    registry.note_dead_lettered("g", "T", 0, 1, range(0, 10))
+    registry.note_dead_lettered("g", "T", 0, 1, range(10, 20))  # the next read: one run
+    assert registry.dead_lettered("g", "T", 0, 1) == range(0, 20)
+    registry.note_dead_lettered("g", "T", 0, 1, range(50, 60))  # sought forward: 20..49 unread
+    assert registry.dead_lettered("g", "T", 0, 1) == range(50, 60)
+    assert 30 not in registry.dead_lettered("g", "T", 0, 1)  # read later: dead-lettered then
+    registry.note_dead_lettered("g", "T", 0, 1, range(5, 5))  # an empty read changes nothing
+    assert registry.dead_lettered("g", "T", 0, 1) == range(50, 60)
 
 
 def test_registrations_beyond_the_trial_workers_are_told_to_retry(registry: ProgramRegistry) -> None:

@@ -88,15 +88,15 @@ class ProgramReads(BrokerParts):
             self.programs.leave(group, topic, queue_id, filtered.version, left)
             result = replace(result, next_begin_offset=stop, scanned=stop - offset)
         done = self.programs.dead_lettered(group, topic, queue_id, filtered.version)
-        failed_at = [i for i in errors if i < cut and records[i].queue_offset >= done]
-        for i in failed_at:
-            failed = self.store.decode_raw(topic, queue_id, records[i])
-            if failed is not None:  # (None: damaged, its CRC failed)
-                self._to_dlq(group, failed, 0, {PROPERTY_FILTER_ERROR: errors[i]})
-        if failed_at:  # a pull that seeks back over them does not copy them again
-            self.programs.note_dead_lettered(
-                group, topic, queue_id, filtered.version, records[failed_at[-1]].queue_offset + 1
-            )
+        for i, why in errors.items():
+            if i < cut and records[i].queue_offset not in done:
+                failed = self.store.decode_raw(topic, queue_id, records[i])
+                if failed is not None:  # (None: damaged, its CRC failed)
+                    self._to_dlq(group, failed, 0, {PROPERTY_FILTER_ERROR: why})
+        # every failure of [offset, next_begin_offset) is in the dead-letter topic now: a pull that
+        # seeks back over them does not copy them again
+        read = range(offset, result.next_begin_offset)
+        self.programs.note_dead_lettered(group, topic, queue_id, filtered.version, read)
         decoded = [self.store.decode_raw(topic, queue_id, records[i]) for i in kept]
         messages = [m for m in decoded if m is not None]
         return replace(result, messages=messages), messages

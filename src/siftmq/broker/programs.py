@@ -130,9 +130,9 @@ class ProgramRegistry:
         self._left_over: dict[tuple[str, str, int], tuple[int, dict[int, tuple[int, str]]]] = {}
         self._left_over_text: dict[tuple[str, str, int], int] = {}  # characters of their error texts
         self._left_over_bytes = 0  # all of them
-        # per (group, topic, queue): the program version and the offset below which its failures
+        # per (group, topic, queue): the program version and the run of queue offsets whose failures
         # are in the dead-letter topic already (a pull that seeks back reads them again)
-        self._dead_lettered: dict[tuple[str, str, int], tuple[int, int]] = {}
+        self._dead_lettered: dict[tuple[str, str, int], tuple[int, int, int]] = {}
         if self._programs and self.unavailable:
             _log.error("filter programs are registered but cannot run here: %s", self.unavailable)
 
@@ -351,19 +351,27 @@ class ProgramRegistry:
             self._left_over_text[queue] = text
             self._left_over_bytes += text
 
-    def dead_lettered(self, group: str, topic: str, queue_id: int, version: int) -> int:
-        """The queue offset below which ``version``'s failures on the queue were dead-lettered."""
+    def dead_lettered(self, group: str, topic: str, queue_id: int, version: int) -> range:
+        """The queue offsets whose failures under ``version`` are in the dead-letter topic already
+        (one run of them, the one reads last extended)."""
         mark = self._dead_lettered.get((group, topic, queue_id))
-        return mark[1] if mark is not None and mark[0] == version else 0
+        return range(mark[1], mark[2]) if mark is not None and mark[0] == version else range(0)
 
-    def note_dead_lettered(self, group: str, topic: str, queue_id: int, version: int, below: int) -> None:
+    def note_dead_lettered(self, group: str, topic: str, queue_id: int, version: int, read: range) -> None:
+        """A read of ``read`` (queue offsets) dead-lettered every failure in it: it joins the run
+        it meets, or starts a new one (a pull that sought elsewhere: what lies between was not read)."""
+        if not read:
+            return
         queue = (group, topic, queue_id)
         with self._lock:
-            below = max(below, self.dead_lettered(*queue, version))
+            run = self.dead_lettered(*queue, version)
+            start, stop = read.start, read.stop
+            if run and start <= run.stop and run.start <= stop:
+                start, stop = min(start, run.start), max(stop, run.stop)
             self._dead_lettered.pop(queue, None)
             if len(self._dead_lettered) >= MAX_LEFT_OVER:
                 self._dead_lettered.pop(next(iter(self._dead_lettered)))  # the oldest
-            self._dead_lettered[queue] = (version, below)
+            self._dead_lettered[queue] = (version, start, stop)
 
     def _drop_left_over(self, queue: tuple[str, str, int]) -> tuple[int, dict[int, tuple[int, str]]] | None:
         """With the lock held: forget (and return) the verdicts ``queue``'s last read left over."""
