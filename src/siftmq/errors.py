@@ -43,6 +43,9 @@ from __future__ import annotations
 
 import enum
 import errno
+import logging
+import time
+from collections.abc import Callable
 from typing import ClassVar
 
 
@@ -450,6 +453,36 @@ def caused_by_full_disk(exc: BaseException) -> bool:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return False
+
+
+class RepeatingFailure:
+    """How a background loop reports a step that may fail on every pass (a full disk fails each
+    one): the failure when it starts, then at most once per ``every_s`` while it goes on, with its
+    traceback unless the disk is full; and one line when the step works again."""
+
+    def __init__(self, log: logging.Logger, what: str, every_s: float = 60.0) -> None:
+        self._log, self.what, self._every_s = log, what, every_s
+        self._logged: float | None = None  # when the failure going on was last logged
+
+    def failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self._logged is None or now - self._logged >= self._every_s:
+            self._logged = now
+            self._log.error("%s failed; retrying: %s", self.what, exc, exc_info=not caused_by_full_disk(exc))
+
+    def worked(self) -> None:
+        if self._logged is not None:
+            self._logged = None
+            self._log.info("%s works again", self.what)
+
+    def run(self, step: Callable[[], object]) -> None:
+        """Run ``step``, reporting how it went (an exception is reported, not raised)."""
+        try:
+            step()
+        except Exception as exc:
+            self.failed(exc)
+        else:
+            self.worked()
 
 
 def as_store_error(exc: BaseException) -> StoreError:

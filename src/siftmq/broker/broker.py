@@ -33,7 +33,7 @@ from siftmq.broker.receive import Receiving
 from siftmq.broker.reports import Reporting
 from siftmq.broker.stats import BrokerStats
 from siftmq.broker.topics import TopicManager
-from siftmq.errors import caused_by_full_disk
+from siftmq.errors import RepeatingFailure
 from siftmq.filter import BloomFilter
 from siftmq.filterserver.pool import Limits
 from siftmq.store import (
@@ -50,7 +50,6 @@ SAVE_SPACING: Final = 20
 #: queue locks, must not put the next one off for minutes: older progress after a crash means
 #: more deliveries again). Removed progress is written at the next pass whatever the spacing.
 MAX_SAVE_GAP_S: Final = 5.0
-HOUSEKEEPING_LOG_GAP_S: Final = 60.0  # a housekeeping step that keeps failing is logged this often
 
 
 class Broker(Inspecting, Receiving, Pulling, Reporting):
@@ -197,7 +196,10 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
         last_sweep = 0.0
         last_retention = time.monotonic()
         next_save = 0.0
-        logged: dict[str, float] = {}  # each failing step's last log line
+        retention = RepeatingFailure(_log, "broker housekeeping: retention")
+        progress = RepeatingFailure(_log, "broker housekeeping: saving consumer progress")
+        offsets = RepeatingFailure(_log, "broker housekeeping: saving pull offsets")
+        clients = RepeatingFailure(_log, "broker housekeeping: expiring clients")
 
         def save_consumers() -> None:
             nonlocal next_save
@@ -218,13 +220,13 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
             # disk) must not stop the retention that would make room
             if time.monotonic() - last_retention >= self.config.retention_check_interval_s:
                 last_retention = time.monotonic()
-                _step("retention", self.apply_retention, logged)
-            _step("saving consumer progress", save_consumers, logged)
+                retention.run(self.apply_retention)
+            progress.run(save_consumers)
             if self.offsets.dirty:
-                _step("saving pull offsets", self.offsets.save, logged)
+                offsets.run(self.offsets.save)
             if time.monotonic() - last_sweep >= 10:
                 last_sweep = time.monotonic()
-                _step("expiring clients", sweep, logged)
+                clients.run(sweep)
 
     def apply_retention(self) -> None:
         """Delete CommitLog segments past ``retention_hours`` (and, under ``disk_full_policy =
@@ -265,23 +267,3 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
             if past > first:
                 lost[group] = lost.get(group, 0) + past - first
         return lost
-
-
-def _step(name: str, run: Callable[[], None], logged: dict[str, float]) -> None:
-    """Run one housekeeping step; a failure is logged when it starts and then once a minute at
-    most while it goes on (a full disk fails every pass), and the next pass tries again."""
-    try:
-        run()
-    except Exception as exc:
-        now = time.monotonic()
-        if now - logged.get(name, -HOUSEKEEPING_LOG_GAP_S) >= HOUSEKEEPING_LOG_GAP_S:
-            logged[name] = now
-            _log.error(
-                "broker housekeeping: %s failed; retrying: %s",
-                name,
-                exc,
-                exc_info=not caused_by_full_disk(exc),
-            )
-    else:
-        if logged.pop(name, None) is not None:
-            _log.info("broker housekeeping: %s works again", name)

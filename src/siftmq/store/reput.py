@@ -18,16 +18,14 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from siftmq.errors import StoreError, as_store_error, caused_by_full_disk
+from siftmq.errors import RepeatingFailure, StoreError, as_store_error
 from siftmq.store.commitlog import AppendedRecord
 from siftmq.store.dispatch import QueueArrival, Reput
 
 _log = logging.getLogger(__name__)
-_FAILURE_LOG_GAP_S = 60.0
 
 BATCH: Final = 8192  # most records one dispatch round takes
 _IDLE_WAIT: Final = 0.5  # seconds the thread sleeps when nobody wakes it
@@ -140,7 +138,7 @@ class ReputService:
     # ------------------------------------------------------------------------------------ dispatch
 
     def _loop(self) -> None:
-        logged = 0.0
+        failures = RepeatingFailure(_log, "dispatch")
         while not self._stop.is_set():
             self._wake.acquire(timeout=_IDLE_WAIT)
             if len(self._pending) < _SMALL_BACKLOG:
@@ -148,11 +146,10 @@ class ReputService:
             try:
                 while not self._stop.is_set() and self._dispatch_batch(self._limit()):
                     pass
+                failures.worked()
                 self.error = None
             except Exception as exc:  # keep the thread alive; readers and appenders see the error
-                if self.error is None or time.monotonic() - logged >= _FAILURE_LOG_GAP_S:
-                    logged = time.monotonic()  # while it keeps failing (a full disk), a line a minute
-                    _log.error("dispatch failed; retrying: %s", exc, exc_info=not caused_by_full_disk(exc))
+                failures.failed(exc)
                 self.error = as_store_error(exc)
                 self._stop.wait(self._retry_interval_s)
 

@@ -52,7 +52,14 @@ from types import TracebackType
 from typing import Final, cast
 
 from siftmq.durable import fsync_dir
-from siftmq.errors import StoreClosedError, StoreError, StoreLockedError, as_store_error, caused_by_full_disk
+from siftmq.errors import (
+    RepeatingFailure,
+    StoreClosedError,
+    StoreError,
+    StoreLockedError,
+    as_store_error,
+    caused_by_full_disk,
+)
 from siftmq.store import codec, retention
 from siftmq.store.codec import Message, StoredMessage
 from siftmq.store.commitlog import AppendedRecord, CommitLog
@@ -72,7 +79,6 @@ from siftmq.store.reput import INLINE_BACKLOG_BYTES, MessageArrivingListener, Re
 from siftmq.store.tombstones import Tombstones
 
 _log = logging.getLogger(__name__)
-FLUSH_LOG_GAP_S: Final = 60.0
 
 #: CommitLog bytes appended but not yet dispatched beyond which appenders dispatch themselves
 _MAX_DISPATCH_LAG: Final = 32 * 1024 * 1024
@@ -597,19 +603,14 @@ class MessageStore:
 
     def _flush_loop(self) -> None:
         interval = self.config.flush_interval_ms / 1000.0
-        logged = -FLUSH_LOG_GAP_S  # while flushes keep failing (a full disk), a line a minute
+        failures = RepeatingFailure(_log, "periodic flush")
         while not self._stop.wait(interval):
             try:
                 self._flush_all()
-                if self._flush_error is not None:
-                    _log.info("periodic flush works again")
+                failures.worked()
                 self._flush_error = None
             except (OSError, StoreError) as exc:
-                if time.monotonic() - logged >= FLUSH_LOG_GAP_S:
-                    logged = time.monotonic()
-                    _log.error(
-                        "periodic flush failed; retrying: %s", exc, exc_info=not caused_by_full_disk(exc)
-                    )
+                failures.failed(exc)
                 self._flush_error = as_store_error(exc)
 
     def _check_open(self) -> None:
