@@ -94,6 +94,9 @@ class Filtered:
     version: int = 0  # of the program that made them
 
 
+#: what a read left over for a queue's next one: the program version, the verdicts by queue offset
+#: (code, error text), and the characters of those texts
+LeftOver = tuple[int, dict[int, tuple[int, str]], int]
 _UNIQ_KEY_FIRST: Final = f"{UNIQ_KEY}{NAME_VALUE}".encode()
 _UNIQ_KEY_LATER: Final = f"{SEPARATOR}{UNIQ_KEY}{NAME_VALUE}".encode()
 
@@ -126,10 +129,9 @@ class ProgramRegistry:
         self._trials = itertools.count(1)
         self._registering: set[tuple[str, str]] = set()
         self._kept_share: dict[tuple[str, str], float] = {}  # of the messages evaluated, lately
-        # per (group, topic, queue): the program version and the verdicts a read got past its batch
-        self._left_over: dict[tuple[str, str, int], tuple[int, dict[int, tuple[int, str]]]] = {}
-        self._left_over_text: dict[tuple[str, str, int], int] = {}  # characters of their error texts
-        self._left_over_bytes = 0  # all of them
+        # per (group, topic, queue): what a read got past its batch (see LeftOver)
+        self._left_over: dict[tuple[str, str, int], LeftOver] = {}
+        self._left_over_chars = 0  # of all their error texts
         # per (group, topic, queue): the program version and the run of queue offsets whose failures
         # are in the dead-letter topic already (a pull that seeks back reads them again)
         self._dead_lettered: dict[tuple[str, str, int], tuple[int, int, int]] = {}
@@ -164,7 +166,7 @@ class ProgramRegistry:
         """Check ``source``, load it in the sandbox and run it on ``sample``; then it is the
         (group, topic)'s program, a version above the one it replaces."""
         checked = check_program(source)
-        self._filter_server(trial=True)  # UnsupportedError where programs cannot run
+        trials = self._filter_server(trial=True)  # UnsupportedError where programs cannot run
         with self._lock:
             if (group, topic) in self._registering:
                 raise BadRequestError(
@@ -173,23 +175,24 @@ class ProgramRegistry:
                 )
             self._registering.add((group, topic))
         try:
-            return self._register(group, topic, source, sample, checked.sha256)
+            return self._register(group, topic, source, sample, checked.sha256, trials=trials)
         finally:
             with self._lock:
                 self._registering.discard((group, topic))
 
-    def _register(self, group: str, topic: str, source: str, sample: list[Row], sha256: str) -> Program:
+    def _register(
+        self, group: str, topic: str, source: str, sample: list[Row], sha256: str, *, trials: FilterServer
+    ) -> Program:
         old = self._programs.get((group, topic))
         version = (old.version if old else 0) + 1
         if old is None and len(self._programs) >= MAX_PROGRAMS:
             raise BadRequestError(f"the broker holds {MAX_PROGRAMS} filter programs, its limit")
         trial = ProgramKey(group, topic, -next(self._trials))  # never a key reads use
-        server = self._filter_server(trial=True)
         try:
-            verdict = server.evaluate(trial, source, sample) if sample else None
+            verdict = trials.evaluate(trial, source, sample) if sample else None
             if verdict is None:
                 # loads it; the result on an empty message is not looked at (it need not make sense of one)
-                server.evaluate(trial, source, [row(topic=topic)])
+                trials.evaluate(trial, source, [row(topic=topic)])
         except ProgramLoadError as exc:
             raise ProgramError(f"the program failed to load: {exc}") from exc
         except ProgramSuspended as exc:
@@ -202,7 +205,7 @@ class ProgramRegistry:
         except WorkerDied as exc:
             raise ProgramError(f"the program's worker did not start: {exc.reason}") from exc
         finally:
-            server.forget(trial)
+            trials.forget(trial)
         if verdict is not None and verdict.errors:
             raise ProgramError(f"match failed on the sample message: {next(iter(verdict.errors.values()))}")
         program = Program(group, topic, version, sha256, source, int(time.time() * 1000))
@@ -344,12 +347,11 @@ class ProgramRegistry:
         with self._lock:
             self._drop_left_over(queue)
             while self._left_over and (
-                len(self._left_over) >= MAX_LEFT_OVER or self._left_over_bytes + text > MAX_LEFT_OVER_TEXT
+                len(self._left_over) >= MAX_LEFT_OVER or self._left_over_chars + text > MAX_LEFT_OVER_TEXT
             ):
                 self._drop_left_over(next(iter(self._left_over)))  # the oldest
-            self._left_over[queue] = (version, verdicts)
-            self._left_over_text[queue] = text
-            self._left_over_bytes += text
+            self._left_over[queue] = (version, verdicts, text)
+            self._left_over_chars += text
 
     def dead_lettered(self, group: str, topic: str, queue_id: int, version: int) -> range:
         """The queue offsets whose failures under ``version`` are in the dead-letter topic already
@@ -373,10 +375,14 @@ class ProgramRegistry:
                 self._dead_lettered.pop(next(iter(self._dead_lettered)))  # the oldest
             self._dead_lettered[queue] = (version, start, stop)
 
-    def _drop_left_over(self, queue: tuple[str, str, int]) -> tuple[int, dict[int, tuple[int, str]]] | None:
+    def _drop_left_over(
+        self, queue: tuple[str, str, int]
+    ) -> tuple[int, dict[int, tuple[int, str]], int] | None:
         """With the lock held: forget (and return) the verdicts ``queue``'s last read left over."""
-        self._left_over_bytes -= self._left_over_text.pop(queue, 0)
-        return self._left_over.pop(queue, None)
+        left = self._left_over.pop(queue, None)
+        if left is not None:
+            self._left_over_chars -= left[2]
+        return left
 
     def _set_status(self, program: Program, status: Status, error: str) -> None:
         with self._lock:
