@@ -6,7 +6,9 @@ copy's ack was refused: every message a push consumer held longer was consumed t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -37,6 +39,28 @@ async def _receive(connection: Connection, auto_renew: bool) -> list[pb.Message]
     return [f.message for f in frames if f.HasField("message")]
 
 
+async def _delivered(connection: Connection, auto_renew: bool, within_s: float) -> list[pb.Message]:
+    """What ``connection``'s receives get first, once a delivery comes (none within ``within_s``: [])."""
+    got: list[pb.Message] = []
+    deadline = time.monotonic() + within_s
+    while not got and time.monotonic() < deadline:
+        got = await _receive(connection, auto_renew)
+    return got
+
+
+@contextlib.asynccontextmanager
+async def _sent_to_clients(endpoint: str, body: bytes, *client_ids: str) -> AsyncIterator[list[Connection]]:
+    """``body`` sent, and a connection for each of ``client_ids`` (closed after)."""
+    async with Producer(endpoint) as producer:
+        await producer.send(TOPIC, body, tag="t")
+    connections = [Connection(endpoint, client_id=c) for c in client_ids]
+    try:
+        yield connections
+    finally:
+        for connection in connections:
+            await connection.close()
+
+
 async def _ack(connection: Connection, message: pb.Message) -> str:
     """The AckMessage answer's status name."""
     entry = pb.AckMessageEntry(
@@ -57,11 +81,7 @@ def test_a_renewed_delivery_stays_with_its_client_until_it_is_acknowledged(start
     broker = start_broker(config={"default_invisible_time_s": 1.0, "client_session_expire_s": 3.0})
 
     async def scenario() -> None:
-        async with Producer(broker.endpoint) as producer:
-            await producer.send(TOPIC, b"slow work", tag="t")
-        holder = Connection(broker.endpoint, client_id="holder")
-        other = Connection(broker.endpoint, client_id="other")
-        try:
+        async with _sent_to_clients(broker.endpoint, b"slow work", "holder", "other") as (holder, other):
             [held] = await _receive(holder, auto_renew=True)
             until = time.monotonic() + 3.5  # 3.5 invisible times
             while time.monotonic() < until:
@@ -76,16 +96,10 @@ def test_a_renewed_delivery_stays_with_its_client_until_it_is_acknowledged(start
             [abandoned] = await _receive(holder, auto_renew=True)
             # the holder goes away (no call for longer than client_session_expire_s): renewals stop
             # and the message is delivered again, to the client still polling
-            deadline = time.monotonic() + 15
-            again: list[pb.Message] = []
-            while not again and time.monotonic() < deadline:
-                again = await _receive(other, auto_renew=True)
+            again = await _delivered(other, auto_renew=True, within_s=15)
             assert [m.body for m in again] == [b"left behind"]
             assert again[0].system_properties.delivery_attempt == 2
             assert abandoned.system_properties.message_id == again[0].system_properties.message_id
-        finally:
-            await holder.close()
-            await other.close()
 
     asyncio.run(scenario())
 
@@ -94,22 +108,12 @@ def test_without_auto_renew_the_invisible_time_still_ends(start_broker: Any) -> 
     broker = start_broker(config={"default_invisible_time_s": 1.0})
 
     async def scenario() -> None:
-        async with Producer(broker.endpoint) as producer:
-            await producer.send(TOPIC, b"plain", tag="t")
-        first = Connection(broker.endpoint, client_id="first")
-        second = Connection(broker.endpoint, client_id="second")
-        try:
+        async with _sent_to_clients(broker.endpoint, b"plain", "first", "second") as (first, second):
             [taken] = await _receive(first, auto_renew=False)
             await asyncio.sleep(1.3)
             await _receive(first, auto_renew=False)
-            again: list[pb.Message] = []
-            deadline = time.monotonic() + 5
-            while not again and time.monotonic() < deadline:
-                again = await _receive(second, auto_renew=False)
+            again = await _delivered(second, auto_renew=False, within_s=5)
             assert [m.body for m in again] == [b"plain"]
             assert await _ack(first, taken) == "INVALID_RECEIPT_HANDLE"  # its time was over
-        finally:
-            await first.close()
-            await second.close()
 
     asyncio.run(scenario())
