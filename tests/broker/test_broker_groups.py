@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from siftmq.broker import Broker, ProducedMessage, Subscription
+from siftmq.broker import Broker, ProducedMessage, Subscription, deletion
 from siftmq.broker import clients as clients_module
 from siftmq.broker import groups as groups_module
 from siftmq.broker.groups import SubscriptionConflictError
 from siftmq.broker.pull import allocate_averagely
-from siftmq.errors import BadRequestError
+from siftmq.errors import BadRequestError, StatusCode
 from siftmq.testing import SteppedClock
 from siftmq.testing import open_broker as make_broker
 
@@ -88,6 +88,95 @@ def test_strict_group_refuses_different_topic_sets(broker: Broker) -> None:
         broker.subscribe("c2", "PUSH_CONSUMER", "g", [tag("*", "TopicA")])
     assert "TopicB" in exc.value.message and "c1" in exc.value.message
     broker.subscribe("c3", "PUSH_CONSUMER", "g", [tag("*", "TopicB"), tag("*", "TopicA")])  # same set
+
+
+def test_a_member_refused_for_its_topics_stays_refused_on_receive_and_pull(broker: Broker) -> None:
+    """A refusal of the settings holds for the member's requests: one receive or pull with the group's
+    expression cleared it, and the member then took queues of a topic it never reads."""
+    for topic in ("T1", "T2"):
+        broker.send(ProducedMessage(topic=topic, body=b"m", message_id=f"01TS{topic}", tag="a"))
+    broker.subscribe("A", "PULL_CONSUMER", "G", [tag("*", "T1"), tag("*", "T2")])
+    with pytest.raises(SubscriptionConflictError):
+        broker.subscribe("B", "PULL_CONSUMER", "G", [tag("*", "T1")])
+    with pytest.raises(SubscriptionConflictError, match="subscribes topics"):
+        broker.pull("G", tag("*", "T1"), 0, 0, 8, client_id="B")
+    with pytest.raises(SubscriptionConflictError, match="subscribes topics"):
+        broker.receive("G", tag("*", "T1"), client_id="B", batch_size=8, invisible_ms=60_000)
+    with pytest.raises(SubscriptionConflictError):
+        broker.heartbeat("B", "PULL_CONSUMER", "G")
+    assert broker.assignment("G", "T2", "A") == [0, 1, 2, 3]  # B, refused, holds none of them
+    broker.client_terminated("A")  # the member B disagreed with is gone: B's requests are served
+    assert broker.receive("G", tag("*", "T1"), client_id="B", batch_size=8, invisible_ms=60_000)
+    broker.heartbeat("B", "PULL_CONSUMER", "G")
+
+
+def test_a_strict_clustering_group_consumes_one_way(broker: Broker) -> None:
+    """Receives keep the group's progress and pulls its committed offsets, each on its own: a pull
+    member beside a receiving one would be handed every message the other is."""
+    broker.subscribe("popper", "SIMPLE_CONSUMER", "G", [tag("*")])
+    with pytest.raises(SubscriptionConflictError, match="consume the same way") as exc:
+        broker.subscribe("puller", "PULL_CONSUMER", "G", [tag("*")])
+    assert "popper" in exc.value.message and "PULL_CONSUMER" in exc.value.message
+    with pytest.raises(SubscriptionConflictError):
+        broker.pull("G", tag("*"), 0, 0, 8, client_id="puller")
+    broker.subscribe("pusher", "PUSH_CONSUMER", "G", [tag("*")])  # a push consumer receives too
+    broker.subscribe("puller", "PULL_CONSUMER", "other", [tag("*")])
+    broker.configure_group("G2", mode="clustering", consistency="compat")
+    broker.subscribe("popper2", "SIMPLE_CONSUMER", "G2", [tag("*")])
+    broker.subscribe("puller2", "PULL_CONSUMER", "G2", [tag("*")])  # compat groups are not checked
+
+
+def test_a_groups_first_receive_starts_where_its_pulls_committed(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A group that consumed by pull and then by receive goes on from its committed offset (the rule
+    for a new group started over at the queue's start, or past everything once retention had begun)."""
+    broker = make_broker(tmp_path / "d", default_queue_nums=1)
+    request.addfinalizer(broker.close)
+    for i in range(6):
+        broker.send(ProducedMessage(topic=TOPIC, body=str(i).encode(), message_id=f"01PC{i}", tag="t"))
+    broker.subscribe("puller", "PULL_CONSUMER", "H", [tag("*")])
+    pulled = broker.pull("H", tag("*"), 0, 0, 4, client_id="puller")
+    broker.update_offset("H", TOPIC, 0, pulled.next_offset, client_id="puller")
+    broker.client_terminated("puller")
+    broker.subscribe("popper", "SIMPLE_CONSUMER", "H", [tag("*")])
+    got = broker.receive("H", tag("*"), client_id="popper", queue_id=0, batch_size=16, invisible_ms=60_000)
+    assert [d.message.body for d in got] == [b"4", b"5"]
+
+
+def test_a_redelivery_the_groups_new_filter_rejects_is_not_delivered(broker: Broker) -> None:
+    """The group's only member changes its subscription while a message is in flight: the message is
+    the group's no longer, as the queue's other messages that filter rejects."""
+    broker.subscribe("c1", "SIMPLE_CONSUMER", GROUP, [tag("tagA")])
+    broker.send(ProducedMessage(topic=TOPIC, body=b"a", message_id="01REDA", tag="tagA"))
+    assert broker.receive(GROUP, tag("tagA"), client_id="c1", batch_size=16, invisible_ms=50)
+    broker.subscribe("c1", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])
+    broker.send(ProducedMessage(topic=TOPIC, body=b"b", message_id="01REDB", tag="tagB"))
+    time.sleep(0.1)  # the tagA message is due again
+    got = broker.receive(GROUP, tag("tagB"), client_id="c1", batch_size=16, invisible_ms=60_000)
+    assert [d.message.body for d in got] == [b"b"]
+    time.sleep(0.1)
+    assert broker.receive(GROUP, tag("tagB"), client_id="c1", batch_size=16, invisible_ms=60_000) == []
+
+
+def test_groups_past_max_groups_are_refused_until_one_is_deleted(tmp_path: Path) -> None:
+    """Each group costs memory and a share of every write of the groups and progress files (a new
+    group's first read writes both whole: ~90 ms each at 6,000 groups): one past max_groups is refused."""
+    broker = make_broker(tmp_path / "d", max_groups=2, compat_groups=("ops1", "ops2"))
+    try:
+        broker.send(ProducedMessage(topic=TOPIC, body=b"m", message_id="01MAXG", tag="a"))
+        with pytest.raises(BadRequestError, match="max_groups") as exc:
+            broker.receive("g1", tag("*"), client_id="c1", batch_size=1, invisible_ms=60_000)
+        assert exc.value.status == StatusCode.PRECONDITION_FAILED and "'g1'" in exc.value.message
+        with pytest.raises(BadRequestError, match="max_groups"):
+            broker.subscribe("c1", "SIMPLE_CONSUMER", "g1", [tag("*")])
+        assert broker.groups.get("g1") is None
+        assert broker.receive("ops1", tag("*"), client_id="c2", batch_size=1, invisible_ms=60_000)
+        broker.client_terminated("c2")
+        deletion.delete_group(broker, "ops1")
+        assert broker.receive("g1", tag("*"), client_id="c1", batch_size=1, invisible_ms=60_000)
+    finally:
+        broker.close()
 
 
 def test_compat_group_reproduces_seed_004(tmp_path: Path) -> None:

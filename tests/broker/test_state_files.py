@@ -53,6 +53,23 @@ def test_a_written_file_is_byte_for_byte_the_canonical_envelope(tmp_path: Path, 
     assert read_json(path, "missing") == json.loads(_canonical(data))
 
 
+@given(
+    sizes=st.lists(st.integers(0, 700), min_size=2, max_size=900),
+    names=st.sampled_from(["g\t{}\tT", "é{}", "{}"]),
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_large_object_written_a_few_members_at_a_time_is_still_the_canonical_encoding(
+    tmp_path: Path, sizes: list[int], names: str
+) -> None:
+    """Objects the size of a broker's progress and groups files (hundreds of members, lists of
+    hundreds of items) are encoded in chunks; the bytes are those of one call all the same."""
+    data = {names.format(n): {"pop": n, "inflight": [[n, 1, 2]] * size} for n, size in enumerate(sizes)}
+    path = tmp_path / "state.json"
+    write_json(path, data)
+    envelope = {"format": FORMAT, "sha256": hashlib.sha256(_canonical(data)).hexdigest(), "data": data}
+    assert path.read_bytes() == _canonical(envelope)
+
+
 def test_an_edit_that_stays_valid_json_falls_back_to_the_previous_generation(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -78,6 +78,7 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
             compat_groups=config.compat_groups,
             broadcasting_groups=config.broadcasting_groups,
             restore_grace_s=config.client_session_expire_s,
+            max_groups=config.max_groups,
         )
         self.programs = ProgramRegistry(
             config_dir,

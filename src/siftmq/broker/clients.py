@@ -21,6 +21,9 @@ class ClientSession:
     group: str | None = None
     address: str = ""
     refused: str | None = None  # why its declared subscription was refused (strict groups)
+    # the group and topics of its last declared settings, refused or not: a refusal for the set of
+    # topics or the way of consuming holds for its receives and pulls until the group accepts them
+    declared: tuple[str, frozenset[str]] | None = None
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
     last_seen: float = field(default_factory=time.monotonic)
 

@@ -108,6 +108,8 @@ class BrokerConfig:
     default_queue_nums: int = 8
     max_queue_nums: int = 1024
     max_topics: int = 10_000  # every topic holds open files and memory: creating one more is refused
+    # consumer groups (each costs memory and a share of every write of the groups and progress files)
+    max_groups: int = 10_000
     # messages
     max_body_size: int = 4 * MIB
     max_user_properties: int = 128

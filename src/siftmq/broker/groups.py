@@ -38,6 +38,10 @@ ModeSwitch = Callable[[str, str, str], None]
 POLICIES: Final = ("strict", "compat")
 
 
+#: How each kind of consumer takes messages: receives (the group's progress) or pulls (its offsets).
+_CONSUMING: Final = {"SIMPLE_CONSUMER": "receive", "PUSH_CONSUMER": "receive", "PULL_CONSUMER": "pull"}
+
+
 class SubscriptionConflictError(BrokerError):
     """A client's subscription differs from the one its group's live members hold (strict groups)."""
 
@@ -82,8 +86,10 @@ class GroupManager:
         compat_groups: Iterable[str] = (),
         broadcasting_groups: Iterable[str] = (),
         restore_grace_s: float = 30.0,
+        max_groups: int = 10_000,
     ) -> None:
         self._path = config_dir / "groups.json"
+        self._max_groups = max_groups
         self._lock = threading.Lock()
         self._groups: dict[str, GroupInfo] = {}
         for name, item in read_json(self._path, {}).items():
@@ -98,14 +104,23 @@ class GroupManager:
                     restored_until=time.monotonic() + restore_grace_s,
                 )
             self._groups[name] = info
-        for name in compat_groups:
-            self._ensure(name).consistency = "compat"
+        for name in compat_groups:  # the operator's own: whatever max_groups says
+            self._groups.setdefault(name, GroupInfo(name)).consistency = "compat"
         for name in broadcasting_groups:
-            self._ensure(name).mode = "broadcasting"
+            self._groups.setdefault(name, GroupInfo(name)).mode = "broadcasting"
 
     def _ensure(self, group: str) -> GroupInfo:
+        """The group's entry, made if new. Every group costs memory and its share of each write of
+        the groups and progress files (a new group's first read writes both whole): one more than
+        ``max_groups`` is refused."""
         info = self._groups.get(group)
         if info is None:
+            if len(self._groups) >= self._max_groups:
+                raise BadRequestError(
+                    f"cannot create consumer group {group!r}: the broker holds {len(self._groups)} groups, "
+                    "its max_groups; delete groups that are no longer used or raise max_groups",
+                    status=StatusCode.PRECONDITION_FAILED,
+                )
             info = self._groups[group] = GroupInfo(group)
         return info
 
@@ -245,6 +260,27 @@ class GroupManager:
                     f"inconsistent subscription: group {group!r} member {other} subscribes topics "
                     f"{sorted(their_topics)}, but client {client_id or '<anonymous>'} subscribes "
                     f"{sorted(topics)}. Members of one group must subscribe the same topics"
+                )
+
+    def check_kinds(self, group: str, client_id: str, client_type: str, members: dict[str, str]) -> None:
+        """Strict clustering groups: a pull consumer and a receiving (simple or push) consumer are not
+        live members at once. Receives keep the group's progress and pulls its committed offsets, each
+        moving on its own, so both kinds would be handed every message. ``members``: the live
+        members' client types by client id."""
+        info = self._groups.get(group)
+        if info is None or info.consistency != "strict" or info.mode != "clustering":
+            return
+        way = _CONSUMING.get(client_type)
+        if way is None:
+            return
+        for other, their_type in sorted(members.items()):
+            theirs = _CONSUMING.get(their_type)
+            if other != client_id and theirs is not None and theirs != way:
+                raise SubscriptionConflictError(
+                    f"inconsistent subscription: group {group!r} member {other} consumes by {theirs} "
+                    f"({their_type}), but client {client_id or '<anonymous>'} consumes by {way} "
+                    f"({client_type}). Members of one clustering group must consume the same way; "
+                    "use another group for the other way"
                 )
 
     def release(self, group: str, client_id: str) -> None:

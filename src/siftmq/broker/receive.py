@@ -327,10 +327,13 @@ class Receiving(Subscribing):
         prog = self.consumers.get((group, topic, qid))
         if prog is not None:
             return prog
-        # A broadcasting member starts where its group was (a switch from clustering carried it);
-        # else RocketMQ's rule for a new group: from the start while the queue still holds its
-        # first message, otherwise only what arrives from now on.
+        # A broadcasting member starts where its group was (a switch from clustering carried it), a
+        # group's first receive where its pulls committed; else RocketMQ's rule for a new group:
+        # from the start while the queue still holds its first message, otherwise only what
+        # arrives from now on.
         start = self.member_start(group, topic, qid)
+        if start is None:  # the position the group's pull consumers committed, if they did
+            start = self.offsets.get((group, topic, qid))
         if start is None:
             lo = self.store.get_min_offset_in_queue(topic, qid)
             start = 0 if lo == 0 else self.store.get_max_offset_in_queue(topic, qid)
@@ -385,10 +388,15 @@ class Receiving(Subscribing):
                 rp.bytes_left -= item.size
             for item in left:
                 prog.put(item)
+        accept = rp.message_filter.is_matched_by_commit_log if rp.message_filter is not None else None
         for n, item in enumerate(due):
             try:
                 msg = self._load(item, rp.topic, qid)
-                if msg is None:  # removed by retention: nothing left to deliver
+                if msg is None or (  # removed by retention: nothing left to deliver
+                    # or no longer the group's: its subscription changed since, and the filter in
+                    # force passes over it, as over the queue's other messages it rejects
+                    accept is not None and not accept(msg.properties)
+                ):
                     del prog.inflight[item.queue_offset]
                     self.consumers.mark_dirty()
                     continue

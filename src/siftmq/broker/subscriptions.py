@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Final, overload
 
 from siftmq.broker.client_state import client_progress_group
+from siftmq.broker.clients import ClientSession
 from siftmq.broker.groups import GroupSubscription, SubscriptionConflictError
 from siftmq.broker.message_filters import TagMessageFilter
 from siftmq.broker.mode_switch import carry_position, group_of, member_start
@@ -113,8 +114,8 @@ class Subscribing(ProgramReads):
                 else StatusCode.ILLEGAL_FILTER_EXPRESSION,
             )
         # check before recording: a refused client must not become the holder of anything
-        self.clients.touch(client_id, client_type=client_type, group=group, address=address)
-        members = {m.client_id: set(m.subscriptions) for m in self.clients.members(group)}
+        session = self.clients.touch(client_id, client_type=client_type, group=group, address=address)
+        session.declared = (group, frozenset(sub.topic for sub, _ in compiled))
         try:
             if message_model is not None:
                 self.groups.declare_mode(
@@ -124,7 +125,7 @@ class Subscribing(ProgramReads):
                     live=self.clients.live_ids(group),
                     on_switch=self.carry_position,
                 )
-            self.groups.check_topics(group, client_id, {sub.topic for sub, _ in compiled}, members)
+            self._check_members(group, session)
         except SubscriptionConflictError as exc:
             self._mark_refused(client_id, exc.message)
             raise
@@ -147,6 +148,17 @@ class Subscribing(ProgramReads):
             raise
         self._mark_refused(client_id, None)
         self.clients.touch(client_id, subscriptions=list(subscriptions))
+
+    def _check_members(self, group: str, session: ClientSession) -> None:
+        """The strict group's rules between members: the same set of topics, the same way of
+        consuming (raises :class:`SubscriptionConflictError`)."""
+        assert session.declared is not None
+        members = self.clients.members(group)
+        client_id = session.client_id
+        topics = {m.client_id: set(m.subscriptions) for m in members}
+        self.groups.check_topics(group, client_id, set(session.declared[1]), topics)
+        kinds = {m.client_id: m.client_type for m in members if not m.refused}
+        self.groups.check_kinds(group, client_id, session.client_type, kinds)
 
     def _mark_refused(self, client_id: str, why: str | None) -> None:
         session = self.clients.get(client_id)
@@ -177,7 +189,14 @@ class Subscribing(ProgramReads):
         this very subscription already; never None without it.
         """
         compiled = self._compile(subscription)
-        self.clients.touch(client_id, group=group)
+        session = self.clients.touch(client_id, group=group)
+        if session.refused is not None and session.declared is not None and session.declared[0] == group:
+            # refused on its settings: its requests are refused as long as the group would refuse those
+            try:
+                self._check_members(group, session)
+            except SubscriptionConflictError as exc:
+                session.refused = exc.message
+                raise
         asked: dict[str, Any] = {
             "kind": compiled.kind,
             "expression": compiled.normalized,

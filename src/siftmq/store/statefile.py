@@ -39,17 +39,32 @@ def _canonical(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
 
 
+#: Members of a top-level object encoded by one ``json.dumps`` call (see :func:`_canonical_by_member`),
+#: and how many items their lists and objects may hold in all.
+_CHUNK_MEMBERS: Final = 256
+_CHUNK_ITEMS: Final = 1024
+
+
 def _canonical_by_member(data: Any) -> bytes:
-    """:func:`_canonical`, a top-level object encoded a member at a time: one ``json.dumps`` holds
-    the GIL for the whole call (~90 ms for consumer progress with 100,000 messages in flight), and
-    between members the event loop gets it back."""
+    """:func:`_canonical`, a top-level object encoded a few members at a time: one ``json.dumps``
+    holds the GIL for the whole call (~90 ms for consumer progress with 100,000 messages in
+    flight), and between calls the event loop gets it back. Small members go together (a call per
+    member cost 40 ms for the groups file of 6,000 groups, 13 ms in one call)."""
     if not isinstance(data, dict) or len(data) < 2 or not all(isinstance(k, str) for k in data):
         return _canonical(data)
-    members = [  # in sort_keys order: the keys are unique strings
-        json.dumps(key, ensure_ascii=False).encode() + b":" + _canonical(value)
-        for key, value in sorted(data.items())
-    ]
-    return b"{" + b",".join(members) + b"}"
+    parts: list[bytes] = []
+    chunk: dict[str, Any] = {}
+    items = 0
+    for key, value in sorted(data.items()):  # in sort_keys order: the keys are unique strings
+        chunk[key] = value
+        if isinstance(value, dict):
+            items += sum(len(v) for v in value.values() if isinstance(v, (list, dict)))
+        if len(chunk) >= _CHUNK_MEMBERS or items >= _CHUNK_ITEMS:
+            parts.append(_canonical(chunk)[1:-1])
+            chunk, items = {}, 0
+    if chunk:
+        parts.append(_canonical(chunk)[1:-1])
+    return b"{" + b",".join(parts) + b"}"
 
 
 def write_json(path: Path, data: Any) -> None:
