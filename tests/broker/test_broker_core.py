@@ -790,3 +790,15 @@ def test_a_receipt_handle_is_read_only_as_it_is_written(
     for other in (f"0x{n}", n.upper() if n.upper() != n else f"0{n}", f"0{n}"):
         with pytest.raises(BadRequestError, match="malformed receipt handle"):
             ReceiptHandle.decode(":".join((v, q, o, other, t)))
+
+
+def test_a_property_of_thousands_of_digits_does_not_stop_a_sql92_group(broker: Broker) -> None:
+    """Python's int() refuses 4,300 digits and more: the ValueError failed every receive of the
+    queue, the messages before and after the poison one included, for good."""
+    sub = Subscription(TOPIC, "SQL92", "a > 1")
+    broker.receive("g", sub, batch_size=1, invisible_ms=60_000)  # registered before the sends
+    send(broker, a="5", n="before")
+    send(broker, a="9" * 5_000, n="poison")
+    send(broker, a="0" * 5_000 + "7", n="leading zeros")
+    send(broker, a="6", n="after")
+    assert [props["n"] for _, props, _ in drain(broker, "g", sub)] == ["before", "leading zeros", "after"]

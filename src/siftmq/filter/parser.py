@@ -298,7 +298,8 @@ class _Parser:
 
     def _integer(self, tok: Token) -> Literal:
         digits = tok.text.rstrip("lL")
-        value = int(digits)
+        # int() refuses 4,300 digits and more: a literal longer than any long is out of range unread
+        value = int(digits) if len(digits.lstrip("0")) <= len(str(LONG_MAX)) else LONG_MAX + 1
         if value > LONG_MAX:
             raise FilterSyntaxError(
                 f"integer literal {digits} is out of the Long range (max {LONG_MAX})",
