@@ -83,7 +83,7 @@ def test_every_numeric_field_is_range_checked() -> None:
         except ConfigError:
             continue
         accepted_zero.add(name)
-    assert accepted_zero == {"disk_reserve_bytes", "send_threads"}
+    assert accepted_zero == {"disk_reserve_bytes", "max_connections", "send_threads"}
 
 
 def test_a_file_value_is_checked_even_when_an_option_replaces_it(tmp_path: Path) -> None:

@@ -87,6 +87,9 @@ class BrokerConfig:
     # hold the admin server's connections; beyond admin_max_connections it answers 503
     admin_request_timeout_s: float = 10.0
     admin_max_connections: int = 256
+    # gRPC connections a process serving them holds at most (each is a file descriptor); 0: a quarter
+    # of its open-file limit
+    max_connections: int = 0
     flush: Literal["sync", "async"] = "async"
     flush_interval_ms: int = 500
     commit_log_segment_size: int = 1024 * MIB
@@ -232,7 +235,7 @@ MAX_WORKERS = 64
 MAX_THREADS: Final = 1024
 
 #: Numbers for which 0 means something (no reserve; send threads chosen by the flush mode).
-_ZERO_ALLOWED: Final = frozenset({"disk_reserve_bytes", "send_threads"})
+_ZERO_ALLOWED: Final = frozenset({"disk_reserve_bytes", "max_connections", "send_threads"})
 #: Shares of the disk: in (0, 1].
 _RATIOS: Final = frozenset({"disk_high_water_ratio", "disk_max_used_space_ratio"})
 

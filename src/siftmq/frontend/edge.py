@@ -28,6 +28,7 @@ import grpc
 
 from siftmq.auth.signature import SignatureError, Verifier, signature_headers
 from siftmq.frontend import frames
+from siftmq.frontend.limits import server_options
 from siftmq.process_tuning import tune_gc
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
@@ -365,13 +366,8 @@ def _die_with_parent() -> None:
 async def serve(args: argparse.Namespace) -> int:
     link = Link(max(args.frame_limit + frames.CALL_ROOM, frames.MAX_FROM_CORE))
     await link.connect(args.socket, os.environ.get(TOKEN_ENV, "").encode())
-    server = grpc.aio.server(
-        options=[
-            ("grpc.so_reuseport", 1),  # the front-ends share the port; the core checked it was free
-            ("grpc.max_receive_message_length", args.frame_limit),
-            ("grpc.max_send_message_length", args.frame_limit),
-        ]
-    )
+    # the front-ends share the port (SO_REUSEPORT); the core checked it was free
+    server = grpc.aio.server(options=server_options(args.frame_limit, args.max_connections, reuse_port=True))
     server.add_generic_rpc_handlers(handlers(link, batch_extension=args.batch_extension))
     try:
         if args.tls_cert:
@@ -409,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True)
     parser.add_argument("--index", default="0")
     parser.add_argument("--frame-limit", type=int, required=True)
+    parser.add_argument("--max-connections", type=int, default=0)
     parser.add_argument("--tls-cert", default="")
     parser.add_argument("--tls-key", default="")
     parser.add_argument("--tls-client-ca", default="")

@@ -19,6 +19,7 @@ from siftmq.broker.config import BrokerConfig, parse_listen
 from siftmq.broker.long_polling import ArrivalNotifier
 from siftmq.errors import ConfigError, SiftError
 from siftmq.frontend.edge import tls_credentials
+from siftmq.frontend.limits import server_options
 from siftmq.process_tuning import tune_gc
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from siftmq.server import auth, decoding
@@ -54,7 +55,7 @@ def _behaviour(service: MessagingService, rpc: Rpc, gate: Gate | None) -> Behavi
         run = auth.guard(run, rpc, gate)  # inside the decoding guard: requests are decoded
     deserialize: Any = bytes
     if rpc.request is not None:
-        deserialize = decoding.tolerant(rpc.request.FromString)
+        deserialize = decoding.tolerant(rpc.request)
         run = decoding.guard(run, rpc.shape, rpc.name, rpc.request.DESCRIPTOR.name)
     return Behaviour(rpc, run, deserialize, rpc.response.SerializeToString)
 
@@ -217,7 +218,7 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
         if config.workers > 1:
             edge = FrontEnds(config, config.workers, behaviour_table(table), frame_limit, gate)
         else:
-            edge = _InProcessEdge(table, frame_limit, credentials)
+            edge = _InProcessEdge(table, frame_limit, credentials, config.max_connections)
         signals.on_stop.append(edge.stopping)
         try:
             port = await edge.start(host, listen_port)
@@ -286,15 +287,13 @@ class _InProcessEdge:
     """gRPC served by this process (``--workers 1``, and brokers embedded in another program)."""
 
     def __init__(
-        self, table: dict[str, Behaviour], frame_limit: int, credentials: grpc.ServerCredentials | None
+        self,
+        table: dict[str, Behaviour],
+        frame_limit: int,
+        credentials: grpc.ServerCredentials | None,
+        max_connections: int = 0,
     ) -> None:
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_receive_message_length", frame_limit),
-                ("grpc.max_send_message_length", frame_limit),
-            ]
-        )
+        self._server = grpc.aio.server(options=server_options(frame_limit, max_connections, reuse_port=False))
         self._server.add_generic_rpc_handlers(_handlers(table))
         self._credentials = credentials
         self._started = False

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
 
 _log = logging.getLogger(__name__)
 
@@ -33,16 +34,127 @@ class Undecodable:
         self.error = error
 
 
-def tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+#: Requests from this size on are counted (:func:`wire_elements`) before they are decoded: below
+#: it, a request holds at most half as many elements as bytes, ~20 MiB once decoded at the worst.
+COUNT_FROM_BYTES: Final = 512 * 1024
+#: The elements (fields, repeated items, map entries, packed bytes) a request may hold, nested ones
+#: included: a full batch (1,024 messages of 32 keys and 128 properties each) holds ~300,000. A
+#: decoded element costs ~80 bytes, so 12 MiB of empty repeated entries grew to ~500 MiB in the
+#: decoder before any count of the handler's was checked.
+MAX_ELEMENTS: Final = 320_000
+_MAX_DEPTH: Final = 32  # deeper nesting is left to the decoder, which refuses it
+_LENGTH_TYPES: Final = frozenset({FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES})
+
+
+class _TooMany(Exception):
+    pass
+
+
+def tolerant(request_type: Any) -> Callable[[bytes], Any]:
+    parse = request_type.FromString
+    descriptor = request_type.DESCRIPTOR
+
     def deserialize(data: bytes) -> Any:
         try:
+            if len(data) >= COUNT_FROM_BYTES:
+                wire_elements(descriptor, data, MAX_ELEMENTS)
             return parse(data)
+        except _TooMany:
+            return Undecodable(
+                f"the request holds more than {MAX_ELEMENTS:,} fields and repeated items in "
+                f"{len(data):,} bytes (a full batch holds fewer)"
+            )
         except (
             Exception
         ) as exc:  # protobuf raises DecodeError, and RuntimeWarning-like errors for some inputs
             return Undecodable(f"{type(exc).__name__}: {exc}"[:300])
 
     return deserialize
+
+
+def wire_elements(descriptor: Any, data: bytes, limit: int) -> int:
+    """How many elements the protobuf encoding ``data`` of a ``descriptor`` message holds, nested
+    messages included; raises ``_TooMany`` as soon as there are more than ``limit``. Reads the
+    wire format only (tags and lengths, no values), so the count costs no memory; bytes that are
+    not a valid encoding are left for the decoder to refuse."""
+    with memoryview(data) as view:
+        return limit - _count(view, 0, len(data), descriptor, limit, 0)
+
+
+def _varint(data: memoryview, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while pos < end:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            break
+    raise ValueError("not a varint")
+
+
+_PACKED: Final = object()  # a repeated number field, whose length-delimited form is a packed run
+_plans: dict[str, dict[int, Any]] = {}
+
+
+def _plan(descriptor: Any) -> dict[int, Any]:
+    """By field number, what a length-delimited field of ``descriptor`` holds: a message (its
+    descriptor) or a packed run (:data:`_PACKED`); strings and bytes are left out."""
+    plan = _plans.get(descriptor.full_name)
+    if plan is None:
+        plan = {}
+        for number, field in descriptor.fields_by_number.items():
+            if field.message_type is not None:
+                plan[number] = field.message_type
+            elif field.is_repeated and field.type not in _LENGTH_TYPES:
+                plan[number] = _PACKED
+        _plans[descriptor.full_name] = plan
+    return plan
+
+
+def _count(  # noqa: PLR0917 - positional on purpose: it recurses once per nested message
+    data: memoryview, pos: int, end: int, descriptor: Any, budget: int, depth: int
+) -> int:
+    """What is left of ``budget`` after the elements of data[pos:end]."""
+    fields = _plan(descriptor)
+    try:
+        while pos < end:
+            key = data[pos]  # one byte for fields 1-15, which are all there are but for a few
+            if key < 0x80:
+                pos += 1
+            else:
+                key, pos = _varint(data, pos, end)
+            budget -= 1
+            if budget < 0:
+                raise _TooMany
+            wire_type = key & 7
+            if wire_type == 0:
+                _, pos = _varint(data, pos, end)
+            elif wire_type == 1:
+                pos += 8
+            elif wire_type == 5:
+                pos += 4
+            elif wire_type == 2:
+                size = data[pos] if pos < end else 0x80
+                if size < 0x80:
+                    pos += 1
+                else:
+                    size, pos = _varint(data, pos, end)
+                held = fields.get(key >> 3)
+                if held is _PACKED:
+                    budget -= size  # an element per byte at most
+                    if budget < 0:
+                        raise _TooMany
+                elif held is not None and depth < _MAX_DEPTH and pos + size <= end:
+                    budget = _count(data, pos, pos + size, held, budget, depth + 1)
+                pos += size
+            else:  # groups (not proto3) or garbage: for the decoder to refuse
+                return budget
+    except ValueError:
+        return budget
+    return budget
 
 
 class _LogLimiter:

@@ -148,6 +148,8 @@ class FrontEnds:
             str(index),
             "--frame-limit",
             str(self._frame_limit),
+            "--max-connections",
+            str(self._config.max_connections),
             "--batch-extension" if config.batch_extension else "--no-batch-extension",
         ]
         if config.tls_cert_file:

@@ -1,0 +1,103 @@
+"""What one hostile client may hold of a real broker over gRPC, from a review that took brokers down
+with traffic they accepted: small requests that decode to hundreds of MiB, and connections held
+until the process ran out of file descriptors."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from siftmq.protocol import rocketmq_v2_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+SERVICE = "/apache.rocketmq.v2.MessagingService/"
+BIG = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def _call(
+    channel: grpc.Channel, method: str, payload: bytes, *, timeout: float = 30
+) -> tuple[grpc.StatusCode, str]:
+    try:
+        channel.unary_unary(SERVICE + method)(payload, timeout=timeout)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def test_requests_of_millions_of_empty_entries_are_refused_before_they_are_decoded(start_broker: Any) -> None:
+    """11 MiB of empty ack entries (or of empty keys in one message) decoded to ~500 MiB before the
+    handler's count was checked; they are now counted on the wire and refused, naming the bound."""
+    broker = start_broker("data")
+    before = _peak_rss_mib(broker.proc.pid)
+    hostile = {
+        "AckMessage": b"\x1a\x00" * (11 * 1024 * 1024 // 2),
+        "SendMessage": pb.SendMessageRequest(
+            messages=[pb.Message(system_properties=pb.SystemProperties(keys=[""] * 5_000_000))]
+        ).SerializeToString(),
+    }
+    with grpc.insecure_channel(broker.endpoint, options=BIG) as channel:
+        for method, payload in hostile.items():
+            for _ in range(3):
+                code, details = _call(channel, method, payload)
+                assert code == grpc.StatusCode.INVALID_ARGUMENT, (method, code, details)
+                assert "fields and repeated items" in details, details
+        # a large request of the right shape still goes through
+        body = pb.Message(
+            topic=pb.Resource(name="Big"),
+            body=b"x" * (3 * 1024 * 1024),
+            system_properties=pb.SystemProperties(message_id="01BIGLIMIT", keys=["k"] * 8),
+        )
+        answer = channel.unary_unary(SERVICE + "SendMessage")(
+            pb.SendMessageRequest(messages=[body]).SerializeToString(), timeout=30
+        )
+    assert pb.SendMessageResponse.FromString(answer).status.code == pb.Code.OK
+    assert _peak_rss_mib(broker.proc.pid) - before < 150
+
+
+def _silent_http2_connection(endpoint: str) -> socket.socket:
+    """A connection that does its HTTP/2 handshake and then says nothing."""
+    host, port = endpoint.rsplit(":", 1)
+    conn = socket.create_connection((host, int(port)), timeout=10)
+    conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+    return conn
+
+
+def test_connections_past_max_connections_are_refused_and_the_held_ones_keep_being_served(
+    start_broker: Any,
+) -> None:
+    """Silent connections without end took every file descriptor: every call failed, and so did
+    the store's own writes. Past max_connections a new connection is refused; the broker and the
+    connections it holds go on."""
+    broker = start_broker("data", config={"max_connections": 3})
+    with grpc.insecure_channel(broker.endpoint) as held:
+        route = pb.QueryRouteRequest(topic=pb.Resource(name="Held")).SerializeToString()
+        assert _call(held, "QueryRoute", route)[0] == grpc.StatusCode.OK
+        silent = [_silent_http2_connection(broker.endpoint) for _ in range(2)]
+        try:
+            time.sleep(0.5)
+            # (channels of one process share connections unless told not to)
+            with grpc.insecure_channel(
+                broker.endpoint, options=[("grpc.use_local_subchannel_pool", 1)]
+            ) as late:
+                code, _ = _call(late, "QueryRoute", route, timeout=3)
+                assert code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), code
+            assert _call(held, "QueryRoute", route)[0] == grpc.StatusCode.OK
+        finally:
+            for conn in silent:
+                conn.close()
+        time.sleep(0.5)
+        with grpc.insecure_channel(broker.endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) as after:
+            assert _call(after, "QueryRoute", route)[0] == grpc.StatusCode.OK
