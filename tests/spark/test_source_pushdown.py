@@ -297,3 +297,12 @@ def test_stream_message_ids_are_deterministic_and_distinct() -> None:
     assert len({a(0), a(1), stream_message_ids("sink", 4, 1)(0), stream_message_ids("sink", 3, 2)(0)}) == 4
     assert stream_message_ids("other", 3, 1)(0) != a(0)
     assert a(0).isascii() and a(0).isprintable() and len(a(0)) <= 128
+
+
+def test_a_tag_set_reads_back_as_itself_on_the_broker() -> None:
+    """The tag ``*`` alone is not subscribe-all, and no tag matches no message (RocketMQ)."""
+    star, none = frozenset({"*"}), frozenset[str]()
+    assert broker_filter(sql_filter=None, base_tags=star) == BrokerFilter("TAG", "*||")
+    assert broker_filter(sql_filter=None, base_tags=none) == BrokerFilter("TAG", " ")
+    assert broker_filter(sql_filter="a = 1", base_tags=star).expression == "(a = 1) AND TAGS IN ('*')"
+    assert broker_filter(sql_filter="a = 1", base_tags=none).expression == "(a = 1) AND FALSE"

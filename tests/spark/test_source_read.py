@@ -17,7 +17,7 @@ import httpx
 import pytest
 from pyspark.sql import functions as F
 
-from siftmq.client import blocking
+from siftmq.client import FilterExpression, blocking
 from siftmq.spark.pushdown import BrokerFilter
 from siftmq.spark.source import default_group
 
@@ -283,3 +283,45 @@ def test_a_group_with_a_filter_program_is_honoured(spark: Any, start_broker: Any
     ]
     # only tag A reached the program (a read may evaluate what it reads past its batch again)
     assert 60 <= counters["evaluated"] < 240 and counters["matched"] >= 20
+
+
+def consumer_bodies(endpoint: str, topic: str, expression: FilterExpression) -> set[bytes]:
+    """What a pull consumer subscribed with ``expression`` gets of ``topic`` from offset 0."""
+    got: set[bytes] = set()
+    with blocking.PullConsumer(endpoint, "tag-truth", topic, expression) as consumer:
+        for qid in consumer.assignment():
+            consumer.seek(qid, 0)
+        idle = 0
+        while idle < 2:
+            batch = consumer.poll(64, 0.0)
+            got |= {m.body for m in batch}
+            idle = 0 if batch else idle + 1
+    return got
+
+
+@pytest.mark.parametrize("tags", ["*||", " "])
+def test_tags_option_reads_what_a_consumer_of_that_subscription_gets(
+    spark: Any, start_broker: Any, tags: str
+) -> None:
+    """``*||`` is the tag ``*`` alone and ``" "`` no tag at all, for RocketMQ: neither is every message."""
+    broker = start_broker()
+    topic = "Starred"
+    with blocking.Producer(broker.endpoint) as producer:
+        batch = [
+            producer.message(
+                topic,
+                f"b{i}".encode(),
+                tag=["*", "A", None][i % 3],
+                properties={"region": "eu" if i % 2 else "us"},
+            )
+            for i in range(24)
+        ]
+        producer.send_many(batch)
+    want = consumer_bodies(broker.endpoint, topic, FilterExpression.tag(tags))
+    assert want == {f"b{i}".encode() for i in range(24) if tags == "*||" and i % 3 == 0}
+    for pushdown in ("false", "true"):
+        df = reader(spark, broker.endpoint, topic=topic, tags=tags, properties="region", pushdown=pushdown)
+        assert {r.body for r in df.collect()} == want, pushdown
+        df = reader(spark, broker.endpoint, topic=topic, tags=tags, properties="region", pushdown=pushdown)
+        eu = {r.body for r in df.filter("region = 'eu'").collect()}
+        assert eu == {b for b in want if int(b[1:]) % 2}, pushdown

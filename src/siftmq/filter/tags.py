@@ -12,6 +12,7 @@ compares the tag string itself (:meth:`TagFilter.matches_tag`), so no collision 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -57,6 +58,13 @@ class TagFilter:
                 tags.append(tag)
         tag_set = frozenset(tags)
         return cls(text, False, tag_set, frozenset(java_string_hash(t) for t in tag_set))
+
+    @classmethod
+    def of_tags(cls, tags: Iterable[str]) -> TagFilter:
+        """The filter that keeps exactly the messages tagged with one of ``tags`` (none: no message)."""
+        tag_set = frozenset(tags)
+        filt = cls("", False, tag_set, frozenset(java_string_hash(t) for t in tag_set))
+        return cls(filt.normalized(), False, tag_set, filt.codes)
 
     def matches_code(self, tags_code: int | None) -> bool:
         """The index check: may a message whose ConsumeQueue entry holds ``tags_code`` match?"""

@@ -73,7 +73,8 @@ def sql_string(value: str) -> str:
 
 
 def tag_expression(tags: Iterable[str]) -> str:
-    return "||".join(sorted(tags))
+    """The TAG expression that parses back to exactly ``tags`` (" " for none, "*||" for the tag "*")."""
+    return TagFilter.of_tags(tags).normalized()
 
 
 def tags_in_sql(tags: Iterable[str]) -> str:
@@ -456,7 +457,7 @@ def broker_filter(
 
     A tag constraint alone is a TAG expression (the broker then skips by the index's tag hash);
     anything else is one SQL92 expression, the tag set becoming ``TAGS IN (...)``. An empty tag set
-    (the constraints contradict each other) is reported by ``pushdown.empty`` and never read.
+    matches nothing, as it does for a consumer: the TAG expression ``" "``, or ``FALSE`` in SQL92.
     """
     tags = base_tags
     terms: list[str] = []
@@ -467,11 +468,12 @@ def broker_filter(
             tags = pushdown.tags if tags is None else tags & pushdown.tags
         terms.extend(pushdown.sql_terms)
     if terms:
-        if tags:
-            terms.append(tags_in_sql(tags))
+        if tags is not None:
+            # an empty tag set matches no message (RocketMQ), and SQL92 has no empty IN list
+            terms.append(tags_in_sql(tags) if tags else "FALSE")
         text = " AND ".join(terms)
         compile_filter("SQL92", text)  # raises FilterError: caller decides
         return BrokerFilter("SQL92", text)
-    if tags:
+    if tags is not None:
         return BrokerFilter("TAG", tag_expression(tags))
     return BrokerFilter("TAG", "*")
