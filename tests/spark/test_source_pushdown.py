@@ -30,8 +30,9 @@ from siftmq.errors import ConfigError
 from siftmq.filter import compile_filter
 from siftmq.spark.options import EARLIEST, LATEST, parse_read_options, parse_write_options
 from siftmq.spark.pushdown import broker_filter, plan_pushdown, sql_string
+from siftmq.spark.rows import message_schema
 from siftmq.spark.sink import stream_message_ids
-from siftmq.spark.source import BrokerFilter, default_group
+from siftmq.spark.source import BrokerFilter, SiftmqPushdownReader, default_group
 from siftmq.spark.stream import offsets_json, share
 
 HOT = ("region", "price", "odd-name")
@@ -306,3 +307,26 @@ def test_a_tag_set_reads_back_as_itself_on_the_broker() -> None:
     assert broker_filter(sql_filter=None, base_tags=none) == BrokerFilter("TAG", " ")
     assert broker_filter(sql_filter="a = 1", base_tags=star).expression == "(a = 1) AND TAGS IN ('*')"
     assert broker_filter(sql_filter="a = 1", base_tags=none).expression == "(a = 1) AND FALSE"
+
+
+def test_the_source_takes_only_filters_that_keep_every_row() -> None:
+    """A taken filter would narrow the read plan Spark shares between every scan of the relation."""
+    o = parse_read_options(
+        {**BASE, "properties": "region", "pushdown": "true", "tags": "A||B", "sql92": "false"},
+        streaming=False,
+    )
+    reader = SiftmqPushdownReader(o, message_schema(o.hot_properties))
+    keep = [
+        EqualTo(("topic",), "Orders"),
+        IsNotNull(T),
+        IsNotNull(("queue_id",)),
+        GreaterThanOrEqual(("queue_id",), 0),
+    ]
+    narrow = [
+        EqualTo(R, "eu"),
+        EqualTo(T, "A"),
+        EqualTo(("topic",), "Other"),
+        In(("queue_id",), (1, 2)),
+        LessThan(("queue_offset",), 10),
+    ]
+    assert list(reader.pushFilters([*keep, *narrow])) == narrow

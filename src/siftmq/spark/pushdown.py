@@ -27,6 +27,9 @@ an ``IN`` list only turns FALSE into NULL, so dropping it keeps the rows that pa
 ``NOT STARTSWITH`` on a missing property is FALSE in RocketMQ and NULL in Spark — neither keeps
 the row. ``NOT (a <=> 'x')`` is ``a IS NULL OR a <> 'x'``.
 
+The batch source takes only the filters whose plan keeps every row (:attr:`Pushdown.keeps_every_row`):
+Spark 4.3 shares one pushdown's read plan between every scan of a loaded relation (``source.py``).
+
 Pure: imports only the filter classes of ``pyspark.sql.datasource`` (no session, no JVM).
 """
 
@@ -158,6 +161,17 @@ class Pushdown:
     queues: Range = field(default_factory=Range)
     offsets: Range = field(default_factory=Range)
     empty: bool = False  # an accepted filter matches no row at all
+
+    @property
+    def keeps_every_row(self) -> bool:
+        """Does the read narrowed by this keep every row of the read without it?"""
+        return (
+            not self.sql_terms
+            and self.tags is None
+            and self.queues == Range()
+            and self.offsets == Range()
+            and not self.empty
+        )
 
     def describe(self) -> str:
         parts = list(self.sql_terms)

@@ -7,31 +7,35 @@ entries), each read on an executor by offset pulls (PullMessage) with the broker
 yield Arrow record batches. ``readStream`` is :mod:`siftmq.spark.stream`; ``write`` and
 ``writeStream`` are :mod:`siftmq.spark.sink`. Options, schema and semantics: ``docs/spark-source.md``.
 
-Filter pushdown needs option ``pushdown=true`` and ``spark.sql.python.filterPushdown.enabled``.
+Option ``pushdown=true`` takes part in Spark's filter pushdown (with
+``spark.sql.python.filterPushdown.enabled``) but accepts only predicates that hold for every row
+the read returns anyway (``topic = '<the topic>'``, ``IS NOT NULL`` on a column that never is):
+none changes what is read. Spark 4.3 keeps the read plan a pushdown produces (partitions and
+read function, ``PythonFilterPushdownResult.readInfo``) on the loaded relation
+(``PythonDataSourceV2.setReadInfo``), not on the scan, and every scan of that relation reads
+with the plan of the pushdown planned last (``PythonBatch`` takes ``getOrCreateReadInfo``): in a
+self-join both sides, and a scan with nothing to push (which never reaches Python) reads a plan
+narrowed for another. Nothing reaches the reader that tells the scans apart, so a predicate
+that narrowed the read would give some scan wrong rows; Spark applies them all instead. The
+broker filters by the ``filter`` and ``tags`` options, which belong to the load.
+
 Spark checks, before it plans a read, whether the reader class overrides ``pushFilters`` and
 fails the query when it does and the setting is off. So :meth:`SiftmqDataSource.reader` returns
 the pushdown-capable reader only when Spark calls it from its pushdown planning worker
 (``data_source_pushdown_filters.py``), and the plain reader otherwise: the source works with the
 setting on or off.
-
-Why opt-in: Spark 4.3 keeps the read plan of a Python data source on the loaded relation
-(``PythonDataSourceV2.readInfo``) and refreshes it only when a query offers filters to push. A
-later query on the same loaded DataFrame that offers none (no filter, or only an OR) reuses the
-previous query's plan, pushed filters included, and silently returns too few rows. Nothing on
-the Python side can tell the two queries apart, so pushdown is safe only when each loaded
-DataFrame serves one query (``docs/spark-source.md``).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, Final
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from siftmq.errors import ConfigError, FilterError
+from siftmq.errors import ConfigError
 from siftmq.spark.gateway import BrokerGateway
 from siftmq.spark.options import (
     ReadOptions,
@@ -39,7 +43,7 @@ from siftmq.spark.options import (
     parse_read_options,
     parse_write_options,
 )
-from siftmq.spark.pushdown import BrokerFilter, Pushdown, broker_filter, plan_pushdown
+from siftmq.spark.pushdown import BrokerFilter, broker_filter, plan_pushdown
 from siftmq.spark.reading import (
     DataLossError,
     QueueRange,
@@ -69,12 +73,11 @@ class SiftmqReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
-        self.pushdown: Pushdown | None = None
         self._sql92_ok: bool | None = None
 
     def broker_filter(self) -> BrokerFilter:
         o = self.options
-        return broker_filter(sql_filter=o.filter, base_tags=o.tags, pushdown=self.pushdown)
+        return broker_filter(sql_filter=o.filter, base_tags=o.tags)
 
     def partitions(self) -> list[InputPartition]:
         o = self.options
@@ -98,14 +101,8 @@ class SiftmqReader(DataSourceReader):
                         f"queue {q} starts at {start}, after its ending offset {end} "
                         "(option 'endingOffsets')",
                     )
-                if self.pushdown is not None:
-                    if not self.pushdown.queues.contains(q):
-                        continue
-                    start, end = self.pushdown.offsets.clip(start, end)
                 if end > start:
                     ranges.append((q, start, end))
-            if self.pushdown is not None and self.pushdown.empty:
-                return []
             if ranges and flt.needs_sql92 and not self._sql92_checked(gateway, plan, n):
                 raise option_error(
                     "filter",
@@ -133,32 +130,16 @@ class SiftmqReader(DataSourceReader):
 
 
 class SiftmqPushdownReader(SiftmqReader):
-    """:class:`SiftmqReader` that also takes the predicates the broker can evaluate exactly."""
+    """:class:`SiftmqReader` that takes the predicates every row it reads satisfies (see the module)."""
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         o = self.options
-        self.pushdown = self._plan(filters, sql92=o.sql92 != "false")
-        if self.pushdown.sql_terms and o.filter is None and o.sql92 == "auto":
-            # SQL92 only because of what was pushed: make sure the broker takes it, else push tags only
-            plan = ReadPlan.of(o, self.broker_filter())
-            with connect(o) as gateway:
-                ok = self._sql92_checked(gateway, plan, queue_count(gateway, o))
-            if not ok:
-                self.pushdown = self._plan(filters, sql92=False)
-        yield from self.pushdown.rejected
-
-    def _plan(self, filters: Sequence[Any], *, sql92: bool) -> Pushdown:
-        o = self.options
-        pushdown = plan_pushdown(
-            filters, topic=o.topic, hot_properties=o.hot_properties, sql92=sql92, base_tags=o.tags
-        )
-        try:
-            broker_filter(sql_filter=o.filter, base_tags=o.tags, pushdown=pushdown)
-        except FilterError:  # e.g. too long for the broker: push what needs no SQL92
-            pushdown = plan_pushdown(
-                filters, topic=o.topic, hot_properties=o.hot_properties, sql92=False, base_tags=o.tags
+        for f in filters:
+            plan = plan_pushdown(
+                [f], topic=o.topic, hot_properties=o.hot_properties, sql92=False, base_tags=o.tags
             )
-        return pushdown
+            if not (plan.accepted and plan.keeps_every_row):
+                yield f
 
 
 def _planning_with_pushdown() -> bool:
