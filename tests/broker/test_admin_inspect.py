@@ -153,6 +153,10 @@ def test_a_dead_letter_is_resent_to_its_origin_once(start_broker: Any, tmp_path:
         ("GET", "/dead-letters", ("Cluster", "List")),
         ("GET", "/groups/g/programs", ("Group:g", "Get")),
         ("POST", "/topics/%DLQ%g/queues/0/messages/3/resend", ("Topic:%DLQ%g", "Update")),
+        # a topic named "resend" is no resend: its requests need what any topic's do
+        ("DELETE", "/topics/resend", ("Topic:resend", "Delete")),
+        ("GET", "/topics/resend", ("Topic:resend", "Get")),
+        ("GET", "/topics/resend/queues/0/messages/0", ("Topic:resend", "Get")),
     ],
 )
 def test_each_inspection_route_needs_its_action(method: str, path: str, expected: tuple[str, str]) -> None:

@@ -181,3 +181,29 @@ def test_a_post_a_web_page_could_make_is_refused(start_broker: Any) -> None:
             assert answer.status_code == 403 and "X-Siftmq-Client" in answer.json()["message"], headers
         own = http.post(resend, headers={"X-Siftmq-Client": "test"})  # reaches the route: no such topic
         assert own.status_code == 404
+
+
+def test_a_topic_named_like_a_route_needs_its_requests_action(start_broker: Any, tmp_path: Path) -> None:
+    """A topic named ``resend`` is a topic: deleting it needs Delete, reading it Get, whatever a
+    dead-letter resend (POST /topics/{t}/queues/{q}/messages/{o}/resend, Update) needs."""
+    path = tmp_path / "auth.json"
+    alice_may = [
+        {"resource": ["Topic:resend"], "actions": ["Update"]},
+        {"resource": ["Topic:try"], "actions": ["Get"]},
+    ]
+    path.write_text(json.dumps(auth_file(alice_may)))
+    config = {"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(path)}
+    broker = start_broker("data", config=config)
+    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT) as root:
+        for name in ("resend", "try"):
+            assert root.post("/topics", json={"name": name, "queue_nums": 1}).status_code == 201
+    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ALICE) as alice:
+        deleted = alice.delete("/topics/resend")
+        assert deleted.status_code == 403 and "may not Delete Topic:resend" in deleted.json()["message"]
+        read = alice.get("/topics/resend")
+        assert read.status_code == 403 and "may not Get Topic:resend" in read.json()["message"]
+        assert alice.patch("/topics/resend", json={"perm": 6}).status_code == 200  # Update: hers
+        assert alice.get("/topics/try").status_code == 200
+        assert alice.delete("/topics/try").status_code == 403
+    with httpx.Client(base_url=broker.admin_url, timeout=10, auth=ROOT) as root:
+        assert {t["name"] for t in root.get("/topics").json()} >= {"resend", "try"}

@@ -160,7 +160,7 @@ def admin_action(method: str, path: str, query_topic: str | None) -> tuple[str, 
     if parts[:1] == ["filter"] or (len(parts) == 3 and parts[0] == "topics" and parts[2] == "try"):
         # checking an expression, or trying it on a topic's newest messages, changes nothing
         return ("Cluster" if parts[0] == "filter" else f"Topic:{parts[1]}"), Action.GET
-    if len(parts) >= 2 and parts[0] == "topics" and parts[-1] == "resend":
+    if _is_resend(method, parts):
         return f"Topic:{parts[1]}", Action.UPDATE  # a dead letter sent back to its origin topic
     if len(parts) >= 2 and parts[0] == "topics":
         return f"Topic:{parts[1]}", action
@@ -173,3 +173,13 @@ def admin_action(method: str, path: str, query_topic: str | None) -> tuple[str, 
     if parts and parts[0] in ("topics", "groups", "dead-letters") and method == "GET":
         return "Cluster", Action.LIST
     return "Cluster", action
+
+
+def _is_resend(method: str, parts: list[str]) -> bool:
+    """``POST /topics/{t}/queues/{q}/messages/{o}/resend``, that route's shape exactly: a topic,
+    queue or offset named ``resend`` is no resend."""
+    return (
+        method == "POST"
+        and len(parts) == 7
+        and (parts[0], parts[2], parts[4], parts[6]) == ("topics", "queues", "messages", "resend")
+    )
