@@ -81,6 +81,60 @@ def test_a_groups_reports_leave_out_topics_the_user_may_not_get(start_broker: An
             assert topics_seen(alice) == {route: ["Public"] for route in routes}
 
 
+def test_a_groups_last_conflict_on_a_topic_the_user_may_not_get_is_left_out(
+    start_broker: Any, tmp_path: Path
+) -> None:
+    """The last subscription conflict of a compat group names its topic and both expressions: alice,
+    who may Get the group and Public but not Payroll, is not shown one on Payroll; on Public she is."""
+    import asyncio
+
+    from siftmq.client import FilterExpression, SimpleConsumer
+
+    path = tmp_path / "auth.json"
+    alice_may = [
+        {"resource": ["Group:alice-g"], "actions": ["Get", "Update"]},
+        {"resource": ["Topic:Public"], "actions": ["Get"]},
+    ]
+    path.write_text(json.dumps(auth_file(alice_may)))
+    config = {"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(path)}
+    broker = start_broker("data", config=config)
+
+    def conflict(topic: str, tag: str) -> None:  # a member asking for another expression than the group's
+        async def go() -> None:
+            creds = {"access_key": ROOT[0], "secret_key": ROOT[1], "await_duration": 1}
+            subscription = {topic: FilterExpression.tag(tag)}
+            async with SimpleConsumer(broker.endpoint, "alice-g", subscription, **creds) as c:
+                await c.receive(1, 30)
+
+        asyncio.run(go())
+
+    def seen(http: httpx.Client) -> list[Any]:
+        report = http.get("/groups/alice-g").json()
+        changed = http.patch("/groups/alice-g", json={"consistency": "compat"}).json()
+        return [(r["last_inconsistency"], r.get("last_inconsistency_topic")) for r in (report, changed)]
+
+    with (
+        httpx.Client(base_url=broker.admin_url, timeout=30, auth=ROOT) as root,
+        httpx.Client(base_url=broker.admin_url, timeout=30, auth=ALICE) as alice,
+    ):
+        for topic in ("Payroll", "Public"):
+            assert root.post("/topics", json={"name": topic, "queue_nums": 1}).status_code == 201
+            sub = {"type": "SQL92", "expression": "customer = 'merger-2027'"}
+            assert root.put(f"/groups/alice-g/subscriptions/{topic}", json=sub).status_code == 200
+        assert root.patch("/groups/alice-g", json={"consistency": "compat"}).status_code == 200
+
+        conflict("Payroll", "layoffs")
+        ((text, topic), _) = seen(root)
+        assert "layoffs" in text and "merger-2027" in text
+        assert seen(alice) == [(None, None)] * 2
+        assert topic == "Payroll"
+        assert alice.get("/groups/alice-g").json()["inconsistencies"] == 1  # a count names nothing
+
+        conflict("Public", "everyone")
+        ((text, topic), _) = seen(alice)
+        assert topic == "Public" and "everyone" in text
+
+
 def test_a_request_body_past_the_bound_is_refused_and_the_broker_serves_on(start_broker: Any) -> None:
     broker = start_broker()
     with httpx.Client(base_url=broker.admin_url, timeout=30) as http:

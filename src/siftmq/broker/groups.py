@@ -73,6 +73,7 @@ class GroupInfo:
     subscriptions: dict[str, GroupSubscription] = field(default_factory=dict)
     inconsistencies: int = 0
     last_inconsistency: str | None = None
+    last_inconsistency_topic: str | None = None  # the topic it concerns: who may read it is asked
     dropped: int = 0  # messages a compat group's members lost to the group's subscription
 
 
@@ -237,7 +238,7 @@ class GroupManager:
             )
         if info.last_inconsistency != what:
             info.inconsistencies += 1
-            info.last_inconsistency = what
+            info.last_inconsistency, info.last_inconsistency_topic = what, topic
             _log.warning("compat group %s: one subscription per group, messages may be lost: %s", group, what)
         if from_settings and not current.pinned:  # RocketMQ: the newest heartbeat wins
             holders = current.holders | {client_id}

@@ -125,6 +125,7 @@ class Reporting(Subscribing):
             "consistency": info.consistency if info is not None else "strict",
             "inconsistencies": info.inconsistencies if info is not None else 0,
             "last_inconsistency": info.last_inconsistency if info is not None else None,
+            "last_inconsistency_topic": info.last_inconsistency_topic if info is not None else None,
             "dropped_by_inconsistency": info.dropped if info is not None else 0,
             "clients": [
                 {

@@ -300,9 +300,13 @@ def create_app(
 
     def readable_report(request: Request, report: dict[str, Any]) -> dict[str, Any]:
         """``report`` without the topics the user may not Get: a subscription's lag and filter
-        counts are that topic's data, and the login checked only the group."""
+        counts are that topic's data, and the login checked only the group. The last conflict
+        names its topic and both expressions: it goes too when it concerns such a topic."""
         readable = functools.partial(may_get_topic, may, request)
         report["subscriptions"] = [s for s in report["subscriptions"] if readable(s["topic"])]
+        conflict_topic = report["last_inconsistency_topic"]
+        if conflict_topic is not None and not readable(conflict_topic):
+            report["last_inconsistency"] = report["last_inconsistency_topic"] = None
         for member in report["clients"]:
             member["subscriptions"] = {t: e for t, e in member["subscriptions"].items() if readable(t)}
         return report
