@@ -226,6 +226,40 @@ def test_bearer_tokens(start_broker: Any, auth_file: Path) -> None:
     assert broker.stop() == 0
 
 
+def test_a_token_ends_with_its_users_deletion_or_password_for_good(
+    start_broker: Any, auth_file: Path
+) -> None:
+    """A token is its user's login: the user deleted and created again under the same name and
+    password (a provisioning script restoring an account), or the password changed and changed back,
+    and the token issued before is refused, though it was not used in between."""
+    broker = start(start_broker, auth_file)
+    may_list = {
+        "subject": "User:alice",
+        "policies": [{"entries": [{"resource": ["Cluster"], "actions": ["List"]}]}],
+    }
+    with httpx.Client(base_url=broker.admin_url, timeout=10, headers=OWN) as http:
+        assert http.post("/acls", json=may_list, auth=ROOT).status_code == 201
+
+        def alice_token() -> dict[str, str]:
+            token = http.post("/tokens", auth=ALICE).json()["token"]
+            bearer = {"Authorization": f"Bearer {token}"}
+            assert http.get("/topics", headers=bearer).status_code == 200
+            return bearer
+
+        bearer = alice_token()
+        assert http.delete("/users/alice", auth=ROOT).status_code == 204
+        again = {"username": ALICE[0], "password": ALICE[1]}
+        assert http.post("/users", json=again, auth=ROOT).status_code == 201
+        assert http.post("/acls", json=may_list, auth=ROOT).status_code == 201
+        assert http.get("/topics", auth=ALICE).status_code == 200  # the new alice logs in
+        assert http.get("/topics", headers=bearer).status_code == 401  # not with the old alice's token
+
+        bearer = alice_token()
+        for password in ("Interim-s3cret-pw", ALICE[1]):
+            assert http.patch("/users/alice", json={"password": password}, auth=ROOT).status_code == 200
+        assert http.get("/topics", headers=bearer).status_code == 401
+
+
 def test_users_and_acls_need_authentication_on(start_broker: Any) -> None:
     broker = start_broker("plain")
     answer = httpx.get(f"{broker.admin_url}/users", timeout=10)

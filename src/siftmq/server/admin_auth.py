@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -70,8 +71,10 @@ class LoginThrottle:
 @dataclass
 class Tokens:
     """Bearer tokens issued to logged-in users. Only their SHA-256 is kept, with the user's name, a
-    digest of the password it was issued under (a changed password or a deleted user ends it) and
-    its expiry. In memory: a restart ends every token."""
+    digest of the password it was issued under and its expiry. Each users table put in force
+    (:meth:`user_table_changed`) ends the tokens of users it changed the password of or left out: a
+    user deleted and created again under the same name and password is another login. In memory: a
+    restart ends every token."""
 
     ttl_s: float
     _issued: dict[bytes, tuple[str, bytes, float]] = field(default_factory=dict)
@@ -105,6 +108,17 @@ class Tokens:
             del self._issued[_digest(token)]
             return None
         return user
+
+    def user_table_changed(self, users: Mapping[str, User]) -> None:
+        """Ends the tokens of users not in ``users`` (the table now in force) or whose password is
+        another: checked here, not on the token's next use, which may come after the user's name
+        is taken again."""
+        digests = {name: _digest(user.secret) for name, user in users.items()}
+        self._issued = {
+            k: v
+            for k, v in self._issued.items()
+            if v[0] in digests and hmac.compare_digest(v[1], digests[v[0]])
+        }
 
     def revoke(self, token: str) -> bool:
         return self._issued.pop(_digest(token), None) is not None

@@ -108,6 +108,8 @@ def create_app(
         return await asyncio.to_thread(functools.partial(fn, **kwargs), *args)
 
     tokens = Tokens(broker.config.admin_token_ttl_s) if gate is not None else None
+    if gate is not None and tokens is not None:
+        gate.on_change.append(lambda: tokens.user_table_changed(gate.table.users))
 
     def may(request: Request, resource: str, action: Action) -> bool:
         """Whether the request's (logged-in) user may (always, with authorization off): the
