@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from security_users import ALICE, ROOT, auth_file
 from siftmq.client import FilterExpression, Producer, SimpleConsumer
 from siftmq.testing import running_broker
 
@@ -514,3 +515,64 @@ def test_the_console_logs_in_when_authentication_is_on(browser: Any, tmp_path: P
             bob.screenshot("forbidden")
         finally:
             bob.close()
+
+
+def test_the_topics_page_asks_once_a_refresh_whatever_the_number_of_topics(console: Page) -> None:
+    """Every topic's figures come in one call (a call a topic would be thousands every 5 s at
+    thousands of topics); the queues shown are the one more."""
+    asked: list[str] = []
+    console.page.on("request", lambda r: asked.append(r.url) if "/topics" in r.url else None)
+    console.page.clock.install()
+    page = console.open("topics")
+    page.wait_for_selector(f"a[data-topic='{TOPIC}']")
+    assert page.locator("tbody tr").count() >= 6
+    assert [u.split("/", 3)[3] for u in asked] == ["topics?figures=true"]
+    page.click(f"a[data-topic='{TOPIC}']")
+    page.wait_for_selector("#queues h2")
+    asked.clear()
+    page.clock.run_for(5_100)
+    for _ in range(100):  # the refresh's calls, one after the other
+        if len(asked) >= 2:
+            break
+        page.wait_for_timeout(50)
+    page.wait_for_timeout(300)  # and no more
+    assert sorted(u.split("/", 3)[3] for u in asked) == [f"topics/{TOPIC}", "topics?figures=true"]
+    assert console.errors == []
+
+
+def test_a_topic_the_user_may_not_read_is_marked_and_the_others_shown(browser: Any, tmp_path: Path) -> None:
+    auth = tmp_path / "auth.json"
+    alice_may = [
+        {"resource": ["Cluster"], "actions": ["List"]},
+        {"resource": ["Topic:Public"], "actions": ["Get"]},
+    ]
+    auth.write_text(json.dumps(auth_file(alice_may)))
+    auth.chmod(0o600)
+    config = {"authentication_enabled": True, "authorization_enabled": True, "auth_file": str(auth)}
+    with running_broker(config) as secured:
+        for name in ("Payroll", "Public"):
+            topic = {"name": name, "queue_nums": 1}
+            httpx.post(f"{secured.admin_url}/topics", json=topic, auth=ROOT, timeout=10).raise_for_status()
+        listed = httpx.get(f"{secured.admin_url}/topics?figures=true", auth=ALICE, timeout=10).json()
+        assert listed == [
+            {"name": "Payroll", "queue_nums": 1, "perm": 6, "readable": False},  # no figures of it
+            {"name": "Public", "queue_nums": 1, "perm": 6, "readable": True, "messages": 0, "sent": 0},
+        ]
+        alice = Page(browser, secured.admin_url)
+        try:
+            page = alice.page
+            page.goto(f"{secured.admin_url}/#/topics")
+            page.fill("#login-user", ALICE[0])
+            page.fill("#login-password", ALICE[1])
+            page.click("button:has-text('Log in')")
+            page.wait_for_selector("a[data-topic='Public']")
+            rows = {r.split("\t")[0]: r.split("\t") for r in page.locator("tbody tr").all_inner_texts()}
+            assert rows["Public"][2] == "0"
+            assert rows["Payroll (not allowed to read)"][1:4] == ["1", "–", "–"]
+            assert page.locator("a[data-topic='Payroll']").count() == 0
+            page.click("a[data-topic='Public']")
+            page.wait_for_selector("#queues h2:has-text('Queues of Public')")
+            alice.screenshot("topics-partly-readable")
+            assert [e for e in alice.errors if "401" not in e] == []  # the first call, before the login
+        finally:
+            alice.close()

@@ -311,25 +311,36 @@ async function topicsPage(gen) {
     fill(queuesBox, h("h2", {}, `Queues of ${t.name}`),
       table(["Queue", "Min offset", "Max offset", "Messages"], t.queues.map((q) => [String(q.queue_id), fmtNum(q.min_offset), fmtNum(q.max_offset), fmtNum(q.max_offset - q.min_offset)]), [0, 1, 2, 3]));
   };
+  const openQueues = (topic) => guarded(gen, async () => {
+    const t = await api(`/topics/${enc(topic)}`);
+    if (gen === generation) showQueues(t);
+  });
+  // One call lists every topic with its figures (a call a topic would be thousands every refresh);
+  // a topic the user may not Get comes without them and is marked, the others are shown all the same
   const draw = async () => {
-    const names = await api("/topics");
-    const detail = await Promise.all(names.map((t) => api(`/topics/${enc(t.name)}`)));
+    const topics = await api("/topics?figures=true");
+    const open = opened !== null && topics.some((t) => t.name === opened && t.readable) ? opened : null;
+    const shown = open === null ? null : await api(`/topics/${enc(open)}`).catch((e) => {
+      if (e instanceof ApiError && e.code === 404) return null; // deleted meanwhile
+      throw e;
+    });
     if (gen !== generation) return;
     const now = Date.now();
-    const rows = detail.map((t) => {
+    const rows = topics.map((t) => {
       const before = previous && previous.sent.get(t.name);
-      const rate = before !== undefined && previous ? ((t.sent - before) / ((now - previous.t) / 1000)).toFixed(1) : "–";
+      const rate = t.readable && before !== undefined && previous ? ((t.sent - before) / ((now - previous.t) / 1000)).toFixed(1) : "–";
       return [
-        h("a", { href: `#/topics`, "data-topic": t.name, onclick: (ev) => { ev.preventDefault(); showQueues(t); } }, t.name),
-        fmtNum(t.queue_nums), fmtNum(t.messages), rate, String(t.perm),
+        t.readable
+          ? h("a", { href: `#/topics`, "data-topic": t.name, onclick: (ev) => { ev.preventDefault(); openQueues(t.name); } }, t.name)
+          : h("span", { "data-topic": t.name, class: "unreadable" }, t.name, " ", h("span", { class: "muted" }, "(not allowed to read)")),
+        fmtNum(t.queue_nums), t.readable ? fmtNum(t.messages) : "–", rate, String(t.perm),
         h("button", { class: "danger", type: "button", "aria-label": `Delete topic ${t.name}`, onclick: () => deleteTopic(t.name) }, "Delete"),
       ];
     });
-    previous = { t: now, sent: new Map(detail.map((t) => [t.name, t.sent])) };
+    previous = { t: now, sent: new Map(topics.filter((t) => t.readable).map((t) => [t.name, t.sent])) };
     fill(list, table(["Topic", "Queues", "Messages", "Sends /s", "Perm", ""], rows, [1, 2, 3]));
-    const shown = detail.find((t) => t.name === opened);
     if (shown) showQueues(shown);
-    else if (opened !== null) { opened = null; fill(queuesBox); } // deleted meanwhile
+    else if (opened !== null) { opened = null; fill(queuesBox); } // deleted meanwhile, or no longer readable
     if (!list.isConnected) page("Topics", list, queuesBox, h("h2", {}, "Create a topic"), form);
   };
   const deleteTopic = async (topic) => {
