@@ -576,3 +576,47 @@ def test_a_topic_the_user_may_not_read_is_marked_and_the_others_shown(browser: A
             assert [e for e in alice.errors if "401" not in e] == []  # the first call, before the login
         finally:
             alice.close()
+
+
+def test_a_direction_control_in_a_property_turns_round_nothing_else(console: Page, broker: Any) -> None:
+    """A property value holding U+202E (RIGHT-TO-LEFT OVERRIDE) is drawn in its own box: the
+    properties after it read left to right as sent (price=0001 is not drawn 1000), on the Messages
+    page and in the playground."""
+    topic = {"name": "Bidi", "queue_nums": 1}
+    httpx.post(f"{broker.admin_url}/topics", json=topic, timeout=10).raise_for_status()
+
+    async def go() -> None:
+        async with Producer(broker.endpoint) as p:
+            props = {"a_note": "\u202e", "price": "0001", "z": "1"}
+            await p.send("Bidi", b"order", tag="a", properties=props)
+
+    run_async(go)
+    # where the first and the last character of each text are drawn, left to right
+    drawn = """(box, texts) => texts.map((text) => {
+        const walk = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+        let node = null;
+        while (walk.nextNode()) if (walk.currentNode.data.includes(text)) { node = walk.currentNode; break; }
+        const at = node.data.indexOf(text), x = (i) => {
+            const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
+            return r.getBoundingClientRect().left;
+        };
+        return [x(at), x(at + text.length - 1)];
+    })"""
+
+    def left_to_right(box: Any) -> None:
+        (price_0, price_1), (z, _) = box.evaluate(drawn, ["0001", "z"])
+        assert price_0 < price_1, "0001 drawn turned round"
+        assert price_1 < z, "z=1 drawn before price=0001"
+
+    page = console.open("messages")
+    page.select_option("#browse-topic", "Bidi")
+    page.click("#browse button[type=submit]")
+    page.wait_for_selector("#results article")
+    left_to_right(page.locator("#results .props"))
+    page = console.open("playground")
+    page.select_option("#pg-topic", "Bidi")
+    page.fill("#pg-expression", "a")
+    page.click("#pg-try")
+    page.wait_for_selector("#pg-result tbody tr")
+    left_to_right(page.locator("#pg-result tbody td").nth(4))
+    assert console.errors == []

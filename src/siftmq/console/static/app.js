@@ -505,8 +505,14 @@ function bodyViewer(m) {
   return h("div", {}, tabs, out, note, m.body_truncated ? h("p", { class: "muted" }, "(first 64 KiB)") : null);
 }
 
+// A message's properties, each name and value isolated (<bdi>): a value holding a direction
+// control (U+202E) would otherwise turn round how every property after it on the line is drawn
+function propertyList(props) {
+  return Object.entries(props).map(([k, v], i) => h("span", { class: "prop" }, i ? "  " : "", h("bdi", {}, k), "=", h("bdi", {}, v)));
+}
+
 function messageBox(m) {
-  const props = Object.entries(m.properties || {}).map(([k, v]) => `${k}=${v}`).join("  ");
+  const props = propertyList(m.properties || {});
   return h("article", { class: "msg", "data-offset": String(m.queue_offset), "aria-label": `message ${m.message_id}` },
     h("div", { class: "meta" },
       h("span", {}, h("strong", {}, "id "), m.message_id),
@@ -601,7 +607,7 @@ async function playgroundPage(gen) {
       table(["Match", "Queue", "Offset", "Tag", "Properties", "Stored"], r.messages.map((m) => [
         h("span", { class: m.matched ? "ok" : "muted", "aria-label": m.matched ? "matches" : "does not match" }, m.matched ? "✓" : "✗"),
         String(m.queue_id), fmtNum(m.queue_offset), m.tag ?? "–",
-        Object.entries(m.properties).filter(([k]) => !k.startsWith("__")).map(([k, v]) => `${k}=${v}`).join("  "), fmtTime(m.store_timestamp)]), [1, 2]));
+        propertyList(Object.fromEntries(Object.entries(m.properties).filter(([k]) => !k.startsWith("__")))), fmtTime(m.store_timestamp)]), [1, 2]));
   };
   page("Filter playground",
     h("p", { class: "muted" }, "The broker checks the expression as you type and tries it on a topic's newest messages with its own engine."),
