@@ -98,6 +98,11 @@ class Inspecting(Sending, Subscribing):
             raise BadRequestError(f"count must be in 1..{MAX_BROWSE}")
         if offset < 0:
             raise BadRequestError(f"offset must not be negative, got {offset}")
+        # a filter not applied would answer every message as if it matched: refused, named
+        if kind is None and expression:
+            raise BadRequestError("expression needs a type (TAG or SQL92): the browse would not be filtered")
+        if kind == "SQL92" and not expression:
+            raise BadRequestError("type SQL92 needs an expression: the browse would not be filtered")
         compiled = self._compile(Subscription(topic, kind, expression)) if kind and expression else None
         found: list[dict[str, Any]] = []
         hi = self.store.get_max_offset_in_queue(cfg.name, queue_id)

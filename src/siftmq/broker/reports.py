@@ -109,14 +109,19 @@ class Reporting(Subscribing):
             return count + (end - offset), True
         return count, False
 
-    def group_report(self, group: str) -> dict[str, object]:
-        """Everything the admin API shows of a group."""
-        info = self.groups.get(group)
-        members = self.clients.members(group)
-        if info is None and not members:
+    def existing_group(self, group: str) -> None:
+        """Raises :class:`NotFoundError` for a group the broker knows nothing of: no state and no
+        live member (every report on a group answers 404 for it alike)."""
+        if self.groups.get(group) is None and not self.clients.members(group):
             raise NotFoundError(
                 f"consumer group {group!r} is unknown", status=StatusCode.CONSUMER_GROUP_NOT_FOUND
             )
+
+    def group_report(self, group: str) -> dict[str, object]:
+        """Everything the admin API shows of a group."""
+        self.existing_group(group)
+        info = self.groups.get(group)
+        members = self.clients.members(group)
         now = time.monotonic()
         subs = info.subscriptions if info is not None else {}
         return {

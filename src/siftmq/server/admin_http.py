@@ -21,7 +21,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from siftmq.auth.acl import Action
 from siftmq.broker import deletion
@@ -29,6 +30,7 @@ from siftmq.broker.broker import Broker
 from siftmq.broker.config import parse_listen
 from siftmq.broker.inspect import message_view
 from siftmq.broker.model import Subscription
+from siftmq.broker.parts import check_queue
 from siftmq.broker.topics import PERM_READ_WRITE
 from siftmq.console import CONSOLE_PATHS, console_router
 from siftmq.errors import (
@@ -61,12 +63,14 @@ _HTTP_STATUS = {"PRECONDITION_FAILED": 409, "UNSUPPORTED": 501, "TOO_MANY_REQUES
 
 
 class TopicCreate(BaseModel):
+    model_config = ConfigDict(strict=True)  # true is no queue count, nor "8" a number
     name: str = Field(min_length=1, max_length=127)
     queue_nums: int = Field(default=8, ge=1, le=1024)
     perm: int = Field(default=PERM_READ_WRITE, ge=0, le=7)
 
 
 class TopicUpdate(BaseModel):
+    model_config = ConfigDict(strict=True)
     queue_nums: int | None = Field(default=None, ge=1, le=1024)
     perm: int | None = Field(default=None, ge=0, le=7)
 
@@ -221,6 +225,18 @@ def create_app(
             for error in exc.errors()
         ]
         return JSONResponse({"error": "BAD_REQUEST", "message": "; ".join(problems)[:2000]}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # the API's own shape for the framework's answers too: an unknown route, a body that is
+        # not JSON it can read (FastAPI says only "There was an error parsing the body")
+        code = {400: "BAD_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "ERROR")
+        message = _unreadable_body(exc.__cause__) if exc.status_code == 400 else None
+        return JSONResponse(
+            {"error": code, "message": message or str(exc.detail)},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(SiftError)
     async def sift_error(request: Request, exc: SiftError) -> JSONResponse:
@@ -377,6 +393,7 @@ def create_app(
 
     @app.get("/groups/{group}/lag/{topic}")
     async def get_lag(group: str, topic: str) -> list[dict[str, object]]:
+        broker.existing_group(group)
         rows: list[dict[str, object]] = await call(broker.lag, group, topic)
         return rows
 
@@ -402,7 +419,7 @@ def create_app(
 
     @app.get("/topics/{name}/queues/{queue_id}/messages/{offset}")
     async def message_at(name: str, queue_id: int, offset: int, body: bool = False) -> dict[str, Any]:
-        broker.topics.existing(name)
+        check_queue(broker.topics.existing(name), queue_id)
         result = await call(broker.store.get_messages, "", name, queue_id, offset, 1, None)
         if not result.messages or result.messages[0].queue_offset != offset:
             raise NotFoundError(
@@ -596,6 +613,17 @@ def _loopback_name(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def _unreadable_body(cause: BaseException | None) -> str | None:
+    """What made a request body unreadable as JSON, said without repeating it."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not UTF-8: byte {cause.start} cannot be decoded"
+    if isinstance(cause, RecursionError):
+        return "the body's JSON nests too deeply"
+    if cause is not None:
+        return "the body could not be read as JSON"
+    return None
 
 
 def _own_request(request: Request) -> bool:

@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from siftmq import __version__
 from siftmq.auth.acl import Action
@@ -36,6 +36,7 @@ LAG_MAX_SCAN: Final = 200_000  # index entries read per queue for one lag figure
 
 
 class ExpressionCheck(BaseModel):
+    model_config = ConfigDict(strict=True)  # true is no count of messages
     type: Literal["TAG", "SQL92"] = "SQL92"
     expression: str = Field(max_length=65_536)
 
@@ -163,11 +164,13 @@ def inspect_router(broker: Broker, history: History, may: Authorize) -> APIRoute
 
     @router.get("/groups/{group}/programs")
     async def programs(request: Request, group: str) -> list[dict[str, Any]]:
+        broker.existing_group(group)
         mine = [p for p in broker.programs.all() if p.group == group]
         return [broker.programs.report(group, p.topic) for p in mine if may_get_topic(may, request, p.topic)]
 
     @router.get("/groups/{group}/lag-history")
     async def lag_history(request: Request, group: str) -> dict[str, list[tuple[int, int]]]:
+        broker.existing_group(group)
         found = history.lags_of(group)
         if not found and len(history.lags) < MAX_LAG_SERIES:
             await asyncio.to_thread(history.sample_lags, group)  # a group the sampler has not seen yet
