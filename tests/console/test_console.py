@@ -620,3 +620,75 @@ def test_a_direction_control_in_a_property_turns_round_nothing_else(console: Pag
     page.wait_for_selector("#pg-result tbody tr")
     left_to_right(page.locator("#pg-result tbody td").nth(4))
     assert console.errors == []
+
+
+def test_another_sites_page_cannot_lock_the_operator_out(browser: Any, tmp_path: Path) -> None:
+    """A page on another site makes the operator's browser send wrong Basic credentials, again and
+    again (a popup navigated to http://nobody:guess@<admin>/..., which Chromium allows, and the icon
+    it then fetches there with them): none is counted against the operator's address, whose
+    password logins (the console's, a tool's) go on working. A tool's wrong passwords still are."""
+    import http.server
+    import socketserver
+    import threading
+
+    from siftmq.server.admin_auth import LOGIN_FAILURES
+
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps(auth_file([])))
+    auth.chmod(0o600)
+    config = {"authentication_enabled": True, "auth_file": str(auth)}
+    with running_broker(config) as secured:
+        target = secured.admin_url.replace("http://", "http://nobody:guess@") + "/overview"
+        tries = 2 * LOGIN_FAILURES
+        html = f"""<!doctype html><button id=go>Play</button><script>
+document.getElementById("go").onclick = () => {{
+  const w = window.open("about:blank", "_blank");
+  let n = 0;
+  const t = setInterval(() => {{
+    w.location = "{target}?" + n;
+    if (++n >= {tries}) {{ clearInterval(t); setTimeout(() => {{ document.title = "done"; }}, 1000); }}
+  }}, 200);
+}};</script>""".encode()
+
+        class Site(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(html)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        site = socketserver.TCPServer(("127.0.0.1", 0), Site)
+        threading.Thread(target=site.serve_forever, daemon=True).start()
+        other = Page(browser, f"http://localhost:{site.server_address[1]}")  # another origin
+        try:
+            other.page.goto(f"{other.base}/")
+            other.page.click("#go")
+            other.page.wait_for_function("document.title === 'done'", timeout=60_000)
+        finally:
+            other.close()
+            site.shutdown()
+            site.server_close()
+        metrics = secured.metrics_with('siftmq_auth_failures_total{reason="admin"}', auth=ROOT)
+        (line,) = [
+            x for x in metrics.splitlines() if x.startswith('siftmq_auth_failures_total{reason="admin"}')
+        ]
+        assert float(line.split()[-1]) >= tries  # they came, and were refused
+        console = Page(browser, secured.admin_url)
+        try:
+            page = console.page
+            page.goto(f"{secured.admin_url}/#/overview")
+            page.fill("#login-user", ROOT[0])
+            page.fill("#login-password", ROOT[1])
+            page.click("button:has-text('Log in')")
+            page.wait_for_selector("text=siftmq-broker")  # not 429
+        finally:
+            console.close()
+        with httpx.Client(base_url=secured.admin_url, timeout=10) as tool:
+            wrong = [
+                tool.get("/topics", auth=(ROOT[0], f"guess-{i}")).status_code for i in range(LOGIN_FAILURES)
+            ]
+            assert wrong == [401] * LOGIN_FAILURES
+            assert tool.get("/topics", auth=ROOT).status_code == 429

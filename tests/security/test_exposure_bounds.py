@@ -169,8 +169,8 @@ def test_failed_logins_from_one_address_are_throttled(start_broker: Any, tmp_pat
     path.write_text(json.dumps(auth_file([])))
     broker = start_broker("data", config={"authentication_enabled": True, "auth_file": str(path)})
     with httpx.Client(base_url=broker.admin_url, timeout=10) as http:
-        # requests without credentials guess no password (a page on another site can send them,
-        # never an Authorization header): they do not lock the operator out
+        # requests without credentials guess no password (a page on another site can send them):
+        # they do not lock the operator out
         anonymous = [http.get("/overview").status_code for _ in range(3 * LOGIN_FAILURES)]
         assert anonymous == [401] * (3 * LOGIN_FAILURES)
         token = http.post("/tokens", auth=ROOT, headers={"x-siftmq-client": "1"}).json()["token"]

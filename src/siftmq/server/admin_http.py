@@ -166,9 +166,20 @@ def create_app(
             authorization = request.headers.get("authorization")
             token = bearer_token(authorization)
             user = tokens.user(gate, token) if token is not None else None
+            if user is None and authorization and _from_another_site(request):
+                # A page on another site can make the browser send a Basic header (a navigation to
+                # http://user:password@host/...): refused unread and not counted by the throttle,
+                # or such a page would lock the operator's own address out of password logins
+                gate.failures["admin"] += 1
+                gate.audit("failure", "admin API login from another site's page refused: %s %s from %s",
+                           request.method, path, peer)  # fmt: skip
+                return JSONResponse(
+                    {"error": "FORBIDDEN", "message": "a login sent by another site's page is refused"},
+                    status_code=403,
+                )
             # The throttle guards passwords: a valid token (not guessable) is honoured while the
             # address waits, and a request with no credentials guesses nothing (a page on another
-            # site can send those, never an Authorization header): neither locks the operator out
+            # site can send those): neither locks the operator out
             if user is None and authorization:
                 wait_s = throttle.wait_s(peer)
                 if wait_s > 0:
@@ -613,6 +624,20 @@ def _loopback_name(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def _from_another_site(request: Request) -> bool:
+    """A request a page of another site may have caused, as the browser says (``Sec-Fetch-*``; the
+    CLI and other tools send none): one made for another site's page (or another port of this
+    host), or a same-origin request no script of the console makes — the icon the browser fetches
+    for a page another site navigated to here, sent with that navigation's credentials. Left: a
+    tool's request, an address typed by the user (``none``), the console's own calls and a
+    same-origin navigation."""
+    site = request.headers.get("sec-fetch-site", "").lower()
+    if site in ("", "none"):
+        return False
+    mode = request.headers.get("sec-fetch-mode", "").lower()
+    return site != "same-origin" or mode not in ("cors", "same-origin", "navigate")
 
 
 def _unreadable_body(cause: BaseException | None) -> str | None:
