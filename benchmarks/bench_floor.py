@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from siftmq.frontend.limits import server_options
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import RPCS, SERVICE_NAME
 from siftmq.testing import running_broker
@@ -42,11 +43,8 @@ RPC = {r.name: r for r in RPCS}
 HANDLES: dict[str, list[tuple[str, str]]] = {}
 BODY = os.urandom(1024)
 TOPIC, GROUP = "FloorBench", "floor-bench"
-OPTIONS = [
-    ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", 8 << 20),
-    ("grpc.max_send_message_length", 8 << 20),
-]
+OPTIONS = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]
+SERVER_OPTIONS = server_options(8 << 20, 0, reuse_port=False)  # the broker's own
 
 
 # ------------------------------------------------------------------------------- the floor server
@@ -91,7 +89,7 @@ def serve_floor() -> None:
     }
 
     async def main() -> None:
-        server = grpc.aio.server(options=OPTIONS)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
