@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from siftmq.client import FilterExpression, Producer, PullConsumer
+from siftmq.client.connection import Connection
 from siftmq.server.admin_auth import admin_action
 
 pytestmark = pytest.mark.integration
@@ -294,3 +295,37 @@ def test_a_message_id_with_a_slash_is_found(broker: Any) -> None:
         assert api.get("/messages/order%2F42").status_code == 404  # a prefix is another id
         by_key = api.get("/messages", params={"topic": TOPIC, "key": "slashed"}).json()
         assert [m["message_id"] for m in by_key] == ["order/42/a"]  # the lookup by key is still its own
+
+
+def test_a_group_known_only_by_its_program_or_its_offsets_is_reported(
+    start_broker: Any, tmp_path: Path
+) -> None:
+    """A program registered before the group's consumers start, or offsets a tool committed: the
+    broker knows the group, so its reports answer (they answered 404 "unknown" for it), after a
+    restart too; a group with nothing at all is still 404."""
+    broker = start_broker("data", config={"filter_server_nums": 1})
+    program = {"source": "def match(message):\n    return True\n", "sample": {"body": "x"}}
+    with httpx.Client(base_url=broker.admin_url, timeout=30) as http:
+        assert http.post("/topics", json={"name": TOPIC, "queue_nums": 2}).status_code == 201
+        assert http.put(f"/groups/planned/programs/{TOPIC}", json=program).status_code == 200
+        listed = http.get("/groups/planned/programs")
+        assert listed.status_code == 200 and [p["topic"] for p in listed.json()] == [TOPIC]
+
+    async def commit() -> None:  # a tool's commit: no settings, no subscription
+        connection = Connection(broker.endpoint)
+        try:
+            await connection.update_offsets("tool-g", TOPIC, {0: 0, 1: 0})
+        finally:
+            await connection.close()
+
+    asyncio.run(commit())
+    broker.stop()
+    broker.start()
+    with httpx.Client(base_url=broker.admin_url, timeout=30) as http:
+        for route in (
+            "/groups/tool-g/lag/" + TOPIC,
+            "/groups/planned/programs",
+            "/groups/planned/lag-history",
+        ):
+            assert http.get(route).status_code == 200, route
+        assert http.get("/groups/nobody-at-all/programs").status_code == 404

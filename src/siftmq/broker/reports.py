@@ -110,9 +110,17 @@ class Reporting(Subscribing):
         return count, False
 
     def existing_group(self, group: str) -> None:
-        """Raises :class:`NotFoundError` for a group the broker knows nothing of: no state and no
-        live member (every report on a group answers 404 for it alike)."""
-        if self.groups.get(group) is None and not self.clients.members(group):
+        """Raises :class:`NotFoundError` for a group the broker knows nothing of: no settings, no
+        live member, no filter program (one is often registered before the consumers start), no
+        progress and no committed offsets (a tool's commits) — every report on a group answers 404
+        for it alike."""
+        if (
+            self.groups.get(group) is None
+            and not self.clients.members(group)
+            and not any(p.group == group for p in self.programs.all())
+            and not any(key[0] == group for key, _ in self.offsets.items())
+            and not any(key[0] == group for key, _ in self.consumers.items())
+        ):
             raise NotFoundError(
                 f"consumer group {group!r} is unknown", status=StatusCode.CONSUMER_GROUP_NOT_FOUND
             )
