@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True)
     parser.add_argument("--index", default="0")
     parser.add_argument("--frame-limit", type=int, required=True)
-    parser.add_argument("--max-connections", type=int, default=0)
+    parser.add_argument("--max-connections", type=int, required=True)
     parser.add_argument("--tls-cert", default="")
     parser.add_argument("--tls-key", default="")
     parser.add_argument("--tls-client-ca", default="")

@@ -15,8 +15,9 @@ from typing import Final
 IDLE_CONNECTION_MS: Final = 5 * 60 * 1000
 #: A connection must finish its TLS and HTTP/2 handshake within this.
 HANDSHAKE_TIMEOUT_MS: Final = 20_000
-#: Calls open at once on one connection; a client's further calls wait in the client for a free one.
-MAX_STREAMS_PER_CONNECTION: Final = 1000
+#: Calls open at once on one connection: beyond it a call is refused (REFUSED_STREAM), not queued,
+#: so it leaves room for a pull of every queue of the largest topic (1,024) at once and more.
+MAX_STREAMS_PER_CONNECTION: Final = 4096
 #: Connections when the open-file limit cannot tell.
 _FALLBACK_CONNECTIONS: Final = 16_384
 
@@ -33,11 +34,12 @@ def connection_limit(configured: int) -> int:
 
 
 def server_options(frame_limit: int, max_connections: int, *, reuse_port: bool) -> list[tuple[str, int]]:
+    """The options of a gRPC server process; ``max_connections`` as :func:`connection_limit` gives it."""
     return [
         ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.max_receive_message_length", frame_limit),
         ("grpc.max_send_message_length", frame_limit),
-        ("grpc.max_allowed_incoming_connections", connection_limit(max_connections)),
+        ("grpc.max_allowed_incoming_connections", max_connections),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
         ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),

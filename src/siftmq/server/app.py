@@ -19,7 +19,7 @@ from siftmq.broker.config import BrokerConfig, parse_listen
 from siftmq.broker.long_polling import ArrivalNotifier
 from siftmq.errors import ConfigError, SiftError
 from siftmq.frontend.edge import tls_credentials
-from siftmq.frontend.limits import server_options
+from siftmq.frontend.limits import connection_limit, server_options
 from siftmq.process_tuning import tune_gc
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from siftmq.server import auth, decoding
@@ -27,6 +27,7 @@ from siftmq.server.auth import Gate
 from siftmq.server.core_link import Behaviour, behaviour_table
 from siftmq.server.front_ends import BindError, FrontEnds
 from siftmq.server.service import MessagingService
+from siftmq.store.filepool import raise_open_file_limit
 
 _log = logging.getLogger(__name__)
 RPC_THREADS = 64
@@ -214,11 +215,17 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
             gate.missing_topic = lambda name: broker.topics.get(name) is None
         signals.gate = gate
         table = behaviours(service, batch_extension=config.batch_extension, gate=gate)
+        # from the open-file limit the store works with (a fresh store raises it only at its first
+        # index file), which the front-ends inherit
+        raise_open_file_limit()
+        connections = connection_limit(config.max_connections)
         edge: _InProcessEdge | FrontEnds
         if config.workers > 1:
-            edge = FrontEnds(config, config.workers, behaviour_table(table), frame_limit, gate)
+            edge = FrontEnds(
+                config, config.workers, behaviour_table(table), frame_limit, gate, max_connections=connections
+            )
         else:
-            edge = _InProcessEdge(table, frame_limit, credentials, config.max_connections)
+            edge = _InProcessEdge(table, frame_limit, credentials, connections)
         signals.on_stop.append(edge.stopping)
         try:
             port = await edge.start(host, listen_port)
@@ -291,7 +298,7 @@ class _InProcessEdge:
         table: dict[str, Behaviour],
         frame_limit: int,
         credentials: grpc.ServerCredentials | None,
-        max_connections: int = 0,
+        max_connections: int,
     ) -> None:
         self._server = grpc.aio.server(options=server_options(frame_limit, max_connections, reuse_port=False))
         self._server.add_generic_rpc_handlers(_handlers(table))

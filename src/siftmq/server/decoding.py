@@ -38,15 +38,19 @@ class Undecodable:
 #: it, a request holds at most half as many elements as bytes, ~20 MiB once decoded at the worst.
 COUNT_FROM_BYTES: Final = 512 * 1024
 #: The elements (fields, repeated items, map entries, packed bytes) a request may hold, nested ones
-#: included: a full batch (1,024 messages of 32 keys and 128 properties each) holds ~300,000. A
-#: decoded element costs ~80 bytes, so 12 MiB of empty repeated entries grew to ~500 MiB in the
+#: included: the largest batch (1,024 messages of 32 keys and 128 properties each) holds ~175,000.
+#: A decoded element costs ~80 bytes, so 12 MiB of empty repeated entries grew to ~500 MiB in the
 #: decoder before any count of the handler's was checked.
 MAX_ELEMENTS: Final = 320_000
 _MAX_DEPTH: Final = 32  # deeper nesting is left to the decoder, which refuses it
 _LENGTH_TYPES: Final = frozenset({FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES})
 
 
-class _TooMany(Exception):
+class _Refused(Exception):
+    """A request refused on its wire form, before it is decoded (the text says why)."""
+
+
+class _TooMany(_Refused):
     pass
 
 
@@ -64,6 +68,8 @@ def tolerant(request_type: Any) -> Callable[[bytes], Any]:
                 f"the request holds more than {MAX_ELEMENTS:,} fields and repeated items in "
                 f"{len(data):,} bytes (a full batch holds fewer)"
             )
+        except _Refused as exc:
+            return Undecodable(str(exc))
         except (
             Exception
         ) as exc:  # protobuf raises DecodeError, and RuntimeWarning-like errors for some inputs
@@ -96,6 +102,10 @@ def _varint(data: memoryview, pos: int, end: int) -> tuple[int, int]:
 
 
 _PACKED: Final = object()  # a repeated number field, whose length-delimited form is a packed run
+# one element, not looked into: a map entry (a key and a value, decoded as one node), or a message
+# with no repeated field at any depth (a field given twice is decoded once: the last wins, or the
+# two are merged), which decodes to as much memory however long its encoding
+_ONE: Final = object()
 _plans: dict[str, dict[int, Any]] = {}
 
 
@@ -106,12 +116,27 @@ def _plan(descriptor: Any) -> dict[int, Any]:
     if plan is None:
         plan = {}
         for number, field in descriptor.fields_by_number.items():
-            if field.message_type is not None:
+            if field.message_type is not None and (
+                field.message_type.GetOptions().map_entry or _flat(field.message_type, set())
+            ):
+                plan[number] = _ONE
+            elif field.message_type is not None:
                 plan[number] = field.message_type
             elif field.is_repeated and field.type not in _LENGTH_TYPES:
                 plan[number] = _PACKED
         _plans[descriptor.full_name] = plan
     return plan
+
+
+def _flat(descriptor: Any, seen: set[str]) -> bool:
+    """Whether ``descriptor`` has no repeated field (nor map) at any depth."""
+    if descriptor.full_name in seen:
+        return False  # a recursive type: its depth is unbounded
+    seen.add(descriptor.full_name)
+    return not any(
+        field.is_repeated or (field.message_type is not None and not _flat(field.message_type, seen))
+        for field in descriptor.fields
+    )
 
 
 def _count(  # noqa: PLR0917 - positional on purpose: it recurses once per nested message
@@ -143,14 +168,18 @@ def _count(  # noqa: PLR0917 - positional on purpose: it recurses once per neste
                 else:
                     size, pos = _varint(data, pos, end)
                 held = fields.get(key >> 3)
-                if held is _PACKED:
+                if held is _ONE:
+                    pass
+                elif held is _PACKED:
                     budget -= size  # an element per byte at most
                     if budget < 0:
                         raise _TooMany
                 elif held is not None and depth < _MAX_DEPTH and pos + size <= end:
                     budget = _count(data, pos, pos + size, held, budget, depth + 1)
                 pos += size
-            else:  # groups (not proto3) or garbage: for the decoder to refuse
+            elif wire_type in (3, 4):  # the decoder would keep them as unknown fields, uncounted
+                raise _Refused("the request holds a group field (wire type 3 or 4); proto3 never writes one")
+            else:  # garbage: for the decoder to refuse
                 return budget
     except ValueError:
         return budget

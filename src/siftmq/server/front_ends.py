@@ -91,10 +91,13 @@ class FrontEnds:
         behaviours: Sequence[Behaviour | None],
         frame_limit: int,
         gate: Gate | None = None,
+        *,
+        max_connections: int,
     ) -> None:
         self._config = config
         self._count = count
         self._frame_limit = frame_limit
+        self._max_connections = max_connections  # each front-end's
         self._token = secrets.token_hex(32)
         self._link = CoreLink(behaviours, self._token.encode(), frame_limit + frames.CALL_ROOM, gate)
         _remove_stale_dirs()
@@ -149,7 +152,7 @@ class FrontEnds:
             "--frame-limit",
             str(self._frame_limit),
             "--max-connections",
-            str(self._config.max_connections),
+            str(self._max_connections),
             "--batch-extension" if config.batch_extension else "--no-batch-extension",
         ]
         if config.tls_cert_file:
