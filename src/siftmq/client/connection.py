@@ -91,6 +91,7 @@ class Connection:
         host, sep, port = endpoint.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"endpoint must be host:port, not {endpoint!r}")
+        _check_security(access_key, secret_key, cert_file, key_file)
         self.endpoint = endpoint
         self.host, self.port = host, int(port)
         self.client_id = client_id or new_client_id()
@@ -102,9 +103,9 @@ class Connection:
         self.batch_extension: bool | None = None
         self._unimplemented: set[str] = set()  # batch calls the broker refused (an older extension)
         # a broker with authentication on wants every call signed with the user's secret key
-        self._access_key, self._secret_key = access_key, secret_key or ""
+        self._access_key, self._secret_key = access_key or None, secret_key or ""
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        if tls or ca_file or cert_file:
+        if tls or ca_file or cert_file:  # a CA or a client certificate means TLS
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(ca_file),
                 private_key=_read(key_file),
@@ -371,6 +372,20 @@ def _answer_of(frames: list[Any]) -> Answer:
         elif which == "next_offset" and next_offset is None:  # pull only
             next_offset = frame.next_offset
     return Answer(status, messages, next_offset)
+
+
+def _check_security(
+    access_key: str | None, secret_key: str | None, cert_file: str | None, key_file: str | None
+) -> None:
+    """``ValueError`` naming the option missing from a pair that goes together: a certificate
+    without its key (or a key alone) aborts the process inside gRPC, and a secret key without an
+    access key would leave every call unsigned."""
+    if bool(cert_file) != bool(key_file):
+        given, missing = ("cert_file", "key_file") if cert_file else ("key_file", "cert_file")
+        raise ValueError(f"{given} needs {missing}: a client certificate and its private key go together")
+    if bool(access_key) != bool(secret_key):
+        given, missing = ("access_key", "secret_key") if access_key else ("secret_key", "access_key")
+        raise ValueError(f"{given} needs {missing}: calls are signed with both or neither")
 
 
 def _read(path: str | None) -> bytes | None:
