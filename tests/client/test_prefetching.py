@@ -7,6 +7,7 @@ nothing."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -196,6 +197,77 @@ def test_a_receive_cancelled_as_its_call_finishes_loses_nothing(start_broker: An
                     got += batch
             assert _bodies(got) == list(range(30))
             await assert_all_acknowledged(c, got)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("extension", [True, False])
+def test_a_receive_cancelled_in_its_waiting_call_leaves_the_call_and_its_acks(
+    start_broker: Any, extension: bool
+) -> None:
+    """The topic is drained, so the receive makes a waiting call (carrying its acknowledgements) and
+    is cancelled there: the call goes on for the next receive, and acknowledgements given again
+    are not sent a second time (which the broker refuses)."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "AheadCancelWait", 5)
+        async with (
+            SimpleConsumer(
+                broker.endpoint,
+                "aheadcancelwait",
+                {"AheadCancelWait": FilterExpression.tag()},
+                await_duration=2,
+            ) as c,
+            c.prefetching(16, INVISIBLE_S, depth=2) as receiver,
+        ):
+            if not extension:
+                c.connection.batch_extension = False
+            first = await receiver.receive()
+            assert _bodies(first) == list(range(5))
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(receiver.receive(ack=first), 0.5)
+            assert receiver.in_flight == 1  # the waiting call goes on
+            async with Producer(broker.endpoint) as producer:
+                await producer.send("AheadCancelWait", b"5")
+            second = await receiver.receive(ack=first)  # given again, as after any cancelled receive
+            assert _bodies(second) == [5]
+            third = await receiver.receive(ack=second)  # the topic is drained: waits 2 s, finds nothing
+            assert third == [] and receiver.in_flight == 0
+            await assert_all_acknowledged(c, first)
+            await assert_all_acknowledged(c, second)
+
+    asyncio.run(scenario())
+
+
+def test_a_message_handed_to_a_cancelled_waiting_receive_comes_with_the_next(start_broker: Any) -> None:
+    """The broker hands a message to the waiting call of a receive cancelled before it resumes: the
+    next receive returns it (the call was not abandoned, leaving it invisible for its 30 s)."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        async with (
+            SimpleConsumer(
+                broker.endpoint,
+                "aheadcancelhanded",
+                {"AheadCancelHanded": FilterExpression.tag()},
+                await_duration=5,
+            ) as c,
+            c.prefetching(16, INVISIBLE_S, depth=2) as receiver,
+        ):
+            waiting = asyncio.create_task(receiver.receive())
+            await asyncio.sleep(0.5)  # its call waits at the broker
+            # sent from the blocking client's own loop while this one is held: the answer reaches
+            # this process and the receive is cancelled before it could resume
+            with blocking.Producer(broker.endpoint) as producer:
+                producer.send("AheadCancelHanded", b"0")
+            time.sleep(0.5)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            got = await asyncio.wait_for(receiver.receive(), 3)
+            assert _bodies(got) == [0]
+            await c.ack_many(got)
 
     asyncio.run(scenario())
 

@@ -13,6 +13,10 @@ What changes for the application, against a plain ``receive``:
 * an acknowledgement's failure is raised by a later ``receive`` (the ``depth``-th after it), or by
   :meth:`Prefetching.close`; a ``receive`` that raises sends nothing, so the messages given to it
   are still the caller's to acknowledge;
+* a ``receive`` cancelled at any point leaves its call for the next one: the call it waited for,
+  or the waiting one it made (acknowledgements included, so a message handed to it is returned by
+  the next ``receive`` instead of staying invisible). Its acknowledgements may be given again to
+  the next ``receive``: those its call carried are not sent twice;
 * a batch asked for ahead is invisible to the rest of the group from the moment it is received: its
   invisible duration runs while the application still handles the batches before it;
 * the calls made ahead do not wait for messages: when they find none, the next ``receive`` waits
@@ -43,6 +47,9 @@ if TYPE_CHECKING:
     from siftmq.client.consumers import SimpleConsumer
 
 _log = logging.getLogger(__name__)
+#: receipt handles remembered as carried (the oldest forgotten first): bounds what a caller that
+#: never gives a cancelled receive's acknowledgements again leaves behind
+MAX_CARRIED = 65_536
 
 
 class Prefetching:
@@ -60,6 +67,9 @@ class Prefetching:
         self.depth = depth
         self._ahead: collections.deque[asyncio.Task[list[ReceivedMessage]]] = collections.deque()
         self._turn = asyncio.Lock()
+        # receipt handles of acknowledgements a cancelled receive's call carries: given again, they
+        # are not sent a second time (which would fail)
+        self._carried: dict[str, None] = {}
 
     @property
     def in_flight(self) -> int:
@@ -81,17 +91,54 @@ class Prefetching:
     async def receive(self, *, ack: Sequence[ReceivedMessage] = ()) -> list[ReceivedMessage]:
         """The next batch (waiting up to the consumer's ``await_duration`` when none is ready);
         ``ack`` rides along with the next call made. Raises the failure of acknowledgements given
-        to an earlier call, if any, and then sends nothing."""
+        to an earlier call, if any, and then sends nothing.
+
+        Cancelled, it leaves its call (one it was waiting for, or the waiting one it made) for the
+        next receive. ``ack`` may then be given again: what that call carries is not sent twice."""
         async with self._turn:
+            again = [m for m in ack if m.receipt_handle in self._carried]
+            if again:
+                ack = [m for m in ack if m.receipt_handle not in self._carried]
             while self._ahead:
                 batch = await self._collect(self._ahead[0])
                 if batch:
-                    self._top_up(ack)
+                    self._send_along(ack)
+                    self._forget_carried(again)
                     return batch
-            batch = await self.consumer.receive(self.max_messages, self.invisible_duration, ack=ack)
+            # waiting for messages: made as the calls ahead are, so a cancel leaves it for the next receive
+            call = asyncio.create_task(
+                self.consumer.receive(self.max_messages, self.invisible_duration, ack=tuple(ack))
+            )
+            self._ahead.append(call)
+            try:
+                batch = await self._collect(call)
+            except asyncio.CancelledError:
+                if not call.cancelled():  # it goes on, and makes these acknowledgements
+                    self._carried.update(dict.fromkeys(m.receipt_handle for m in ack))
+                    while len(self._carried) > MAX_CARRIED:
+                        del self._carried[next(iter(self._carried))]
+                raise
             if batch and self.consumer.connection.batch_extension is True:  # a non-waiting receive there
                 self._top_up(())
+            self._forget_carried(again)
             return batch
+
+    def _send_along(self, ack: Sequence[ReceivedMessage]) -> None:
+        """``ack`` with the calls made ahead (siftmq's broker), else in a call of its own: either is
+        collected, and a failure raised, by a later receive."""
+        if self.consumer.connection.batch_extension is True:
+            self._top_up(ack)
+        elif ack:  # the batch came from the call a cancelled receive left: no calls ahead here
+            self._ahead.append(asyncio.create_task(self._acknowledge(tuple(ack))))
+
+    async def _acknowledge(self, ack: Sequence[ReceivedMessage]) -> list[ReceivedMessage]:
+        await self.consumer.ack_many(ack)
+        return []
+
+    def _forget_carried(self, given_again: Sequence[ReceivedMessage]) -> None:
+        """A receive given them again returned: the caller is done with them."""
+        for m in given_again:
+            self._carried.pop(m.receipt_handle, None)
 
     async def _collect(self, ahead: asyncio.Task[list[ReceivedMessage]]) -> list[ReceivedMessage]:
         """The outcome of the call at the head, which leaves the queue only once the outcome is
@@ -121,9 +168,10 @@ class Prefetching:
         self._ahead.append(asyncio.create_task(call))
 
     async def close(self) -> None:
-        """Wait for the calls in flight (they do not wait for messages) and release what they
-        received; then raises an acknowledgement's failure, if any. Cancelling it leaves the calls
-        to finish and their messages to be released."""
+        """Wait for the calls in flight (those made ahead do not wait for messages; one a cancelled
+        receive left waits up to the consumer's ``await_duration``) and release what they received;
+        then raises an acknowledgement's failure, if any. Cancelling it leaves the calls to finish
+        and their messages to be released."""
         async with self._turn:
             ahead = list(self._ahead)
             if not ahead:
