@@ -241,6 +241,35 @@ def test_a_failed_acknowledgement_of_another_topic_still_lets_the_others_be_made
     asyncio.run(scenario())
 
 
+def test_a_request_refused_as_a_whole_does_not_keep_the_others_from_being_made(start_broker: Any) -> None:
+    """Every acknowledgement of one topic fails, so the broker refuses that request as a whole: the
+    requests of the other topics are made all the same, by ack_many and by receive(ack=...), which
+    then raise naming how many failed."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        topics = ("WholeA", "WholeB", "WholeC", "WholeD")
+        async with Producer(broker.endpoint) as producer:
+            for topic in topics:
+                await producer.send_many([producer.message(topic, topic.encode()) for _ in range(3)])
+        subscriptions = {t: FilterExpression.tag() for t in topics}
+        async with SimpleConsumer(broker.endpoint, "whole", subscriptions, await_duration=0.3) as c:
+            a, b, cc, d = [await c.receive(3, 30, topic=t) for t in topics]
+            await c.ack(a[0])
+            with pytest.raises(RemoteError) as failed:
+                await c.ack_many([a[0], *b])  # a[0]'s request (its only entry failed) comes first
+            assert failed.value.status == "INVALID_RECEIPT_HANDLE"
+            assert "1 of 4 acknowledgements failed" in str(failed.value)
+            await assert_all_acknowledged(c, b)
+            with pytest.raises(RemoteError) as failed:
+                await c.receive(3, 30, topic="WholeD", ack=[b[0], *cc])  # other topics': acknowledged first
+            assert failed.value.status == "INVALID_RECEIPT_HANDLE"
+            await assert_all_acknowledged(c, cc)
+            await c.ack_many([*a[1:], *d])
+
+    asyncio.run(scenario())
+
+
 def test_receive_from_a_named_topic(start_broker: Any) -> None:
     broker = start_broker(config=FAST)
 

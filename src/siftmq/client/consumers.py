@@ -207,16 +207,23 @@ class SimpleConsumer(_Consumer):
 
     async def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
         """Acknowledge messages in one request per topic (per 1,024 messages); raises, once every
-        request was made, if any entry failed."""
+        request was made, if any entry failed (a request refused as a whole, as when all its entries
+        fail, does not keep the others from being made)."""
         by_topic: dict[str, list[ReceivedMessage]] = {}
         for m in messages:
             by_topic.setdefault(m.topic, []).append(m)
         failed: list[pb.AckMessageResultEntry] = []
+        refused: list[tuple[RemoteError, int]] = []  # requests that failed as a whole, and their sizes
         for topic, group in by_topic.items():
             for at in range(0, len(group), MAX_ACK_ENTRIES):
                 part = group[at : at + MAX_ACK_ENTRIES]
-                response = await self.connection.unary("AckMessage", self._ack_request(topic, part))
+                try:
+                    response = await self.connection.unary("AckMessage", self._ack_request(topic, part))
+                except RemoteError as exc:  # every entry failed, or the call did: the others are still made
+                    refused.append((exc, len(part)))
+                    continue
                 failed += _failed_entries(response)
+        _raise_refused(refused, len(failed), len(messages))
         _raise_failed(failed, len(messages))
 
     def _ack_request(self, topic: str, messages: Sequence[ReceivedMessage]) -> pb.AckMessageRequest:
@@ -822,6 +829,25 @@ class PullConsumer(_Consumer):
 def _failed_entries(response: pb.AckMessageResponse) -> list[pb.AckMessageResultEntry]:
     ok_code = pb.Code.OK
     return [e for e in response.entries if e.status.code != ok_code]
+
+
+def _raise_refused(refused: Sequence[tuple[RemoteError, int]], failed: int, count: int) -> None:
+    """Raise the first of the acknowledgement requests refused as a whole, if any: as it is when it
+    was the only request, else counting every acknowledgement that failed (``failed`` of the others'
+    entries besides)."""
+    if not refused:
+        return
+    first, size = refused[0]
+    if size == count:
+        raise first
+    failures = failed + sum(size for _, size in refused)
+    raise RemoteError.for_status(
+        f"{failures} of {count} acknowledgements failed ({len(refused)} requests refused as a whole, "
+        f"the others made); a request of {size}: {first}",
+        status=first.status,
+        status_code=first.status_code,
+        call="AckMessage",
+    ) from first
 
 
 def _raise_failed(failed: Sequence[pb.AckMessageResultEntry], count: int) -> None:
