@@ -234,6 +234,42 @@ def test_acknowledgements_of_a_receive_that_failed_are_made_all_the_same(start_b
     asyncio.run(scenario())
 
 
+def test_acknowledgements_the_broker_could_not_be_reached_for_are_made_once_it_is_back(
+    start_broker: Any,
+) -> None:
+    """The broker goes away just after the last message was consumed, before its acknowledgement
+    was sent, and comes back a second later: the acknowledgements are retried and made, so no
+    message comes back to the listener after its invisible time (10 s here)."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "PushOutage", 10)
+        seen: list[ReceivedMessage] = []
+
+        def consumed(m: ReceivedMessage) -> bool:
+            seen.append(m)
+            if len(seen) == 10:  # on the event loop: nothing is acknowledged before the broker is gone
+                broker.stop()
+            return True
+
+        consumer = PushConsumer(
+            broker.endpoint, "pushoutage", {"PushOutage": FilterExpression.tag()}, consumed, concurrency=2
+        )
+        consumer.INVISIBLE_S = 10.0
+        async with consumer:
+            await _until(lambda: len(seen) >= 10)
+            gone = time.monotonic()
+            await asyncio.sleep(1)
+            broker.listen = broker.endpoint
+            broker.start()
+            await asyncio.sleep(consumer.INVISIBLE_S + 2 - (time.monotonic() - gone))
+            assert sorted(int(m.body) for m in seen) == list(range(10))  # none came back
+        async with SimpleConsumer(broker.endpoint, "pushoutage", {"PushOutage": FilterExpression.tag()}) as c:
+            await assert_all_acknowledged(c, seen)
+
+    asyncio.run(scenario())
+
+
 def test_a_cancelled_stop_still_gives_back_and_closes(start_broker: Any) -> None:
     broker = start_broker(config=FAST)
 

@@ -292,9 +292,11 @@ class PushConsumer(SimpleConsumer):
     takes under ~7 s — and asks for more once at most half of its share is held: after a full answer,
     on siftmq's broker, with a receive that does not wait and carries the acknowledgements of that
     topic consumed meanwhile; otherwise with a waiting receive (a separate task acknowledges what no
-    receive took within ``ACK_GRACE_S``). A failed message is made visible again after a backoff
-    (1 s, 5 s, 10 s, ...); after the broker's maximum delivery attempts it goes to ``%DLQ%<group>``.
-    ``stop()`` makes what was received and not consumed visible again in ``RELEASE_S``.
+    receive took within ``ACK_GRACE_S``, retrying while the handles may be valid what failed for a
+    reason a retry can mend, as the broker being unreachable). A failed message is made visible
+    again after a backoff (1 s, 5 s, 10 s, ...); after the broker's maximum delivery attempts it
+    goes to ``%DLQ%<group>``. ``stop()`` makes what was received and not consumed visible again in
+    ``RELEASE_S``.
     """
 
     client_type = pb.ClientType.PUSH_CONSUMER
@@ -302,6 +304,7 @@ class PushConsumer(SimpleConsumer):
     HELD_PER_WORKER = 8
     INVISIBLE_S = 60.0
     ACK_GRACE_S = 0.1  # what the next receive did not take along by then is acknowledged on its own
+    ACK_RETRY_S = 1.0  # between attempts of acknowledgements that failed for a reason a retry can mend
     STOP_GRACE_S = 0.5  # stop() lets a waiting receive end this long: an answer may be on its way
     FULL_AT = 32  # an answer this large counts as full (a broker may cap a receive below what was asked)
 
@@ -455,7 +458,12 @@ class PushConsumer(SimpleConsumer):
             self._ack_wanted.set()
 
     async def _ack_loop(self) -> None:
-        """Acknowledge what no receive took along within ``ACK_GRACE_S``, in batches."""
+        """Acknowledge what no receive took along within ``ACK_GRACE_S``, in batches. A failure a
+        retry can mend (the broker unreachable, busy) is retried every ``ACK_RETRY_S`` while the
+        handles may still be valid: for ``INVISIBLE_S`` since the failures began (they were
+        received before it), and not once the consumer is stopping."""
+        loop = asyncio.get_running_loop()
+        failing_since: float | None = None
         while True:
             await self._ack_wanted.wait()
             if not self._closing:
@@ -465,7 +473,16 @@ class PushConsumer(SimpleConsumer):
                 batch = self._take_acks(limit=MAX_ACK_BATCH)
                 try:
                     await self.ack_many(batch)
-                except RemoteError as exc:  # not acknowledged: redelivered after its invisible time
+                    failing_since = None
+                except RemoteError as exc:
+                    now = loop.time()
+                    failing_since = now if failing_since is None else failing_since
+                    if exc.retriable and not self._closing and now - failing_since < self.INVISIBLE_S:
+                        _log.warning("acknowledging messages of %s failed, retrying: %s", self.group, exc)
+                        self._give_back_acks(batch)
+                        await asyncio.sleep(self.ACK_RETRY_S)
+                        continue
+                    failing_since = None  # not acknowledged: redelivered after its invisible time
                     _log.warning("acknowledging %d messages of %s failed: %s", len(batch), self.group, exc)
                 except Exception:  # the acker must outlive any one failure, as the receiving loops do
                     _log.exception("acknowledging %d messages of %s failed", len(batch), self.group)
