@@ -169,3 +169,33 @@ def test_a_queue_rebalanced_away_before_its_update_offset_is_forgotten(start_bro
             await first.stop()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("extension", [True, False])
+def test_after_a_broker_restart_the_consumer_registers_again(start_broker: Any, extension: bool) -> None:
+    """A restarted broker has forgotten the consumer's settings: the assignment it answered was
+    empty until the next heartbeat (10 s), so polls found nothing, and a commit through the
+    standard calls took every queue for rebalanced away and stored nothing. The consumer sends its
+    settings again when the broker answers as to a client it does not know."""
+    broker = start_broker()
+
+    async def scenario() -> None:
+        async with Producer(broker.endpoint) as producer:
+            await producer.send_many([producer.message("Restarted", b"%d" % i) for i in range(20)])
+        consumer = PullConsumer(broker.endpoint, "restarted", "Restarted", FilterExpression.tag())
+        async with consumer:
+            if not extension:
+                consumer.connection.batch_extension = False
+            assert len(await consumer.poll(20, timeout=1)) == 20
+            broker.stop()
+            broker.listen = broker.endpoint
+            broker.start()
+            await consumer.commit()
+            async with Producer(broker.endpoint) as producer:
+                await producer.send("Restarted", b"20")
+            assert [m.body for m in await consumer.poll(20, timeout=3)] == [b"20"]
+            await consumer.commit()
+        async with PullConsumer(broker.endpoint, "restarted", "Restarted", FilterExpression.tag()) as again:
+            assert await again.poll(50, timeout=1) == []  # every position was stored
+
+    asyncio.run(scenario())

@@ -586,14 +586,18 @@ class PullConsumer(_Consumer):
         return self._assigned[1]
 
     async def assignment(self) -> list[int]:
-        response = await self.connection.unary(
-            "QueryAssignment",
-            pb.QueryAssignmentRequest(
-                topic=self.connection.resource(self.topic),
-                group=self.connection.resource(self.group),
-                endpoints=self.connection.endpoints(),
-            ),
+        """The queues the broker assigns this member now. A broker that answers as to a receiving
+        client (one assignment of every queue, id -1) has forgotten this one's settings, as after
+        a restart: they are sent again and the broker asked again."""
+        request = pb.QueryAssignmentRequest(
+            topic=self.connection.resource(self.topic),
+            group=self.connection.resource(self.group),
+            endpoints=self.connection.endpoints(),
         )
+        response = await self.connection.unary("QueryAssignment", request)
+        if any(a.message_queue.id < 0 for a in response.assignments):
+            await self.connection.telemetry(self._settings())
+            response = await self.connection.unary("QueryAssignment", request)
         return sorted(a.message_queue.id for a in response.assignments if a.message_queue.id >= 0)
 
     async def _position(self, qid: int) -> int:
