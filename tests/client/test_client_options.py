@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from siftmq.client import Producer
+
 # in a child process: a certificate without its key made gRPC abort the process (SIGABRT)
 _MAKE = """
 import asyncio, json, sys
@@ -60,3 +62,12 @@ def test_an_option_without_its_pair_is_refused(
     assert child.returncode == 0, child.stderr[-1000:]
     lines = child.stdout.splitlines()
     assert len(lines) == 2 and all(line.startswith(f"ValueError: {message}") for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["127.0.0.1:65536", "127.0.0.1:73217", "127.0.0.1:0", "127.0.0.1", "host:x"]
+)
+def test_an_endpoint_without_a_valid_port_is_refused(endpoint: str) -> None:
+    """gRPC connected a port above 65535 to it modulo 65536: another endpoint than the one given."""
+    with pytest.raises(ValueError, match=r"endpoint must be host:port \(port 1\.\.65535\)"):
+        Producer(endpoint)

@@ -89,8 +89,8 @@ class Connection:
         key_file: str | None = None,
     ) -> None:
         host, sep, port = endpoint.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"endpoint must be host:port, not {endpoint!r}")
+        if not sep or not port.isdigit() or not 0 < int(port) <= 65535:  # gRPC would wrap a larger one
+            raise ValueError(f"endpoint must be host:port (port 1..65535), not {endpoint!r}")
         _check_security(access_key, secret_key, cert_file, key_file)
         self.endpoint = endpoint
         self.host, self.port = host, int(port)
