@@ -199,3 +199,41 @@ def test_after_a_broker_restart_the_consumer_registers_again(start_broker: Any, 
             assert await again.poll(50, timeout=1) == []  # every position was stored
 
     asyncio.run(scenario())
+
+
+def test_a_queue_that_comes_back_goes_on_from_the_groups_offset(start_broker: Any) -> None:
+    """A's own position on the queues B took was kept and, once they came back, preferred to the
+    group's: what B had consumed and committed meanwhile, A read again."""
+    broker = start_broker()
+
+    async def scenario() -> None:
+        await _spread(broker.endpoint, "Back", 16)
+        a = PullConsumer(broker.endpoint, "back-g", "Back", FilterExpression.tag())
+        b = PullConsumer(broker.endpoint, "back-g", "Back", FilterExpression.tag())
+        for consumer in (a, b):
+            consumer.assignment_ttl_s = 0.0
+        async with a:
+            assert await _polled(a) == 16
+            await a.commit()
+            async with b:
+                await a.poll(64)  # A learns it has half of the queues now
+                await _spread(broker.endpoint, "Back", 16)
+                got_b = await _polled(b)
+                await b.commit()
+            got_a = await _polled(a)  # every queue is A's again
+            assert got_a + got_b == 16, (got_a, got_b)
+
+    asyncio.run(scenario())
+
+
+def test_seek_refuses_what_is_no_queue_position() -> None:
+    """A negative offset was taken: every poll of the queue was empty and every commit failed."""
+
+    async def scenario() -> None:  # (a client is made on an event loop)
+        consumer = PullConsumer("127.0.0.1:9", "g", "T", FilterExpression.tag())
+        for queue_id, offset in ((0, -5), (-1, 0), (True, 0), (0, 1.5)):
+            with pytest.raises(ValueError, match=r"queue_id|offset"):
+                consumer.seek(queue_id, offset)  # type: ignore[arg-type]
+        await consumer.connection.close()
+
+    asyncio.run(scenario())

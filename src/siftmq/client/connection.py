@@ -26,6 +26,8 @@ _RPC = {r.name: r for r in (*RPCS, *BATCH_RPCS)}
 #: Batch calls a broker serving the extension may lack (an older siftmq): their UNIMPLEMENTED says
 #: nothing about the extension's other calls.
 _LATER_BATCH_CALLS: Final = frozenset({"AckAndReceive"})
+#: The first and the longest wait (ms) before a connection to a broker that went away is tried again.
+RECONNECT_BACKOFF_MS: Final = (250, 2000)
 _SUCCESS = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 # enum attribute lookups go through a slow Python wrapper: resolve the per-message ones once
 _IDENTITY = pb.Encoding.IDENTITY
@@ -104,7 +106,15 @@ class Connection:
         self._unimplemented: set[str] = set()  # batch calls the broker refused (an older extension)
         # a broker with authentication on wants every call signed with the user's secret key
         self._access_key, self._secret_key = access_key or None, secret_key or ""
-        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        options = [
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            # gRPC's own backoff grows to minutes: after a 30 s outage calls went on failing for
+            # ~7 s once the broker was back, longer than a send's retries wait
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
+        ]
         if tls or ca_file or cert_file:  # a CA or a client certificate means TLS
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(ca_file),

@@ -628,7 +628,12 @@ class PullConsumer(_Consumer):
         return offset
 
     def seek(self, queue_id: int, offset: int) -> None:
-        """Read ``queue_id`` from ``offset`` on the next poll (what was buffered from it is dropped)."""
+        """Read ``queue_id`` from ``offset`` on the next poll (what was buffered from it is dropped).
+        A queue not assigned to this member at the next poll is let go, its seek with it."""
+        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
+            raise ValueError(f"queue_id must be a queue number (0 or more), not {queue_id!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be 0 or more, not {offset!r}")
         self._forget(queue_id)
         self._offsets[queue_id] = offset
 
@@ -644,7 +649,7 @@ class PullConsumer(_Consumer):
     def _rebalanced_away(self, qid: int) -> None:
         """Let go of a queue another member owns now: its new owner continues from the group's offset."""
         self._forget(qid)
-        del self._offsets[qid]
+        self._offsets.pop(qid, None)
 
     def _resume_offset(self, qid: int) -> int:
         """Where this queue continues after a restart: its first message not yet returned by poll."""
@@ -664,11 +669,12 @@ class PullConsumer(_Consumer):
         """
         self._reap()  # a background pull that failed raises here
         queues = await self._cached_assignment()
-        for qid in {*self._buffered, *self._fetching} - set(queues):  # rebalanced away
-            buffered = self._buffered.get(qid)
-            if buffered:  # the new owner reads them; should the queue come back, so does this consumer
-                self._offsets[qid] = buffered[0].queue_offset
-            self._forget(qid)
+        if self.mode != "BROADCASTING":
+            # Rebalanced away: the new owner goes on from the group's committed offset, and so does
+            # this consumer should the queue come back (its own position there is stale by then:
+            # what the other member consumed and committed would be read again)
+            for qid in {*self._buffered, *self._fetching, *self._offsets} - set(queues):
+                self._rebalanced_away(qid)
         if self._buffered_count() < max_messages:
             self._prefetch(queues, max_messages)
             pending = set(self._fetching.values())
