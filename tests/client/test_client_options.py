@@ -71,3 +71,46 @@ def test_an_endpoint_without_a_valid_port_is_refused(endpoint: str) -> None:
     """gRPC connected a port above 65535 to it modulo 65536: another endpoint than the one given."""
     with pytest.raises(ValueError, match=r"endpoint must be host:port \(port 1\.\.65535\)"):
         Producer(endpoint)
+
+
+def test_bad_arguments_are_refused_naming_them() -> None:
+    """An AssertionError, an AttributeError from deep inside, a key per character of a string, or
+    nothing at all (receive(0) returned a message, poll(-1) nothing) before."""
+    import asyncio
+
+    from siftmq.client import FilterExpression, PullConsumer, SimpleConsumer
+
+    async def scenario() -> None:
+        with pytest.raises(ValueError, match="max_attempts"):
+            Producer("127.0.0.1:1", max_attempts=0)
+        with pytest.raises(TypeError, match=r"subscriptions\['T'\] must be a FilterExpression"):
+            SimpleConsumer("127.0.0.1:1", "g", {"T": "*"})  # type: ignore[dict-item]
+        producer = Producer("127.0.0.1:1")
+        for kwargs, says in (
+            ({"body": "text"}, "body must be bytes"),
+            ({"body": b"x", "keys": "abc"}, "keys must be a list of strings"),
+        ):
+            with pytest.raises(TypeError, match=says):
+                producer.message("T", **kwargs)  # type: ignore[arg-type]
+        # a key or property that is no string is named as the request is made, on either path
+        for extension in (True, False):
+            producer.connection.batch_extension = extension
+            for kwargs, says in (
+                ({"properties": {"n": 1}}, r"message 1: properties must map strings to strings, not 'n': 1"),
+                ({"keys": ["k", 2]}, "message 1: keys must be strings, not 2"),
+            ):
+                bad = [producer.message("T", b"ok"), producer.message("T", b"x", **kwargs)]  # type: ignore[arg-type]
+                with pytest.raises(TypeError, match=says):
+                    await producer.connection.send(bad)
+        await producer.connection.close()
+        consumer = SimpleConsumer("127.0.0.1:1", "g", {"T": FilterExpression.tag()})
+        with pytest.raises(ValueError, match="max_messages must be 1 or more"):
+            await consumer.receive(0)
+        await consumer.connection.close()
+        puller = PullConsumer("127.0.0.1:1", "g", "T", FilterExpression.tag())
+        for count in (0, -1):
+            with pytest.raises(ValueError, match="max_messages must be 1 or more"):
+                await puller.poll(count)
+        await puller.connection.close()
+
+    asyncio.run(scenario())

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Self
@@ -229,7 +230,8 @@ class Connection:
                 SendReceipt(m.message_id, offset, queue_id)
                 for m, offset, queue_id in zip(messages, answer.queue_offset, answer.queue_id, strict=True)
             ]
-        request = pb.SendMessageRequest(messages=[message_frame(self.namespace, m) for m in messages])
+        with _naming_bad_fields(messages):
+            request = pb.SendMessageRequest(messages=[message_frame(self.namespace, m) for m in messages])
         response = await self.unary("SendMessage", request)
         entries = response.entries
         if len(entries) != len(messages):
@@ -324,8 +326,22 @@ def send_columns(namespace: str, messages: Sequence[OutgoingMessage]) -> batch_p
     topics, bodies, ids, tags, keys, properties, born = zip(*messages, strict=True)
     if len(set(topics)) != 1:
         raise ValueError(f"send_many sends messages of one topic, not of {sorted(set(topics))}")
+    with _naming_bad_fields(messages):
+        return _send_batch_request(namespace, topics[0], bodies, ids, tags, keys, properties, born)
+
+
+def _send_batch_request(  # noqa: PLR0917 - the columns of send_columns, in order
+    namespace: str,
+    topic: str,
+    bodies: Sequence[bytes],
+    ids: Sequence[str],
+    tags: Sequence[str | None],
+    keys: Sequence[Sequence[str]],
+    properties: Sequence[Mapping[str, str]],
+    born: Sequence[int],
+) -> batch_pb.SendBatchRequest:
     return batch_pb.SendBatchRequest(
-        topic={"resource_namespace": namespace, "name": topics[0]},
+        topic={"resource_namespace": namespace, "name": topic},
         body=bodies,
         message_id=ids,
         tag=[tag or "" for tag in tags],
@@ -336,6 +352,25 @@ def send_columns(namespace: str, messages: Sequence[OutgoingMessage]) -> batch_p
         property_value=list(itertools.chain.from_iterable(p.values() for p in properties)),
         born_timestamp_ms=born,
     )
+
+
+@contextlib.contextmanager
+def _naming_bad_fields(messages: Sequence[OutgoingMessage]) -> Iterator[None]:
+    """A ``TypeError`` of the protobuf encoder (which names nothing) said again naming the message's
+    key or property that is not a string; looked for only then, so a good send pays nothing."""
+    try:
+        yield
+    except TypeError:
+        for n, m in enumerate(messages):
+            for key in m.keys:
+                if type(key) is not str:
+                    raise TypeError(f"message {n}: keys must be strings, not {key!r}") from None
+            for name, value in m.properties.items():
+                if type(name) is not str or type(value) is not str:
+                    raise TypeError(
+                        f"message {n}: properties must map strings to strings, not {name!r}: {value!r}"
+                    ) from None
+        raise
 
 
 def message_frame(namespace: str, m: OutgoingMessage) -> dict[str, Any]:

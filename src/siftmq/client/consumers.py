@@ -54,6 +54,12 @@ class _Consumer(Started):
     ) -> None:
         if not subscriptions:
             raise ValueError("subscribe at least one topic")
+        for topic, expression in subscriptions.items():
+            if not isinstance(expression, FilterExpression):
+                raise TypeError(
+                    f"subscriptions[{topic!r}] must be a FilterExpression (FilterExpression.tag(...) or "
+                    f".sql92(...)), not {type(expression).__name__}"
+                )
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be {' or '.join(MODES)} or None (the group's model), not {mode!r}")
         self.mode = mode
@@ -154,6 +160,7 @@ class SimpleConsumer(_Consumer):
         of two). If an acknowledgement fails this raises as :meth:`ack_many` does (once every
         acknowledgement was made), and nothing has been received.
         """
+        _check_count("max_messages", max_messages)
         hold_s = self.await_duration if await_duration is None else await_duration
         if topic is None:
             topics = list(self.subscriptions)
@@ -261,6 +268,7 @@ class SimpleConsumer(_Consumer):
         """A receiver that keeps ``depth`` calls asking for the next batches in flight while the
         application handles this one (see :class:`~siftmq.client.prefetch.Prefetching` for what
         changes: an acknowledgement's failure is raised a few calls later)."""
+        _check_count("max_messages", max_messages)
         return Prefetching(self, max_messages, invisible_duration, depth)
 
     async def release(self, messages: Sequence[ReceivedMessage]) -> None:
@@ -667,6 +675,7 @@ class PullConsumer(_Consumer):
         arrived or all answered. :meth:`commit` stores the offset of the first message not yet
         returned: nothing buffered is skipped after a restart. Not safe to call concurrently.
         """
+        _check_count("max_messages", max_messages)
         self._reap()  # a background pull that failed raises here
         queues = await self._cached_assignment()
         if self.mode != "BROADCASTING":
@@ -901,3 +910,8 @@ def _write_offsets(path: Path, offsets: dict[int, int]) -> None:
     """Replace the offsets file as a whole and durably: a crash leaves the old one or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps(offsets).encode())
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be 1 or more, not {value!r}")

@@ -30,6 +30,10 @@ class Producer(Started):
     def __init__(
         self, endpoint: str, *, max_attempts: int = 3, backoff_s: float = 0.05, **options: Any
     ) -> None:
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be 1 or more, not {max_attempts!r}")
+        if not backoff_s >= 0:
+            raise ValueError(f"backoff_s must be 0 or more, not {backoff_s!r}")
         self.connection = Connection(endpoint, **options)
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
@@ -57,6 +61,10 @@ class Producer(Started):
         message_id: str | None = None,
     ) -> OutgoingMessage:
         """A message for :meth:`send_many`; ``message_id`` defaults to a new client id."""
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise TypeError(f"body must be bytes, not {type(body).__name__} (encode a str first)")
+        if isinstance(keys, str):  # (a key or property that is no string is named when it is sent)
+            raise TypeError(f"keys must be a list of strings, not one string: {keys!r}")
         return OutgoingMessage(
             topic,
             body,
