@@ -35,8 +35,12 @@ async def _send(endpoint: str, topic: str, count: int) -> None:
             ])  # fmt: skip
 
 
-def _consumer(endpoint: str, topic: str, group: str, tag: str = "*", **kwargs: Any) -> SimpleConsumer:
-    return SimpleConsumer(endpoint, group, {topic: FilterExpression.tag(tag)}, await_duration=0.3, **kwargs)
+def _consumer(
+    endpoint: str, topic: str, group: str, tag: str = "*", *, await_duration: float = 0.3, **kwargs: Any
+) -> SimpleConsumer:
+    return SimpleConsumer(
+        endpoint, group, {topic: FilterExpression.tag(tag)}, await_duration=await_duration, **kwargs
+    )
 
 
 def _bodies(messages: list[ReceivedMessage]) -> list[int]:
@@ -128,9 +132,7 @@ def test_a_drained_topic_waits_for_messages_as_a_plain_receive_does(start_broker
     async def scenario() -> None:
         await _send(broker.endpoint, "AheadWait", 5)
         async with (
-            SimpleConsumer(
-                broker.endpoint, "aheadwait", {"AheadWait": FilterExpression.tag()}, await_duration=10
-            ) as c,
+            _consumer(broker.endpoint, "AheadWait", "aheadwait", await_duration=10) as c,
             c.prefetching(16, INVISIBLE_S) as receiver,
         ):
             first = await receiver.receive()
@@ -213,12 +215,7 @@ def test_a_receive_cancelled_in_its_waiting_call_leaves_the_call_and_its_acks(
     async def scenario() -> None:
         await _send(broker.endpoint, "AheadCancelWait", 5)
         async with (
-            SimpleConsumer(
-                broker.endpoint,
-                "aheadcancelwait",
-                {"AheadCancelWait": FilterExpression.tag()},
-                await_duration=2,
-            ) as c,
+            _consumer(broker.endpoint, "AheadCancelWait", "aheadcancelwait", await_duration=2) as c,
             c.prefetching(16, INVISIBLE_S, depth=2) as receiver,
         ):
             if not extension:
@@ -247,12 +244,7 @@ def test_a_message_handed_to_a_cancelled_waiting_receive_comes_with_the_next(sta
 
     async def scenario() -> None:
         async with (
-            SimpleConsumer(
-                broker.endpoint,
-                "aheadcancelhanded",
-                {"AheadCancelHanded": FilterExpression.tag()},
-                await_duration=5,
-            ) as c,
+            _consumer(broker.endpoint, "AheadCancelHanded", "aheadcancelhanded", await_duration=5) as c,
             c.prefetching(16, INVISIBLE_S, depth=2) as receiver,
         ):
             waiting = asyncio.create_task(receiver.receive())

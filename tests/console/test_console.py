@@ -135,6 +135,14 @@ class Page:
         self.page.wait_for_selector("main h1")
         return self.page
 
+    def log_in(self, route: str, user: tuple[str, str]) -> Any:
+        """Open ``route`` and log in through the page's form as ``user`` (name, password)."""
+        self.page.goto(f"{self.base}/#/{route}")
+        self.page.fill("#login-user", user[0])
+        self.page.fill("#login-password", user[1])
+        self.page.click("button:has-text('Log in')")
+        return self.page
+
     def screenshot(self, name: str) -> Path:
         """The page as it looks, kept as a test artifact (``SIFTMQ_ARTIFACTS``, default ``artifacts/``)."""
         path = Path(os.environ.get("SIFTMQ_ARTIFACTS", "artifacts")) / "console" / f"{name}.png"
@@ -505,11 +513,7 @@ def test_the_console_logs_in_when_authentication_is_on(browser: Any, tmp_path: P
             console.close()
         bob = Page(browser, secured.admin_url)
         try:
-            page = bob.page
-            page.goto(f"{secured.admin_url}/#/overview")
-            page.fill("#login-user", "bob")
-            page.fill("#login-password", "B0b-s3cret-pw")
-            page.click("button:has-text('Log in')")
+            page = bob.log_in("overview", ("bob", "B0b-s3cret-pw"))
             page.wait_for_selector("#forbidden")  # the API's 403, said on the page
             assert "user bob may not" in page.inner_text("#forbidden")
             bob.screenshot("forbidden")
@@ -560,11 +564,7 @@ def test_a_topic_the_user_may_not_read_is_marked_and_the_others_shown(browser: A
         ]
         alice = Page(browser, secured.admin_url)
         try:
-            page = alice.page
-            page.goto(f"{secured.admin_url}/#/topics")
-            page.fill("#login-user", ALICE[0])
-            page.fill("#login-password", ALICE[1])
-            page.click("button:has-text('Log in')")
+            page = alice.log_in("topics", ALICE)
             page.wait_for_selector("a[data-topic='Public']")
             rows = {r.split("\t")[0]: r.split("\t") for r in page.locator("tbody tr").all_inner_texts()}
             assert rows["Public"][2] == "0"
@@ -678,11 +678,7 @@ document.getElementById("go").onclick = () => {{
         assert float(line.split()[-1]) >= tries  # they came, and were refused
         console = Page(browser, secured.admin_url)
         try:
-            page = console.page
-            page.goto(f"{secured.admin_url}/#/overview")
-            page.fill("#login-user", ROOT[0])
-            page.fill("#login-password", ROOT[1])
-            page.click("button:has-text('Log in')")
+            page = console.log_in("overview", ROOT)
             page.wait_for_selector("text=siftmq-broker")  # not 429
         finally:
             console.close()
