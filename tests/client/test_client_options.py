@@ -92,6 +92,9 @@ def test_bad_arguments_are_refused_naming_them() -> None:
         ):
             with pytest.raises(TypeError, match=says):
                 producer.message("T", **kwargs)  # type: ignore[arg-type]
+        # bytes-like bodies are taken as bytes (the encoder refused them, naming nothing)
+        assert type(producer.message("T", bytearray(b"ba")).body) is bytes
+        assert producer.message("T", memoryview(b"mv")).body == b"mv"
         # a key or property that is no string is named as the request is made, on either path
         for extension in (True, False):
             producer.connection.batch_extension = extension

@@ -368,3 +368,39 @@ def test_prefetching_and_plain_receive_deliver_the_same_messages(
                 await assert_all_acknowledged(c, got)
 
     asyncio.run(scenario())
+
+
+def test_acks_a_cancelled_receives_failed_call_carried_are_sent_when_given_again(start_broker: Any) -> None:
+    """The cancelled receive's waiting call failed (the broker was gone): its acknowledgements were
+    never made, the next receive said so, and given again they were held back as carried by it
+    (the message came back after its invisible time)."""
+    broker = start_broker(config=FAST)
+
+    async def scenario() -> None:
+        await _send(broker.endpoint, "CarriedFailed", 1)
+        async with (
+            _consumer(broker.endpoint, "CarriedFailed", "carriedfailed", await_duration=1) as c,
+            c.prefetching(16, INVISIBLE_S, depth=2) as receiver,
+        ):
+            first = await receiver.receive()
+            assert _bodies(first) == [0]
+            await asyncio.sleep(0.5)  # the calls made ahead come back empty
+            broker.stop()
+            cancelled = asyncio.create_task(receiver.receive(ack=first))
+            await asyncio.sleep(0)  # its waiting call is made, carrying the acknowledgement
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            broker.listen = broker.endpoint
+            broker.start()
+            with pytest.raises(RemoteError):
+                await receiver.receive(ack=first)  # the kept call's failure: nothing acknowledged
+            for _ in range(20):  # given again until the channel is back
+                try:
+                    await receiver.receive(ack=first)
+                    break
+                except RemoteError:
+                    await asyncio.sleep(0.5)
+            await assert_all_acknowledged(c, first)
+
+    asyncio.run(scenario())

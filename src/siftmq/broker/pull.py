@@ -155,20 +155,20 @@ class Pulling(Subscribing):
         return (self.progress_group(group, client_id), topic.name, queue_id)
 
     def get_offset(self, group: str, topic_name: str, queue_id: int, *, client_id: str = "") -> int:
-        """The group's committed offset on a queue: the further of its pull commits and its receive
-        progress (a group that pulled, then received, then pulls again goes on past what its
-        receives acknowledged; each way's position only moves on)."""
+        """The group's committed offset on a queue (pull commits, else its receive progress). A pull
+        commit may go back (a seek), so it is not weighed against the receive progress: a group
+        that pulls again after receiving reads again what its receives acknowledged since its last
+        commit, never less."""
         check_group(group)
         topic = self._queue(topic_name, queue_id)
         pgroup = self.progress_group(group, client_id)
         found = self.offsets.get((pgroup, topic.name, queue_id))
+        if found is not None:
+            return found
         prog = self.consumers.get((pgroup, topic.name, queue_id))
         if prog is not None:
             with prog.lock:
-                received = prog.committed_offset
-            return received if found is None else max(found, received)
-        if found is not None:
-            return found
+                return prog.committed_offset
         carried = self.member_start(pgroup, topic.name, queue_id)  # a broadcasting member: its group's
         if carried is not None:
             return carried

@@ -478,22 +478,33 @@ class PushConsumer(SimpleConsumer):
                 await asyncio.sleep(self.ACK_GRACE_S)
             self._ack_wanted.clear()
             while self._to_ack:
-                batch = self._take_acks(limit=MAX_ACK_BATCH)
-                try:
-                    await self.ack_many(batch)
-                    failing_since = None
-                except RemoteError as exc:
-                    now = loop.time()
-                    failing_since = now if failing_since is None else failing_since
-                    if exc.retriable and not self._closing and now - failing_since < self.INVISIBLE_S:
-                        _log.warning("acknowledging messages of %s failed, retrying: %s", self.group, exc)
-                        self._give_back_acks(batch)
-                        await asyncio.sleep(self.ACK_RETRY_S)
-                        continue
-                    failing_since = None  # not acknowledged: redelivered after its invisible time
-                    _log.warning("acknowledging %d messages of %s failed: %s", len(batch), self.group, exc)
-                except Exception:  # the acker must outlive any one failure, as the receiving loops do
-                    _log.exception("acknowledging %d messages of %s failed", len(batch), self.group)
+                by_topic: dict[str, list[ReceivedMessage]] = {}
+                for message in self._take_acks(limit=MAX_ACK_BATCH):
+                    by_topic.setdefault(message.topic, []).append(message)
+                retry: list[ReceivedMessage] = []
+                # a topic at a time: a retry sends again only what was not made (made ones, sent
+                # again, would be refused as unknown and end the retries)
+                for batch in by_topic.values():
+                    try:
+                        await self.ack_many(batch)
+                    except RemoteError as exc:
+                        now = loop.time()
+                        failing_since = now if failing_since is None else failing_since
+                        if exc.retriable and not self._closing and now - failing_since < self.INVISIBLE_S:
+                            _log.warning("acknowledging messages of %s failed, retrying: %s", self.group, exc)
+                            retry.extend(batch)
+                            continue
+                        # not acknowledged: redelivered after its invisible time
+                        _log.warning(
+                            "acknowledging %d messages of %s failed: %s", len(batch), self.group, exc
+                        )
+                    except Exception:  # the acker must outlive any one failure, as the receiving loops do
+                        _log.exception("acknowledging %d messages of %s failed", len(batch), self.group)
+                if retry:
+                    self._give_back_acks(retry)
+                    await asyncio.sleep(self.ACK_RETRY_S)
+                    continue
+                failing_since = None
             if self._closing:
                 return
 

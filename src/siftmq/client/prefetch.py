@@ -152,6 +152,8 @@ class Prefetching:
             raise
         except BaseException:
             self._ahead.popleft()
+            # its acknowledgements were not made (the failure says so): given again, they are sent
+            self._carried.clear()
             raise
         self._ahead.popleft()
         return batch

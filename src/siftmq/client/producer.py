@@ -61,8 +61,10 @@ class Producer(Started):
         message_id: str | None = None,
     ) -> OutgoingMessage:
         """A message for :meth:`send_many`; ``message_id`` defaults to a new client id."""
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise TypeError(f"body must be bytes, not {type(body).__name__} (encode a str first)")
+        if type(body) is not bytes:
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                raise TypeError(f"body must be bytes, not {type(body).__name__} (encode a str first)")
+            body = bytes(body)  # what the protobuf encoder takes
         if isinstance(keys, str):  # (a key or property that is no string is named when it is sent)
             raise TypeError(f"keys must be a list of strings, not one string: {keys!r}")
         return OutgoingMessage(
