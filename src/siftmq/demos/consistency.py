@@ -24,7 +24,8 @@ class Outcome:
     policy: str
     consumed: dict[str, list[str]] = field(default_factory=dict)  # consumer -> message bodies
     refused: dict[str, str] = field(default_factory=dict)  # consumer -> the broker's message
-    queues: dict[str, list[int]] = field(default_factory=dict)
+    queues: dict[str, list[int]] = field(default_factory=dict)  # consumer -> its assigned queues
+    placed: dict[str, int] = field(default_factory=dict)  # message body -> the queue it went to
 
     @property
     def sent(self) -> list[str]:
@@ -59,7 +60,8 @@ async def run_policy(endpoint: str, policy: str) -> Outcome:
             await consumer.connection.close()
     async with Producer(endpoint) as producer:  # the seed's producer: 4 x tagA, then 4 x tagB
         for i in range(8):
-            await producer.send(TOPIC, f"MsgStr{i}".encode(), tag="tagA" if i < 4 else "tagB")
+            receipt = await producer.send(TOPIC, f"MsgStr{i}".encode(), tag="tagA" if i < 4 else "tagB")
+            outcome.placed[f"MsgStr{i}"] = receipt.queue_id
     for name in started:
         consumer = consumers[name]
         outcome.queues[name] = await consumer.assignment()
