@@ -117,7 +117,7 @@ def _plan(descriptor: Any) -> dict[int, Any]:
         plan = {}
         for number, field in descriptor.fields_by_number.items():
             if field.message_type is not None and (
-                field.message_type.GetOptions().map_entry or _flat(field.message_type, set())
+                field.message_type.GetOptions().map_entry or _flat(field.message_type, frozenset())
             ):
                 plan[number] = _ONE
             elif field.message_type is not None:
@@ -128,13 +128,14 @@ def _plan(descriptor: Any) -> dict[int, Any]:
     return plan
 
 
-def _flat(descriptor: Any, seen: set[str]) -> bool:
-    """Whether ``descriptor`` has no repeated field (nor map) at any depth."""
-    if descriptor.full_name in seen:
-        return False  # a recursive type: its depth is unbounded
-    seen.add(descriptor.full_name)
+def _flat(descriptor: Any, within: frozenset[str]) -> bool:
+    """Whether ``descriptor`` has no repeated field (nor map) at any depth; ``within``: the types
+    on the way to it (a type met again there is recursive, its depth unbounded)."""
+    if descriptor.full_name in within:
+        return False
+    inner = within | {descriptor.full_name}
     return not any(
-        field.is_repeated or (field.message_type is not None and not _flat(field.message_type, seen))
+        field.is_repeated or (field.message_type is not None and not _flat(field.message_type, inner))
         for field in descriptor.fields
     )
 
