@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from siftmq.client.connection import Connection, Started, check
-from siftmq.client.model import FilterExpression, ReceivedMessage
+from siftmq.client.model import FilterExpression, ReceivedMessage, check_count
 from siftmq.client.prefetch import Prefetching
 from siftmq.durable import write_atomically
 from siftmq.errors import ConfigError, RemoteError
@@ -160,7 +160,7 @@ class SimpleConsumer(_Consumer):
         of two). If an acknowledgement fails this raises as :meth:`ack_many` does (once every
         acknowledgement was made), and nothing has been received.
         """
-        _check_count("max_messages", max_messages)
+        check_count("max_messages", max_messages)
         hold_s = self.await_duration if await_duration is None else await_duration
         if topic is None:
             topics = list(self.subscriptions)
@@ -268,7 +268,7 @@ class SimpleConsumer(_Consumer):
         """A receiver that keeps ``depth`` calls asking for the next batches in flight while the
         application handles this one (see :class:`~siftmq.client.prefetch.Prefetching` for what
         changes: an acknowledgement's failure is raised a few calls later)."""
-        _check_count("max_messages", max_messages)
+        check_count("max_messages", max_messages)
         return Prefetching(self, max_messages, invisible_duration, depth)
 
     async def release(self, messages: Sequence[ReceivedMessage]) -> None:
@@ -649,10 +649,8 @@ class PullConsumer(_Consumer):
     def seek(self, queue_id: int, offset: int) -> None:
         """Read ``queue_id`` from ``offset`` on the next poll (what was buffered from it is dropped).
         A queue not assigned to this member at the next poll is let go, its seek with it."""
-        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
-            raise ValueError(f"queue_id must be a queue number (0 or more), not {queue_id!r}")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be 0 or more, not {offset!r}")
+        check_count("queue_id", queue_id, 0)
+        check_count("offset", offset, 0)
         self._forget(queue_id)
         self._offsets[queue_id] = offset
 
@@ -686,7 +684,7 @@ class PullConsumer(_Consumer):
         arrived or all answered. :meth:`commit` stores the offset of the first message not yet
         returned: nothing buffered is skipped after a restart. Not safe to call concurrently.
         """
-        _check_count("max_messages", max_messages)
+        check_count("max_messages", max_messages)
         self._reap()  # a background pull that failed raises here
         queues = await self._cached_assignment()
         if self.mode != "BROADCASTING":
@@ -921,8 +919,3 @@ def _write_offsets(path: Path, offsets: dict[int, int]) -> None:
     """Replace the offsets file as a whole and durably: a crash leaves the old one or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps(offsets).encode())
-
-
-def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be 1 or more, not {value!r}")

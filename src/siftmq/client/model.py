@@ -165,3 +165,9 @@ def _received_constructor() -> Any:
 
 
 _new_received: Final = _received_constructor()
+
+
+def check_count(name: str, value: int, least: int = 1) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is an int (not a bool) of ``least`` or more."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be {least} or more, not {value!r}")

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from siftmq.client.connection import Connection, Started
-from siftmq.client.model import OutgoingMessage, SendReceipt
+from siftmq.client.model import OutgoingMessage, SendReceipt, check_count
 from siftmq.errors import RemoteError
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 
@@ -30,8 +30,7 @@ class Producer(Started):
     def __init__(
         self, endpoint: str, *, max_attempts: int = 3, backoff_s: float = 0.05, **options: Any
     ) -> None:
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts must be 1 or more, not {max_attempts!r}")
+        check_count("max_attempts", max_attempts)
         if not backoff_s >= 0:
             raise ValueError(f"backoff_s must be 0 or more, not {backoff_s!r}")
         self.connection = Connection(endpoint, **options)
