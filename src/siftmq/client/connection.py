@@ -8,7 +8,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Self
@@ -327,31 +327,18 @@ def send_columns(namespace: str, messages: Sequence[OutgoingMessage]) -> batch_p
     if len(set(topics)) != 1:
         raise ValueError(f"send_many sends messages of one topic, not of {sorted(set(topics))}")
     with _naming_bad_fields(messages):
-        return _send_batch_request(namespace, topics[0], bodies, ids, tags, keys, properties, born)
-
-
-def _send_batch_request(  # noqa: PLR0917 - the columns of send_columns, in order
-    namespace: str,
-    topic: str,
-    bodies: Sequence[bytes],
-    ids: Sequence[str],
-    tags: Sequence[str | None],
-    keys: Sequence[Sequence[str]],
-    properties: Sequence[Mapping[str, str]],
-    born: Sequence[int],
-) -> batch_pb.SendBatchRequest:
-    return batch_pb.SendBatchRequest(
-        topic={"resource_namespace": namespace, "name": topic},
-        body=bodies,
-        message_id=ids,
-        tag=[tag or "" for tag in tags],
-        key_count=list(map(len, keys)),
-        key=list(itertools.chain.from_iterable(keys)),
-        property_count=list(map(len, properties)),
-        property_name=list(itertools.chain.from_iterable(properties)),
-        property_value=list(itertools.chain.from_iterable(p.values() for p in properties)),
-        born_timestamp_ms=born,
-    )
+        return batch_pb.SendBatchRequest(
+            topic={"resource_namespace": namespace, "name": topics[0]},
+            body=bodies,
+            message_id=ids,
+            tag=[tag or "" for tag in tags],
+            key_count=list(map(len, keys)),
+            key=list(itertools.chain.from_iterable(keys)),
+            property_count=list(map(len, properties)),
+            property_name=list(itertools.chain.from_iterable(properties)),
+            property_value=list(itertools.chain.from_iterable(p.values() for p in properties)),
+            born_timestamp_ms=born,
+        )
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from siftmq.broker.config import parse_listen
 from siftmq.broker.inspect import message_view
 from siftmq.broker.model import Subscription
 from siftmq.broker.parts import check_queue
-from siftmq.broker.topics import PERM_READ_WRITE
+from siftmq.broker.topics import PERM_READ_WRITE, TopicConfig
 from siftmq.console import CONSOLE_PATHS, console_router
 from siftmq.errors import (
     BadRequestError,
@@ -299,13 +299,13 @@ def create_app(
                 "messages": sum(int(q["max_offset"]) - int(q["min_offset"]) for q in queues),
                 "sent": broker.stats.snapshot(broker.stats.sends).get(cfg.name, 0)}  # fmt: skip
 
-    def topic_figures(readable: set[str]) -> list[dict[str, Any]]:
-        """Every topic as listed, with its messages and sends when in ``readable`` (the user may Get
+    def topic_figures(topics: list[TopicConfig], readable: set[str]) -> list[dict[str, Any]]:
+        """``topics`` as listed, with its messages and sends when in ``readable`` (the user may Get
         it; ``"readable": false`` otherwise): what the console's Topics page shows, in one call
         rather than one a topic."""
         store, sent = broker.store, broker.stats.snapshot(broker.stats.sends)
         out: list[dict[str, Any]] = []
-        for t in broker.topics.all():
+        for t in topics:
             row: dict[str, Any] = {"name": t.name, "queue_nums": t.queue_nums, "perm": t.perm}
             if t.name in readable:
                 messages = sum(
@@ -321,8 +321,9 @@ def create_app(
     @app.get("/topics")
     async def list_topics(request: Request, figures: bool = False) -> list[dict[str, Any]]:
         if figures:
-            names = [t.name for t in broker.topics.all()]
-            rows: list[dict[str, Any]] = await call(topic_figures, await readable_topics(request, names))
+            topics = broker.topics.all()
+            readable = await readable_topics(request, [t.name for t in topics])
+            rows: list[dict[str, Any]] = await call(topic_figures, topics, readable)
             return rows
         return [{"name": t.name, "queue_nums": t.queue_nums, "perm": t.perm} for t in broker.topics.all()]
 

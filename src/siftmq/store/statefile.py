@@ -39,13 +39,13 @@ def _canonical(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
 
 
-#: Members of a top-level object encoded by one ``json.dumps`` call (see :func:`_canonical_by_member`),
+#: Members of a top-level object encoded by one ``json.dumps`` call (see :func:`_canonical_in_chunks`),
 #: and how many items their lists and objects may hold in all.
 _CHUNK_MEMBERS: Final = 256
 _CHUNK_ITEMS: Final = 1024
 
 
-def _canonical_by_member(data: Any) -> bytes:
+def _canonical_in_chunks(data: Any) -> bytes:
     """:func:`_canonical`, a top-level object encoded a few members at a time: one ``json.dumps``
     holds the GIL for the whole call (~90 ms for consumer progress with 100,000 messages in
     flight), and between calls the event loop gets it back. Small members go together (a call per
@@ -70,7 +70,7 @@ def _canonical_by_member(data: Any) -> bytes:
 def write_json(path: Path, data: Any) -> None:
     """Atomically replace ``path`` with ``data``, keeping the file it replaces as ``NAME.prev``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = _canonical_by_member(data)
+    body = _canonical_in_chunks(data)
     # _canonical({"data": data, "format": FORMAT, "sha256": ...}) without encoding ``data`` again
     envelope = b'{"data":%s,"format":%s,"sha256":"%s"}' % (
         body,
