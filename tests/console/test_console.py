@@ -578,6 +578,19 @@ def test_a_topic_the_user_may_not_read_is_marked_and_the_others_shown(browser: A
             alice.close()
 
 
+# where the first and the last character of each text are drawn, left to right
+DRAWN = """(box, texts) => texts.map((text) => {
+    const walk = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+    let node = null;
+    while (walk.nextNode()) if (walk.currentNode.data.includes(text)) { node = walk.currentNode; break; }
+    const at = node.data.indexOf(text), x = (i) => {
+        const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
+        return r.getBoundingClientRect().left;
+    };
+    return [x(at), x(at + text.length - 1)];
+})"""
+
+
 def test_a_direction_control_in_a_property_turns_round_nothing_else(console: Page, broker: Any) -> None:
     """A property value holding U+202E (RIGHT-TO-LEFT OVERRIDE) is drawn in its own box: the
     properties after it read left to right as sent (price=0001 is not drawn 1000), on the Messages
@@ -591,20 +604,9 @@ def test_a_direction_control_in_a_property_turns_round_nothing_else(console: Pag
             await p.send("Bidi", b"order", tag="a", properties=props)
 
     run_async(go)
-    # where the first and the last character of each text are drawn, left to right
-    drawn = """(box, texts) => texts.map((text) => {
-        const walk = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
-        let node = null;
-        while (walk.nextNode()) if (walk.currentNode.data.includes(text)) { node = walk.currentNode; break; }
-        const at = node.data.indexOf(text), x = (i) => {
-            const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
-            return r.getBoundingClientRect().left;
-        };
-        return [x(at), x(at + text.length - 1)];
-    })"""
 
     def left_to_right(box: Any) -> None:
-        (price_0, price_1), (z, _) = box.evaluate(drawn, ["0001", "z"])
+        (price_0, price_1), (z, _) = box.evaluate(DRAWN, ["0001", "z"])
         assert price_0 < price_1, "0001 drawn turned round"
         assert price_1 < z, "z=1 drawn before price=0001"
 
@@ -619,6 +621,91 @@ def test_a_direction_control_in_a_property_turns_round_nothing_else(console: Pag
     page.click("#pg-try")
     page.wait_for_selector("#pg-result tbody tr")
     left_to_right(page.locator("#pg-result tbody td").nth(4))
+    assert console.errors == []
+
+
+# the texts under a box holding a direction control or isolate, and those whose nearest isolating
+# element (a <bdi>, a table cell...) holds more than them
+NOT_ISOLATED = r"""box => {
+    const walk = document.createTreeWalker(box, NodeFilter.SHOW_TEXT), held = [], bad = [];
+    while (walk.nextNode()) {
+        const node = walk.currentNode;
+        if (!/[\u202a-\u202e\u2066-\u2069]/.test(node.data)) continue;
+        held.push(node.data);
+        let el = node.parentElement;
+        while (getComputedStyle(el).unicodeBidi !== "isolate") el = el.parentElement;
+        if (el.textContent !== node.data) bad.push(el.textContent);
+    }
+    return [held, bad];
+}"""
+
+
+def test_text_clients_chose_is_drawn_isolated(console: Page, broker: Any) -> None:
+    """A tag, keys, property values and a subscription's expression holding U+202E (RIGHT-TO-LEFT
+    OVERRIDE), some after a stray U+2069 (POP DIRECTIONAL ISOLATE, which would end an isolate drawn
+    round it early), are each drawn alone in an isolating box (<bdi>): the text after them reads
+    left to right as sent. Names are isolated in headings, and with U+2068...U+2069 where no element
+    can go: <option>s, the tab's title, the confirmations of a deletion and of a resend."""
+    admin = broker.admin_url
+    for name in ("BidiNames", "BidiGone"):
+        httpx.post(f"{admin}/topics", json={"name": name, "queue_nums": 1}, timeout=10).raise_for_status()
+    route = f"{admin}/groups/g-bidi/subscriptions/BidiNames"
+    httpx.put(route, json={"type": "TAG", "expression": "\u202ex || 0001"}, timeout=10).raise_for_status()
+
+    async def go() -> None:
+        async with Producer(broker.endpoint) as p:
+            props = {"a_note": "\u2069\u202e", "price": "0001", "z": "1"}
+            keys = ["\u2069\u202e", "0001", "z"]
+            await p.send("BidiNames", b"order", tag="\u2069\u202etag", keys=keys, properties=props)
+
+    run_async(go)
+
+    def isolated(box: Any, at_least: int) -> None:
+        held, bad = box.evaluate(NOT_ISOLATED)
+        assert len(held) >= at_least and bad == [], (held, bad)
+
+    page = console.open("messages")
+    assert page.locator("#browse-topic option[value='BidiNames']").text_content() == "\u2068BidiNames\u2069"
+    page.select_option("#browse-topic", "BidiNames")
+    page.click("#browse button[type=submit]")
+    page.wait_for_selector("#results article")
+    assert page.inner_text("#results h2 bdi") == "BidiNames"
+    isolated(page.locator("#results article"), 5)  # the tag, a key, a_note, TAGS and KEYS
+    for box in ("#results .meta span:nth-child(4)", "#results .props"):  # the keys, the properties
+        (n_0, n_1), (z, _) = page.locator(box).evaluate(DRAWN, ["0001", "z"])
+        assert n_0 < n_1 < z, (box, "0001 drawn turned round, or after z")
+
+    page = console.open("playground")
+    page.select_option("#pg-topic", "BidiNames")
+    page.fill("#pg-expression", "a")
+    page.click("#pg-try")
+    page.wait_for_selector("#pg-result tbody tr")
+    isolated(page.locator("#pg-result"), 4)  # the tag, a_note, TAGS and KEYS
+    (n_0, n_1), (z, _) = page.locator("#pg-result tbody td").nth(4).evaluate(DRAWN, ["0001", "z"])
+    assert n_0 < n_1 < z, "0001 drawn turned round, or after z"
+
+    page = console.open("groups/g-bidi")
+    page.wait_for_selector("section .lag-total")
+    assert page.inner_text("main h1 bdi") == "g-bidi" and page.inner_text("section h2 bdi") == "BidiNames"
+    assert page.title() == "Group \u2068g-bidi\u2069 · siftmq console"
+    isolated(page.locator("section table").first, 1)  # the expression
+
+    page = console.open("topics")
+    page.on("dialog", lambda d: console.dialogs.append(d.message) or d.dismiss())
+    page.click("button[aria-label='Delete topic BidiGone']")
+    page = console.open("dead-letters")
+    page.click("text=%DLQ%g-prog")
+    page.wait_for_selector("#dlq-messages table")
+    first = page.locator("#dlq-messages tbody tr").first
+    offset = first.locator("td").first.inner_text()
+    first.locator("button").click()
+    page.wait_for_timeout(300)
+    assert console.dialogs == [
+        "Delete topic \u2068BidiGone\u2069 and every message in it? This cannot be undone.",
+        f"Send the message at offset {offset} back to \u2068Orders\u2069? Every group subscribed to it "
+        "receives it again.",
+    ]
+    assert httpx.get(f"{admin}/topics/BidiGone", timeout=10).status_code == 200  # dismissed
     assert console.errors == []
 
 

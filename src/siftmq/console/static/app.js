@@ -1,5 +1,6 @@
 // siftmq console: pages drawn from the admin API. Everything fetched goes into the page as text
 // (textContent, attributes), never as markup; the Content-Security-Policy allows no inline code.
+// Text a client chose is drawn isolated from the text around it (iso, isoText).
 // Anything looked up by a name the user chose (a topic, a group) is looked up in a Map: a plain
 // object's lookup finds Object.prototype's members for names like "constructor" or "__proto__".
 "use strict";
@@ -58,8 +59,43 @@ function card(label, value, extra) {
   return h("div", { class: "card" }, h("div", { class: "label" }, label), h("div", { class: "value" }, value), extra || null);
 }
 
-function status(text) {
-  document.getElementById("status").textContent = text || "";
+function status(...parts) {
+  fill(document.getElementById("status"), parts.filter((p) => p !== ""));
+}
+
+// Text the broker's clients chose — topic and group names, tags, keys, message and client ids,
+// expressions, property names and values, what a filter program's error says — is drawn isolated
+// from the text around it: a direction control in it (U+202E RIGHT-TO-LEFT OVERRIDE) would otherwise
+// turn round what follows it on the line, and make one name or message look like another.
+
+// ``text`` with its isolates balanced: a PDI (U+2069) closing none opened in it is left out, and one
+// is added for each LRI, RLI or FSI it leaves open. A stray PDI would end the isolate drawn around
+// it early, <bdi> included (Chromium, measured), and free a direction control after it.
+function balanced(text) {
+  let open = 0;
+  const kept = text.replace(/[\u2066-\u2069]/g, (c) => {
+    if (c !== "\u2069") open += 1;
+    else if (open) open -= 1;
+    else return "";
+    return c;
+  });
+  return kept + "\u2069".repeat(open);
+}
+
+// text a client chose, in its own direction box (<bdi>); null for none, so ``iso(x) ?? "–"``
+function iso(text) {
+  return text === null || text === undefined ? null : h("bdi", {}, balanced(String(text)));
+}
+
+// the same where no element can go (a confirm(), an <option>): between U+2068 FIRST STRONG
+// ISOLATE and U+2069 POP DIRECTIONAL ISOLATE
+function isoText(text) {
+  return `\u2068${balanced(String(text))}\u2069`;
+}
+
+// ``items`` (texts clients chose) each isolated, ``sep`` between them
+function isoList(items, sep) {
+  return items.map((t, i) => [i ? sep : "", iso(t)]);
 }
 
 function fmtBytes(n) {
@@ -195,10 +231,13 @@ async function logOut() {
 
 // ---------------------------------------------------------------------------------- navigation
 
+// ``title`` is text, or nodes holding a client's names (isolated, as in the heading, in the tab's title)
 function page(title, ...content) {
-  document.title = `${title} · siftmq console`;
+  const heading = h("h1", {}, title);
+  const text = Array.from(heading.childNodes, (n) => (n.nodeName === "BDI" ? isoText(n.textContent) : n.textContent));
+  document.title = `${text.join("")} · siftmq console`;
   const main = document.getElementById("main");
-  fill(main, h("h1", {}, title), content);
+  fill(main, heading, content);
   return main;
 }
 
@@ -244,7 +283,8 @@ function route() {
     const here = hash === a.getAttribute("href") || hash.startsWith(`${a.getAttribute("href")}/`);
     if (here) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
-  document.getElementById("who").textContent = sessionStorage.getItem(USER_KEY) ? `logged in as ${sessionStorage.getItem(USER_KEY)}` : "";
+  const user = sessionStorage.getItem(USER_KEY);
+  fill(document.getElementById("who"), user ? ["logged in as ", iso(user)] : null);
   document.getElementById("logout").hidden = !sessionStorage.getItem(TOKEN_KEY);
   for (const [pattern, render] of ROUTES) {
     const m = hash.match(pattern);
@@ -304,11 +344,11 @@ async function topicsPage(gen) {
   const queuesBox = h("div", { id: "queues" });
   const name = h("input", { id: "new-topic", name: "name", required: true, maxlength: 127 });
   const queues = h("input", { id: "new-queues", name: "queues", type: "number", min: 1, max: 1024, value: 8 });
-  const form = h("form", { class: "row", onsubmit: async (ev) => { ev.preventDefault(); await guarded(gen, async () => { await api("/topics", { method: "POST", body: { name: name.value, queue_nums: Number(queues.value) } }); status(`created ${name.value}`); await draw(); }); } },
+  const form = h("form", { class: "row", onsubmit: async (ev) => { ev.preventDefault(); await guarded(gen, async () => { await api("/topics", { method: "POST", body: { name: name.value, queue_nums: Number(queues.value) } }); status("created ", iso(name.value)); await draw(); }); } },
     h("label", { for: "new-topic" }, "Name", name), h("label", { for: "new-queues" }, "Queues", queues), h("button", { type: "submit" }, "Create"));
   const showQueues = (t) => {
     opened = t.name;
-    fill(queuesBox, h("h2", {}, `Queues of ${t.name}`),
+    fill(queuesBox, h("h2", {}, "Queues of ", iso(t.name)),
       table(["Queue", "Min offset", "Max offset", "Messages"], t.queues.map((q) => [String(q.queue_id), fmtNum(q.min_offset), fmtNum(q.max_offset), fmtNum(q.max_offset - q.min_offset)]), [0, 1, 2, 3]));
   };
   const openQueues = (topic) => guarded(gen, async () => {
@@ -331,8 +371,8 @@ async function topicsPage(gen) {
       const rate = t.readable && before !== undefined && previous ? ((t.sent - before) / ((now - previous.t) / 1000)).toFixed(1) : "–";
       return [
         t.readable
-          ? h("a", { href: `#/topics`, "data-topic": t.name, onclick: (ev) => { ev.preventDefault(); openQueues(t.name); } }, t.name)
-          : h("span", { "data-topic": t.name, class: "unreadable" }, t.name, " ", h("span", { class: "muted" }, "(not allowed to read)")),
+          ? h("a", { href: `#/topics`, "data-topic": t.name, onclick: (ev) => { ev.preventDefault(); openQueues(t.name); } }, iso(t.name))
+          : h("span", { "data-topic": t.name, class: "unreadable" }, iso(t.name), " ", h("span", { class: "muted" }, "(not allowed to read)")),
         fmtNum(t.queue_nums), t.readable ? fmtNum(t.messages) : "–", rate, String(t.perm),
         h("button", { class: "danger", type: "button", "aria-label": `Delete topic ${t.name}`, onclick: () => deleteTopic(t.name) }, "Delete"),
       ];
@@ -344,8 +384,8 @@ async function topicsPage(gen) {
     if (!list.isConnected) page("Topics", list, queuesBox, h("h2", {}, "Create a topic"), form);
   };
   const deleteTopic = async (topic) => {
-    if (!confirm(`Delete topic ${topic} and every message in it? This cannot be undone.`)) return;
-    await guarded(gen, async () => { await api(`/topics/${enc(topic)}`, { method: "DELETE" }); status(`deleted ${topic}`); await draw(); });
+    if (!confirm(`Delete topic ${isoText(topic)} and every message in it? This cannot be undone.`)) return;
+    await guarded(gen, async () => { await api(`/topics/${enc(topic)}`, { method: "DELETE" }); status("deleted ", iso(topic)); await draw(); });
   };
   await draw();
   every(() => guarded(gen, draw));
@@ -359,7 +399,7 @@ async function groupsPage(gen) {
     if (gen !== generation) return;
     page("Consumer groups",
       groups.length ? table(["Group", "Mode", "Consistency", "Clients", "Topics", "Inconsistencies"],
-        groups.map((g) => [h("a", { href: `#/groups/${enc(g.group)}` }, g.group), g.mode, g.consistency, fmtNum(g.clients), g.topics.join(", "), fmtNum(g.inconsistencies)]), [3, 5])
+        groups.map((g) => [h("a", { href: `#/groups/${enc(g.group)}` }, iso(g.group)), g.mode, g.consistency, fmtNum(g.clients), isoList(g.topics, ", "), fmtNum(g.inconsistencies)]), [3, 5])
         : h("p", { class: "muted" }, "No consumer group yet."));
   };
   await draw();
@@ -382,11 +422,11 @@ function subscriptionSection(group, topic) {
   const details = h("details", {}, h("summary", {}, "Source"), source);
   const none = h("p", { class: "muted" }, "none");
   const el = h("section", { "aria-label": `subscription to ${topic}` },
-    h("h2", {}, `Topic ${topic}`), sub, h("h3", {}, "Matching lag ", total), lag, lagChart,
+    h("h2", {}, "Topic ", iso(topic)), sub, h("h3", {}, "Matching lag ", total), lag, lagChart,
     h("h3", {}, "Filter work"), work, h("h3", {}, "Filter program"), program);
   const update = (s, p, history) => {
     const f = s.filter_stats || {};
-    fill(sub, table(["Type", "Expression", "Version", "Held by", "Pinned"], [[s.type, h("code", {}, s.expression), String(s.version), s.holders.join(", ") || "–", s.pinned ? "yes" : "no"]]));
+    fill(sub, table(["Type", "Expression", "Version", "Held by", "Pinned"], [[s.type, h("code", {}, iso(s.expression)), String(s.version), s.holders.join(", ") ? isoList(s.holders, ", ") : "–", s.pinned ? "yes" : "no"]]));
     total.textContent = fmtNum(s.lag.reduce((n, q) => n + Number(q.matching_lag), 0));
     fill(lag, table(["Queue", "Committed", "Max offset", "Behind", "Matching lag"],
       s.lag.map((q) => [String(q.queue_id), fmtNum(q.committed_offset), fmtNum(q.max_offset), fmtNum(q.lag), h("span", { class: "matching-lag" }, fmtNum(q.matching_lag))]), [0, 1, 2, 3, 4]));
@@ -396,7 +436,7 @@ function subscriptionSection(group, topic) {
       keepChildren(program, [none]);
       return;
     }
-    fill(programHead, `version ${p.version}, `, h("strong", { class: p.status === "active" ? "ok" : "error" }, p.status), p.last_error ? ` — ${p.last_error}` : "");
+    fill(programHead, `version ${p.version}, `, h("strong", { class: p.status === "active" ? "ok" : "error" }, p.status), p.last_error ? [" — ", iso(p.last_error)] : "");
     fill(counters, table(["Evaluated", "Matched", "Errors", "Timeouts", "Worker restarts"], [[fmtNum(p.counters.evaluated), fmtNum(p.counters.matched), fmtNum(p.counters.errors), fmtNum(p.counters.timeouts), fmtNum(p.counters.worker_restarts)]], [0, 1, 2, 3, 4]));
     if (source.textContent !== p.source) source.textContent = p.source;
     keepChildren(program, [programHead, counters, details]);
@@ -417,10 +457,10 @@ async function groupPage(gen, name) {
     const now = Date.now();
     fill(cards,
       card("Mode", g.mode), card("Consistency", g.consistency),
-      card("Conflicts", fmtNum(g.inconsistencies), h("div", { class: "muted" }, g.last_inconsistency ? String(g.last_inconsistency) : "none")),
+      card("Conflicts", fmtNum(g.inconsistencies), h("div", { class: "muted" }, g.last_inconsistency ? iso(g.last_inconsistency) : "none")),
       card("Dropped by conflicts", fmtNum(g.dropped_by_inconsistency)));
     fill(members, g.clients.length ? table(["Client", "Type", "Address", "Last seen (s)", "Subscriptions"],
-      g.clients.map((c) => [c.client_id, c.client_type, c.address, String(c.last_seen_s), Object.entries(c.subscriptions).map(([t, e]) => `${t}: ${e}`).join("; ")]), [3])
+      g.clients.map((c) => [iso(c.client_id), c.client_type, iso(c.address), String(c.last_seen_s), Object.entries(c.subscriptions).map(([t, e], i) => [i ? "; " : "", iso(t), ": ", iso(e)])]), [3])
       : h("p", { class: "muted" }, "No live member."));
     for (const s of g.subscriptions) {
       if (!lagHistory.has(s.topic)) lagHistory.set(s.topic, []);
@@ -431,7 +471,7 @@ async function groupPage(gen, name) {
     const current = new Set(g.subscriptions.map((s) => s.topic));
     for (const topic of [...sections.keys()]) if (!current.has(topic)) sections.delete(topic);
     keepChildren(subs, g.subscriptions.length ? g.subscriptions.map((s) => sections.get(s.topic).el) : [none]);
-    if (!subs.isConnected) page(`Group ${g.group}`, cards, h("h2", {}, "Members"), members, subs);
+    if (!subs.isConnected) page(["Group ", iso(g.group)], cards, h("h2", {}, "Members"), members, subs);
   };
   await draw();
   every(() => guarded(gen, draw));
@@ -505,19 +545,19 @@ function bodyViewer(m) {
   return h("div", {}, tabs, out, note, m.body_truncated ? h("p", { class: "muted" }, "(first 64 KiB)") : null);
 }
 
-// A message's properties, each name and value isolated (<bdi>): a value holding a direction
-// control (U+202E) would otherwise turn round how every property after it on the line is drawn
+// A message's properties, each name and value isolated: a value holding a direction control
+// (U+202E) would otherwise turn round how every property after it on the line is drawn
 function propertyList(props) {
-  return Object.entries(props).map(([k, v], i) => h("span", { class: "prop" }, i ? "  " : "", h("bdi", {}, k), "=", h("bdi", {}, v)));
+  return Object.entries(props).map(([k, v], i) => h("span", { class: "prop" }, i ? "  " : "", iso(k), "=", iso(v)));
 }
 
 function messageBox(m) {
   const props = propertyList(m.properties || {});
   return h("article", { class: "msg", "data-offset": String(m.queue_offset), "aria-label": `message ${m.message_id}` },
     h("div", { class: "meta" },
-      h("span", {}, h("strong", {}, "id "), m.message_id),
-      h("span", {}, `${m.topic} · queue ${m.queue_id} · offset ${m.queue_offset}`),
-      h("span", {}, `tag ${m.tag ?? "–"}`), h("span", {}, `keys ${(m.keys || []).join(" ") || "–"}`),
+      h("span", {}, h("strong", {}, "id "), iso(m.message_id)),
+      h("span", {}, iso(m.topic), ` · queue ${m.queue_id} · offset ${m.queue_offset}`),
+      h("span", {}, "tag ", iso(m.tag) ?? "–"), h("span", {}, "keys ", m.keys && m.keys.length ? isoList(m.keys, " ") : "–"),
       h("span", {}, `stored ${fmtTime(m.store_timestamp)}`), h("span", {}, `${fmtNum(m.body_size)} B`)),
     h("div", { class: "muted props" }, props),
     m.body_base64 !== undefined ? bodyViewer(m) : null);
@@ -525,7 +565,7 @@ function messageBox(m) {
 
 function field(id, label, attrs) {
   const input = h(attrs && attrs.options ? "select" : "input", { id, name: id, ...(attrs || {}), options: null },
-    ...((attrs && attrs.options) || []).map((o) => h("option", { value: o }, o)));
+    ...((attrs && attrs.options) || []).map((o) => h("option", { value: o }, isoText(o)))); // an option holds text only
   return [h("label", { for: id }, label, input), input];
 }
 
@@ -552,7 +592,7 @@ async function messagesPage(gen) {
     const q = new URLSearchParams({ offset: String(from), count: query.count });
     if (query.type !== "none" && query.expression) { q.set("type", query.type); q.set("expression", query.expression); }
     const r = await api(`/topics/${enc(query.topic)}/queues/${enc(query.queue)}/browse?${q}`);
-    show(`${r.topic} queue ${r.queue_id}`, r.messages, `${r.messages.length} shown of ${fmtNum(r.scanned)} read; next offset ${fmtNum(r.next_offset)} of ${fmtNum(r.max_offset)}`);
+    show([iso(r.topic), ` queue ${r.queue_id}`], r.messages, `${r.messages.length} shown of ${fmtNum(r.scanned)} read; next offset ${fmtNum(r.next_offset)} of ${fmtNum(r.max_offset)}`);
     if (r.next_offset < r.max_offset) results.append(h("button", { type: "button", class: "secondary", onclick: run(() => browse(query, r.next_offset)) }, "Next page"));
   };
   const browseForm = () => browse({ topic: bTopic.value, queue: bQueue.value, count: bCount.value, type: bType.value, expression: bExpr.value }, Number(bOffset.value));
@@ -591,7 +631,7 @@ async function playgroundPage(gen) {
     const mine = (asked += 1);
     const r = await api("/filter/check", { method: "POST", body: { type: type.value, expression: expr.value } });
     if (mine !== asked || gen !== generation) return; // typed on meanwhile
-    fill(check, r.valid ? h("p", { class: "ok", id: "check-ok" }, `valid: ${r.normalized}`)
+    fill(check, r.valid ? h("p", { class: "ok", id: "check-ok" }, "valid: ", iso(r.normalized))
       : r.error.line ? caretView(expr.value, r.error) : h("p", { class: "error", id: "check-error" }, r.error.message));
   };
   expr.addEventListener("input", () => { clearTimeout(pending); pending = setTimeout(() => guarded(gen, checkNow), 150); });
@@ -606,7 +646,7 @@ async function playgroundPage(gen) {
         card("Body bytes saved", fmtBytes(r.body_bytes_saved), h("div", { class: "muted" }, `of ${fmtBytes(r.body_bytes)} — what a broker-side filter keeps off the network`))),
       table(["Match", "Queue", "Offset", "Tag", "Properties", "Stored"], r.messages.map((m) => [
         h("span", { class: m.matched ? "ok" : "muted", "aria-label": m.matched ? "matches" : "does not match" }, m.matched ? "✓" : "✗"),
-        String(m.queue_id), fmtNum(m.queue_offset), m.tag ?? "–",
+        String(m.queue_id), fmtNum(m.queue_offset), iso(m.tag) ?? "–",
         propertyList(Object.fromEntries(Object.entries(m.properties).filter(([k]) => !k.startsWith("__")))), fmtTime(m.store_timestamp)]), [1, 2]));
   };
   page("Filter playground",
@@ -626,26 +666,26 @@ async function deadLettersPage(gen) {
   const open = async (topic, from = 0) => {
     const r = await api(`/topics/${enc(topic)}/queues/0/browse?offset=${from}&count=50`);
     if (gen !== generation) return;
-    fill(box, h("h2", {}, topic),
+    fill(box, h("h2", {}, iso(topic)),
       r.messages.length ? table(["Offset", "Origin", "Reason", "Attempts", "Stored", ""], r.messages.map((m) => [
-        fmtNum(m.queue_offset), m.properties.DLQ_ORIGIN_TOPIC || "–",
-        m.properties.FILTER_ERROR ? `filter program: ${m.properties.FILTER_ERROR}` : `${m.reconsume_times} delivery attempts`,
+        fmtNum(m.queue_offset), iso(m.properties.DLQ_ORIGIN_TOPIC || null) ?? "–",
+        m.properties.FILTER_ERROR ? ["filter program: ", iso(m.properties.FILTER_ERROR)] : `${m.reconsume_times} delivery attempts`,
         fmtNum(m.reconsume_times), fmtTime(m.store_timestamp),
         h("button", { type: "button", "aria-label": `Resend message at offset ${m.queue_offset} to ${m.properties.DLQ_ORIGIN_TOPIC}`, onclick: () => resend(topic, m) }, "Resend")]), [0, 3])
         : h("p", { class: "muted" }, "Empty."),
       r.next_offset < r.max_offset ? h("button", { type: "button", class: "secondary", onclick: () => guarded(gen, () => open(topic, r.next_offset)) }, "Next page") : null);
   };
   const resend = async (topic, m) => {
-    if (!confirm(`Send the message at offset ${m.queue_offset} back to ${m.properties.DLQ_ORIGIN_TOPIC}? Every group subscribed to it receives it again.`)) return;
+    if (!confirm(`Send the message at offset ${m.queue_offset} back to ${isoText(m.properties.DLQ_ORIGIN_TOPIC)}? Every group subscribed to it receives it again.`)) return;
     await guarded(gen, async () => {
       const r = await api(`/topics/${enc(topic)}/queues/${m.queue_id}/messages/${m.queue_offset}/resend`, { method: "POST" });
-      status(`${r.duplicate ? "already resent" : "resent"} to ${r.topic} as ${r.message_id}`);
+      status(`${r.duplicate ? "already resent" : "resent"} to `, iso(r.topic), " as ", iso(r.message_id));
     });
   };
   page("Dead letters",
     list.length ? table(["Dead-letter topic", "Group", "Messages"], list.map((d) => [
-      h("a", { href: "#/dead-letters", onclick: (ev) => { ev.preventDefault(); guarded(gen, () => open(d.topic)); } }, d.topic),
-      h("a", { href: `#/groups/${enc(d.group)}` }, d.group), fmtNum(d.messages)]), [2])
+      h("a", { href: "#/dead-letters", onclick: (ev) => { ev.preventDefault(); guarded(gen, () => open(d.topic)); } }, iso(d.topic)),
+      h("a", { href: `#/groups/${enc(d.group)}` }, iso(d.group)), fmtNum(d.messages)]), [2])
       : h("p", { class: "muted" }, "No dead letters."),
     box);
 }
