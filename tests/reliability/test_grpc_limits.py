@@ -4,12 +4,17 @@ until the process ran out of file descriptors."""
 
 from __future__ import annotations
 
+import select
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.errors
 import pytest
 
 from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -121,3 +126,65 @@ def test_connections_past_max_connections_are_refused_and_the_held_ones_keep_bei
         time.sleep(0.5)
         with grpc.insecure_channel(broker.endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) as after:
             assert _call(after, "QueryRoute", route)[0] == grpc.StatusCode.OK
+
+
+def _rapid_reset(endpoint: str, stop: threading.Event, sent: list[int]) -> None:
+    """HTTP/2 rapid reset (CVE-2023-44487) on one connection until ``stop``: a call's HEADERS and
+    at once its RST_STREAM, a hundred a write, reading what the server says in between."""
+    host, port = endpoint.rsplit(":", 1)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    headers = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", SERVICE + "QueryRoute"),
+        (":authority", endpoint),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        sock.setblocking(False)
+        while not stop.is_set():
+            for _ in range(100):
+                stream = conn.get_next_available_stream_id()
+                conn.send_headers(stream, headers)
+                conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+            sent[0] += 100
+            out = conn.data_to_send()
+            while out and not stop.is_set():
+                readable, writable, _ = select.select([sock], [sock], [], 0.5)
+                if writable:
+                    out = out[sock.send(out) :]
+                if readable:
+                    data = sock.recv(1 << 20)
+                    if not data:
+                        return  # the server closed the connection: nothing more to send
+                    conn.receive_data(data)  # answers its SETTINGS and PINGs
+                    out += conn.data_to_send()
+
+
+def test_one_connection_resetting_calls_as_fast_as_it_opens_them_does_not_fail_other_clients_calls(
+    start_broker: Any,
+) -> None:
+    """A connection opening calls and resetting them at once filled gRPC core's queue of calls not
+    yet taken up, shared by every connection, and core refused other clients' calls at random: 65%
+    of a well-behaved client's calls failed CANCELLED. One connection can no longer fill it."""
+    broker = start_broker("data")
+    route = pb.QueryRouteRequest(topic=pb.Resource(name="Victim")).SerializeToString()
+    stop, sent = threading.Event(), [0]
+    attacker = threading.Thread(target=_rapid_reset, args=(broker.endpoint, stop, sent), daemon=True)
+    codes: dict[grpc.StatusCode, int] = {}
+    with grpc.insecure_channel(broker.endpoint) as victim:
+        assert _call(victim, "QueryRoute", route)[0] == grpc.StatusCode.OK
+        attacker.start()
+        try:
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                code, _ = _call(victim, "QueryRoute", route, timeout=20)
+                codes[code] = codes.get(code, 0) + 1
+        finally:
+            stop.set()
+            attacker.join(10)
+    assert sent[0] > 5_000, sent  # the attack ran
+    assert set(codes) == {grpc.StatusCode.OK}, codes

@@ -15,9 +15,17 @@ from typing import Final
 IDLE_CONNECTION_MS: Final = 5 * 60 * 1000
 #: A connection must finish its TLS and HTTP/2 handshake within this.
 HANDSHAKE_TIMEOUT_MS: Final = 20_000
-#: Calls open at once on one connection: beyond it a call is refused (REFUSED_STREAM), not queued,
-#: so it leaves room for a pull of every queue of the largest topic (1,024) at once and more.
-MAX_STREAMS_PER_CONNECTION: Final = 4096
+#: Calls open at once on one connection: beyond it a call is refused (REFUSED_STREAM), not queued.
+#: Room for a pull of every queue of the largest topic (1,024) at once; not much more, as gRPC core
+#: counts a stream the client reset until the server has let it go (HTTP/2 rapid reset: see below).
+MAX_STREAMS_PER_CONNECTION: Final = 1100
+#: Calls gRPC core holds for the server before the process takes them up, over every connection:
+#: past the soft bound it refuses new ones at random (CANCELLED), past the hard one all of them. At
+#: core's defaults (1,000 and 3,000) one connection resetting streams as fast as it opens them kept
+#: that queue full and 65% of other clients' calls failed; above what four connections can hold, a
+#: few hostile connections cost others time (their calls wait their turn), not failures.
+MAX_PENDING_CALLS: Final = 5000
+MAX_PENDING_CALLS_HARD: Final = 10_000
 #: Connections when the open-file limit cannot tell.
 _FALLBACK_CONNECTIONS: Final = 16_384
 
@@ -41,6 +49,10 @@ def server_options(frame_limit: int, max_connections: int, *, reuse_port: bool) 
         ("grpc.max_send_message_length", frame_limit),
         ("grpc.max_allowed_incoming_connections", max_connections),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        # refuses a stream past the bound while reset ones are still counted (core's default, relied on)
+        ("grpc.http.overload_protection", 1),
+        ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS_HARD),
         ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
         ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
     ]
