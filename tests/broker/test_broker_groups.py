@@ -186,6 +186,31 @@ def test_groups_past_max_groups_are_refused_until_one_is_deleted(tmp_path: Path)
         broker.close()
 
 
+def test_groups_known_by_loaded_offsets_or_progress_count_toward_max_groups(tmp_path: Path) -> None:
+    """Offsets and progress kept under groups the groups file lacks (committed before commits made
+    groups) are groups all the same: counted after a restart, and never refused their own commits."""
+    broker = make_broker(tmp_path / "d", max_groups=2)
+    try:
+        broker.send(ProducedMessage(topic=TOPIC, body=b"m", message_id="01ADOPT", tag="a"))
+        broker.offsets.set(("legacy", TOPIC, 0), 0)
+        broker.consumers.get_or_create(("bc@client-1", TOPIC, 0), 0)  # a broadcasting member's progress
+    finally:
+        broker.close()
+    broker = make_broker(tmp_path / "d", max_groups=2)
+    try:
+        assert broker.groups.get("legacy") is not None and broker.groups.get("bc") is not None
+        broker.update_offset("legacy", TOPIC, 0, 1)
+        assert broker.get_offset("legacy", TOPIC, 0) == 1
+        with pytest.raises(BadRequestError, match="max_groups") as exc:
+            broker.update_offset("new", TOPIC, 0, 1)
+        assert exc.value.status == StatusCode.PRECONDITION_FAILED and "'new'" in exc.value.message
+        with pytest.raises(BadRequestError, match="max_groups"):
+            broker.update_offsets("new", TOPIC, [(0, 1)])
+        assert broker.groups.get("new") is None and broker.offsets.get(("new", TOPIC, 0)) is None
+    finally:
+        broker.close()
+
+
 def test_compat_group_reproduces_seed_004(tmp_path: Path) -> None:
     broker = make_broker(tmp_path / "d", compat_groups=[GROUP])
     try:

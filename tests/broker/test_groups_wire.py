@@ -10,10 +10,11 @@ import grpc
 import pytest
 
 from siftmq.protocol import rocketmq_v2_pb2 as pb
-from siftmq.protocol.service import RPCS
+from siftmq.protocol import siftmq_batch_pb2 as batch_pb
+from siftmq.protocol.service import BATCH_RPCS, RPCS
 
 pytestmark = pytest.mark.integration
-RPC = {r.name: r for r in RPCS}
+RPC = {r.name: r for r in (*RPCS, *BATCH_RPCS)}
 TOPIC = "GroupTopic"
 
 
@@ -264,3 +265,56 @@ def test_update_offset_commits_only_the_members_own_queues(start_broker: Any) ->
     assert all(commit(b1, qid, 1).code == pb.Code.OK for qid in range(8))
     for c in (p1, p2, admin, b1):
         c.channel.close()
+
+
+def test_commits_for_new_groups_count_toward_max_groups(start_broker: Any) -> None:
+    """A commit stores offsets under its group: for a group the broker does not know it makes the
+    group, as a first pull would, so one past max_groups is refused, and stays refused after a restart."""
+    config = {"max_groups": 2}
+    broker = start_broker(config=config)
+    send(broker.endpoint, 0, 16)  # 2 messages in each of the 8 queues
+    tool = RawClient(broker.endpoint, "offset-tool", "unused")  # no settings: no member of any group
+    queue = pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=0)
+
+    def commit(group: str, offset: int = 1) -> pb.Status:
+        request = pb.UpdateOffsetRequest(group=pb.Resource(name=group), message_queue=queue, offset=offset)
+        return tool.call("UpdateOffset", request).status
+
+    def commit_batch(group: str) -> pb.Status:
+        request = batch_pb.UpdateOffsetsRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=TOPIC), queue_id=[0, 1], offset=[1, 1]
+        )
+        return tool.call("UpdateOffsets", request).status
+
+    def committed(group: str) -> pb.GetOffsetResponse:
+        request = pb.GetOffsetRequest(group=pb.Resource(name=group), message_queue=queue)
+        return tool.call("GetOffset", request)
+
+    def refused(st: pb.Status, group: str) -> bool:
+        return (
+            st.code == pb.Code.PRECONDITION_FAILED
+            and f"{group!r}" in st.message
+            and "max_groups" in st.message
+        )
+
+    assert commit("g1").code == pb.Code.OK
+    assert commit_batch("g2").code == pb.Code.OK
+    assert refused(commit("g3"), "g3")
+    assert refused(commit_batch("g4"), "g4")
+    assert committed("g3").status.code == pb.Code.OFFSET_NOT_FOUND  # nothing stored for it
+    # the commits' groups are counted as a pull's: a pull of a new group is refused too
+    pull = pb.PullMessageRequest(
+        group=pb.Resource(name="g5"), message_queue=queue, offset=0, batch_size=1,
+        filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
+    )  # fmt: skip
+    assert refused(tool.call("PullMessage", pull)[0].status, "g5")
+    # the groups that exist commit as before
+    assert commit("g1", 2).code == pb.Code.OK and committed("g1").offset == 2
+    assert commit_batch("g2").code == pb.Code.OK
+    tool.channel.close()
+    assert broker.stop() == 0
+    broker = start_broker(config=config)  # the same data directory
+    tool = RawClient(broker.endpoint, "offset-tool", "unused")
+    assert refused(commit("g3"), "g3")
+    assert commit("g2", 2).code == pb.Code.OK and committed("g2").offset == 2
+    tool.channel.close()

@@ -26,6 +26,7 @@ from siftmq.broker.consumer_state import ConsumerStateTable
 from siftmq.broker.filter_registry import FilterRegistry
 from siftmq.broker.groups import GroupManager
 from siftmq.broker.inspect import Inspecting
+from siftmq.broker.mode_switch import group_of
 from siftmq.broker.offsets import OffsetTable
 from siftmq.broker.programs import ProgramRegistry
 from siftmq.broker.pull import Pulling
@@ -92,6 +93,10 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
         )
         self.consumers = ConsumerStateTable(config_dir)
         self.offsets = OffsetTable(config_dir)
+        self.groups.adopt(
+            group_of(name) or name
+            for name in {key[0] for key, _ in [*self.consumers.items(), *self.offsets.items()]}
+        )
         self.clients = ClientRegistry(config.client_session_expire_s)
         self.client_states = ClientStateSweeper(
             self.consumers, self.offsets, self.clients, config.broadcast_client_expire_s

@@ -125,6 +125,27 @@ class GroupManager:
             info = self._groups[group] = GroupInfo(group)
         return info
 
+    def register(self, group: str) -> None:
+        """Make ``group`` known, as its first read would, for state other than a subscription that
+        is kept under its name (a pull consumer's committed offsets): that state costs what a
+        group's does, so it counts toward ``max_groups`` and one more group is refused alike."""
+        if group in self._groups:
+            return
+        with self._lock:
+            if group not in self._groups:
+                self._ensure(group)
+                self._save_locked()  # its offsets outlive a restart: so must its place in the count
+
+    def adopt(self, names: Iterable[str]) -> None:
+        """Know the groups whose progress or offsets the broker loaded though the groups file lacks
+        them (a group made by a declared message model alone is not written; a data directory may
+        hold commits of groups that were never read): their state is a group's, so they count
+        toward ``max_groups`` and are never refused a commit of their own. Loaded state, like the
+        file's: whatever max_groups says."""
+        with self._lock:
+            for name in names:
+                self._groups.setdefault(name, GroupInfo(name))
+
     def get(self, group: str) -> GroupInfo | None:
         return self._groups.get(group)
 

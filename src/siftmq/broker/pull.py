@@ -119,7 +119,9 @@ class Pulling(Subscribing):
         check_group(group)
         topic = self._queue(topic_name, queue_id)
         self._check_owner(group, topic, queue_id, client_id, action="commit the offset of")
-        self.offsets.set(self._offset_key(group, topic.name, queue_id, offset, client_id), offset)
+        key = self._offset_key(group, topic.name, queue_id, offset, client_id)
+        self.groups.register(group)  # the offsets are the group's state: counted toward max_groups
+        self.offsets.set(key, offset)
 
     def update_offsets(
         self, group: str, topic_name: str, offsets: Sequence[tuple[int, int]], *, client_id: str = ""
@@ -137,6 +139,8 @@ class Pulling(Subscribing):
             for qid, offset in offsets
             if qid in owned
         ]
+        if keys:
+            self.groups.register(group)  # as update_offset: a group's first commit makes the group
         for key, offset in keys:
             self.offsets.set(key, offset)
         return owned
