@@ -31,6 +31,8 @@ from siftmq.spark.jobs.common import plan_commitlog
 from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec
 from siftmq.spark.jobs.reindex import run_reindex, store_layout, write_queues
 from siftmq.store import CqExtUnit, Message, MessageStore, StoreConfig
+from siftmq.store.bulk import iter_records
+from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, encode_entry_columns
 from siftmq.store.offline import (
     JOURNAL_FILE,
     STAGING_DIR,
@@ -39,6 +41,7 @@ from siftmq.store.offline import (
     finish_pending_install,
     install,
     open_queue,
+    open_queue_ext,
     stored_queues,
 )
 from siftmq.store.recovery import Checkpoint
@@ -487,3 +490,179 @@ def test_reindex_passes_over_damaged_records_and_keeps_the_queue_offsets(spark: 
                 offset = res.next_begin_offset
         assert got == {k: v for k, v in expected.items() if k not in lost}  # every other offset unchanged
         assert store.damaged_reads == 2  # the two fillers, passed over and counted
+
+
+# --------------------------------------------------------------------------- backfill over damage
+
+
+def flip_byte(store: Path, commit_log_offset: int) -> None:
+    directory = store / "commitlog"
+    start = max(s for s in (int(p.name) for p in directory.iterdir()) if s <= commit_log_offset)
+    with open(directory / f"{start:020d}", "r+b") as f:
+        f.seek(commit_log_offset - start)
+        byte = f.read(1)[0]
+        f.seek(commit_log_offset - start)
+        f.write(bytes([byte ^ 0x5A]))
+
+
+def ext_units(store: Path, spots: list[tuple[int, int]]) -> list[bytes]:
+    layout = store_layout(store)
+    units = []
+    for queue_id, queue_offset in spots:
+        ext = open_queue_ext(store, ORDERS, queue_id, layout)
+        try:
+            units.append(ext.read_units(queue_offset, 1).tobytes())
+        finally:
+            ext.log.close()
+    return units
+
+
+@pytest.fixture(scope="module")
+def damaged_history(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A stopped broker's data dir: 400 messages of Orders before g-late registered, 200 after, and
+    one record lost to damage in the middle of a queue, at the start of one, at the end of one (not
+    the log's last record) and in the middle of the last, half with a flipped magic code (the plan
+    passes over them), half with a flipped byte of a property (the CRC fails: the reads pass over)."""
+    data_dir = tmp_path_factory.mktemp("damaged") / "data"
+    history, recent = order_rows(400), order_rows(200, 400)
+    broker = start(data_dir)
+    try:
+        produce(broker.endpoint, ORDERS, history)  # no SQL92 registration yet: no bitmaps
+        register(broker.endpoint, "g-late", ORDERS, FilterExpression.sql92(SQL_EU))
+        produce(broker.endpoint, ORDERS, recent)
+    finally:
+        assert broker.stop() == 0
+    store = data_dir / "store"
+    records = list(iter_records(store, topics=(ORDERS,)))
+    assert len(records) == 600
+    by_queue = {
+        q: sorted((r for r in records if r.queue_id == q), key=lambda r: r.queue_offset) for q in range(4)
+    }
+    last_q = records[-1].queue_id
+    end_q, start_q, mid_q, mid2_q = [q for q in range(4) if q != last_q] + [last_q]
+    history_bodies = {body for body, _tag, _props in history}
+    mid = [r for r in by_queue[mid_q] if r.body in history_bodies][40]
+    mid2 = [r for r in by_queue[mid2_q] if r.body in history_bodies][70]
+    damaged = {
+        "start": (by_queue[start_q][0], 5),  # magic
+        "middle": (mid, mid.store_size - 3),  # a property: CRC
+        "end": (by_queue[end_q][-1], by_queue[end_q][-1].store_size - 3),
+        "middle2": (mid2, 5),
+    }
+    for record, at in damaged.values():
+        flip_byte(store, record.commit_log_offset + at)
+    lost = {r.body for r, _ in damaged.values()}
+    return data_dir, {
+        "rows": [row for row in history + recent if row[0] not in lost],
+        "spots": {name: (r.queue_id, r.queue_offset) for name, (r, _) in damaged.items()},
+        "records": records,
+    }
+
+
+def copy_data(template: Path, tmp_path: Path) -> Path:
+    data_dir = tmp_path / "data"
+    shutil.copytree(template, data_dir)
+    return data_dir
+
+
+def check_served_after_backfill(
+    data_dir: Path, rows: list[tuple[bytes, str, dict[str, str]]], lost: int
+) -> None:
+    """The broker serves g-late exactly the intact messages it matches, and skips the rest of the
+    history by bitmap (the damaged offsets keep their units: at most ``lost`` more may match)."""
+    late = FilterExpression.sql92(SQL_EU)
+    wanted = expected(rows, "SQL92", SQL_EU)
+    broker = start(data_dir)
+    try:
+        assert consume_all(broker.endpoint, "g-late", ORDERS, late) == wanted
+        stats = filter_stats(broker, "g-late", ORDERS)
+        assert len(wanted) <= stats["matching_lag"] <= len(wanted) + lost
+        assert stats["skipped_by_bitmap"] >= len(rows) - len(wanted)
+    finally:
+        assert broker.stop() == 0
+
+
+def test_backfill_passes_over_records_lost_to_damage(
+    spark: Any, damaged_history: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    data_dir = copy_data(damaged_history[0], tmp_path)
+    info = damaged_history[1]
+    store = data_dir / "store"
+    spots = list(info["spots"].values())
+    units_before = ext_units(store, spots)
+    cq_before = tree_files(store / "consumequeue")
+    result = run_backfill(spark, data_dir, "g-late", ORDERS, target_bytes=16 * 1024)
+    assert (result.records, result.queues, result.lost_to_damage) == (596, 4, 4)
+    assert result.matched == len(expected(info["rows"], "SQL92", SQL_EU))
+    assert result.created >= 400 - 3  # the history had no bitmaps (its damaged records get none)
+    assert ext_units(store, spots) == units_before  # no new bits where a record was lost
+    assert tree_files(store / "consumequeue") == cq_before
+    assert RegistrationFile(data_dir / "config").get("g-late", ORDERS).backfilled_until_ms  # type: ignore[union-attr]
+    check_served_after_backfill(data_dir, info["rows"], lost=4)
+
+
+def test_backfill_after_a_reindex_passes_over_its_filler_entries(
+    spark: Any, damaged_history: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    data_dir = copy_data(damaged_history[0], tmp_path)
+    info = damaged_history[1]
+    reindexed = run_reindex(spark, data_dir)
+    # fillers for the two records lost between records of their queue; the queues that lost their
+    # first or last record now start after it or end before it
+    assert reindexed.filled == 2 and len(reindexed.damaged) == 2
+    start_q, _ = info["spots"]["start"]
+    cq = open_queue(data_dir / "store", ORDERS, start_q, store_layout(data_dir / "store"), ext=False)
+    try:
+        assert cq.min_offset == 1
+    finally:
+        cq.close()
+    result = run_backfill(spark, data_dir, "g-late", ORDERS)
+    assert (result.records, result.queues, result.lost_to_damage) == (596, 4, 2)
+    check_served_after_backfill(data_dir, info["rows"], lost=2)
+
+
+def put_entry(store: Path, queue_id: int, queue_offset: int, entry: tuple[int, int, int]) -> None:
+    [segment] = (store / "consumequeue" / ORDERS / str(queue_id)).iterdir()  # one file holds the queue
+    with open(segment, "r+b") as f:
+        f.seek(queue_offset * CQ_STORE_UNIT_SIZE)
+        f.write(encode_entry_columns(*([value] for value in entry)))
+
+
+def test_backfill_refuses_a_consume_queue_entry_for_an_intact_record_it_did_not_read(
+    spark: Any, damaged_history: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    data_dir = copy_data(damaged_history[0], tmp_path)
+    info = damaged_history[1]
+    store = data_dir / "store"
+    spots = info["spots"]
+    original = tree_files(store / "consumequeue")
+    ext_before = tree_files(store / "consumequeue_ext")
+    layout = store_layout(store)
+
+    def max_offset(queue_id: int) -> int:
+        cq = open_queue(store, ORDERS, queue_id, layout, ext=False)
+        try:
+            return cq.max_offset
+        finally:
+            cq.close()
+
+    # the entry of a lost record (middle, start, end of a queue) made to point at an intact record;
+    # and one more entry past a queue's last, pointing at an intact record of the queue itself
+    cases = [spots[name] for name in ("middle", "start", "end")]
+    mid_q = spots["middle"][0]
+    cases.append((mid_q, max_offset(mid_q)))
+    for queue_id, queue_offset in cases:
+        if queue_offset < max_offset(queue_id):
+            other = next(r for r in reversed(info["records"]) if r.queue_id != queue_id)
+        else:
+            other = next(r for r in info["records"] if r.queue_id == queue_id)
+        put_entry(store, queue_id, queue_offset, (other.commit_log_offset, other.store_size, 0))
+        with pytest.raises(
+            StoreError, match=rf"(?s)run reindex first.*{ORDERS}:{queue_id}: .*offset {queue_offset}"
+        ):
+            run_backfill(spark, data_dir, "g-late", ORDERS)
+        assert tree_files(store / "consumequeue_ext") == ext_before  # nothing installed
+        assert not (store / STAGING_DIR).exists()
+        assert RegistrationFile(data_dir / "config").get("g-late", ORDERS).backfilled_until_ms is None  # type: ignore[union-attr]
+        for name, data in original.items():  # undo
+            (store / "consumequeue" / name).write_bytes(data)

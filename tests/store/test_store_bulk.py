@@ -447,3 +447,26 @@ def test_the_plan_passes_over_a_damaged_header_and_goes_on(tmp_path: Path) -> No
     gone = {v.commit_log_offset for v in victims}
     rows = normalized(read_rows(list(plan.ranges)))
     assert rows == [as_reference(m) for m in records if m.commit_log_offset not in gone]
+
+
+def test_intact_at_offsets_tells_records_from_damage_and_from_offsets_outside_the_log(tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 3000)
+    records = list(bulk.iter_records(data_dir))
+    starts = list_segment_starts(data_dir / "commitlog")
+    assert len(starts) >= 3
+    victim = records[1000]
+    seg_start = max(s for s in starts if s <= victim.commit_log_offset)
+    flip_byte(data_dir / "commitlog" / segment_name(seg_start), victim.commit_log_offset - seg_start + 40)
+    end = records[-1].commit_log_offset + records[-1].store_size
+    offsets = [
+        records[0].commit_log_offset,
+        records[999].commit_log_offset,
+        victim.commit_log_offset,  # fails its CRC
+        victim.commit_log_offset + 20,  # inside a record
+        records[-1].commit_log_offset,
+        end + (1 << 40),  # past every segment file
+        -1,  # before the first
+    ]
+    found = bulk.intact_at_offsets(data_dir, offsets)
+    assert found == [True, True, False, False, True, None, None]

@@ -346,6 +346,7 @@ def backfill(
         ("records matching", str(result.matched)),
         ("records given the group's bits", str(result.bits_set)),
         ("bitmaps created", str(result.created)),
+        ("records lost to damage, passed over (siftmq store check lists them)", str(result.lost_to_damage)),
         ("bitmaps trusted for records stored up to", until.isoformat(timespec="milliseconds")),
     ):
         table.add_row(key, escape(value))

@@ -35,10 +35,11 @@ Properties are decoded as :func:`~siftmq.store.codec.decode_properties` does (pa
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import struct
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -49,7 +50,7 @@ import pyarrow.compute as pc
 from siftmq.errors import StoreError
 from siftmq.store import codec, decoding
 from siftmq.store.bulk_decode import RECORD_SCHEMA, RowFilter, _decode_map, _MappedRange
-from siftmq.store.damage import next_intact
+from siftmq.store.damage import intact_at, next_intact
 from siftmq.store.segment import list_segment_starts, segment_name
 from siftmq.store.tombstones import read_tombstones
 
@@ -62,6 +63,7 @@ __all__ = [
     "RowFilter",
     "ScanPlan",
     "commit_log_dir",
+    "intact_at_offsets",
     "iter_records",
     "merge_ranges",
     "plan_ranges",
@@ -332,6 +334,47 @@ def _walk_segment(
             total_size, _magic = unpack(mm, pos)
             pos += total_size
     return ranges, pos, n, why
+
+
+def intact_at_offsets(store_dir: Path, offsets: Iterable[int]) -> list[bool | None]:
+    """Whether an intact record, or a segment's blank marker, starts at each CommitLog offset.
+
+    False where a segment file holds the offset but no intact record starts there (damaged bytes,
+    a record failing its checks, the middle of a record); None where no segment file holds it.
+    """
+    directory = commit_log_dir(store_dir)
+    starts = list_segment_starts(directory)
+    wanted = list(offsets)
+    found: list[bool | None] = [None] * len(wanted)
+    by_segment: dict[int, list[int]] = {}
+    for i, offset in enumerate(wanted):
+        at = bisect.bisect_right(starts, offset) - 1
+        if at >= 0:
+            by_segment.setdefault(at, []).append(i)
+    for at, rows in by_segment.items():
+        seg_start = starts[at]
+        path = directory / segment_name(seg_start)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed below, after the map
+        except FileNotFoundError:
+            continue
+        try:
+            if os.fstat(f.fileno()).st_size == 0:
+                continue
+            mm = _map_file(f.fileno(), path)
+        finally:
+            f.close()
+        try:
+            size = len(mm)
+            capacity = starts[at + 1] - seg_start if at + 1 < len(starts) else size
+            seg = _MappedRange(mm, seg_start, size, capacity)
+            for i in rows:
+                pos = wanted[i] - seg_start
+                if pos < size:
+                    found[i] = intact_at(seg, pos, size)
+        finally:
+            _close_map(mm)
+    return found
 
 
 def _map_file(fd: int, path: Path) -> mmap.mmap:

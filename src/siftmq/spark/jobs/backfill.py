@@ -18,7 +18,13 @@ already stored, so the bitmap skip covers the history too:
    ConsumeQueueExt files for its queues into a staging tree: each unit is the record's store time,
    tags code, and its existing bitmap OR-ed with the computed one (a missing unit or bitmap is
    created from the computed bitmap alone). The ConsumeQueue is checked on the way: its entries
-   must point at exactly these records (otherwise run ``reindex`` first; nothing is installed).
+   must point at exactly these records, except at queue offsets whose records were lost to damage
+   (the reads pass over them, as the broker's do): a queue offset no record read holds, between
+   two records or before the first or after the last, is accepted only where its entry is a filler
+   (size 0) or points into damaged bytes the plan passed over or at bytes where no intact record
+   starts. Those offsets keep their units as they were (no new bits: the broker passes over such
+   entries) and are counted. Any other disagreement, such as an entry pointing at an intact record
+   that was not read for its queue, refuses the job (run ``reindex`` first; nothing is installed).
 4. The new ext directories of ``T``'s queues are installed crash-safely
    (:func:`~siftmq.store.offline.install`), and only then the coverage is recorded in
    ``filters.json`` (:meth:`~siftmq.spark.jobs.registrations.RegistrationFile.record_backfill`):
@@ -41,6 +47,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from siftmq.errors import NotFoundError, StatusCode, StoreError
 from siftmq.filter.registrations import REGISTRATION_MARGIN_MS
@@ -60,8 +67,8 @@ from siftmq.spark.jobs.reindex import (
     store_paths,
     tags_codes,
 )
-from siftmq.store.bulk import ByteRange, ScanPlan, read_range
-from siftmq.store.consumequeue import CQ_DTYPE
+from siftmq.store.bulk import ByteRange, ScanPlan, intact_at_offsets, read_range
+from siftmq.store.consumequeue import CQ_DTYPE, filler_entries
 from siftmq.store.consumequeue_ext import ConsumeQueueExt
 from siftmq.store.offline import (
     CONSUME_QUEUE_EXT_DIR,
@@ -122,11 +129,37 @@ class ExtReport(QueueReport):
     bits_set: int = 0  # records whose bitmap gained the group's bits
     created: int = 0  # units (or bitmaps) that did not exist
     mismatches: int = 0  # entries where the ConsumeQueue disagrees with the CommitLog
+    damaged: int = 0  # queue offsets whose records were lost to damage (their units kept as they were)
     max_store_timestamp: int = 0
 
     @property
     def ok(self) -> bool:
         return not self.gaps and not self.duplicates and not self.mismatches
+
+
+class _LogView:
+    """What the plan saw of the CommitLog: its span and the damaged bytes the plan passed over."""
+
+    def __init__(self, store_dir: Path, span: tuple[int, int], damaged: tuple[tuple[int, int], ...]) -> None:
+        self.store_dir = store_dir
+        self.start, self.end = span
+        self.damaged_starts = np.array([offset for offset, _ in damaged], dtype=np.int64)
+        self.damaged_ends = self.damaged_starts + np.array([length for _, length in damaged], dtype=np.int64)
+
+    def lost(self, entries: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+        """Which ConsumeQueue ``entries`` stand for records lost to damage: fillers, and entries
+        pointing into damaged bytes or at bytes of the log where no intact record starts. An entry
+        pointing at an intact record, or outside the log, does not."""
+        offsets = entries["commit_log_offset"].astype(np.int64)
+        lost = filler_entries(entries)
+        if len(self.damaged_starts):
+            at = np.searchsorted(self.damaged_starts, offsets, side="right") - 1
+            lost |= (at >= 0) & (offsets < self.damaged_ends[np.maximum(at, 0)])
+        check = np.flatnonzero(~lost & (offsets >= self.start) & (offsets < self.end))
+        if len(check):
+            intact = intact_at_offsets(self.store_dir, offsets[check].tolist())
+            lost[check] = [found is False for found in intact]
+        return lost
 
 
 class _ExtWriter:
@@ -139,9 +172,12 @@ class _ExtWriter:
         staging_root: Path,
         layout: IndexLayout,
         positions: tuple[int, ...],
+        *,
+        commit_log: _LogView,
     ) -> None:
         topic, queue_id = report.topic, report.queue_id
         self.report = report
+        self.commit_log = commit_log
         self.cq = open_queue(store_dir, topic, queue_id, layout, ext=False)
         self.old = open_queue_ext(store_dir, topic, queue_id, layout)
         self.new = ConsumeQueueExt(
@@ -158,6 +194,9 @@ class _ExtWriter:
     def add(self, queue_offset: int, entry: _Entry) -> None:
         if self.first < 0:
             self.first = queue_offset
+            if self.cq.min_offset < queue_offset:  # entries before the first record read
+                self.first = self.cq.min_offset
+                self.pass_over(queue_offset)
         self.rows.append(entry)
         if len(self.rows) >= WRITE_CHUNK:
             self.write()
@@ -215,15 +254,45 @@ class _ExtWriter:
                 f"({bad} entries in {first}..{first + len(offsets) - 1})"
             )
 
+    def pass_over(self, stop: int) -> None:
+        """Take the queue offsets from the next one up to ``stop``, which no record read holds: each
+        ConsumeQueue entry there must stand for a record lost to damage, and keeps its unit as it was
+        (no new bits: the broker passes over such entries, and an absent unit is evaluated exactly)."""
+        self.write()
+        r = self.report
+        while self.first < stop:
+            first = self.first
+            data = self.cq.log.read(first, min(WRITE_CHUNK, stop - first), within_segment=False)
+            entries = np.frombuffer(data or b"", dtype=CQ_DTYPE) if first >= self.cq.min_offset else None
+            if entries is None or not len(entries):
+                r.mismatches += stop - first
+                r.problem(
+                    f"{r.topic}:{r.queue_id}: the consume queue has no entries {first}..{stop - 1} "
+                    "and the commit log no records for them"
+                )
+                self.first = stop
+                return
+            n = len(entries)
+            lost = self.commit_log.lost(entries)
+            if not lost.all():
+                at = first + int(np.argmin(lost))
+                bad = n - int(np.count_nonzero(lost))
+                r.mismatches += bad
+                r.problem(
+                    f"{r.topic}:{r.queue_id}: the consume queue entry at offset {at} (commit log offset "
+                    f"{int(entries['commit_log_offset'][at - first])}) stands for no record read for the "
+                    f"queue and no record lost to damage ({bad} such entries in {first}..{first + n - 1})"
+                )
+            r.damaged += int(np.count_nonzero(lost))
+            kept = self.old.read_units(first, n).tobytes()
+            self.new.put_encoded(first, kept + bytes(n * self.new.unit_size - len(kept)))
+            self.first += n
+
     def close(self) -> None:
         self.write()
         r = self.report
-        if r.ok and (self.cq.min_offset, self.cq.max_offset) != (r.first_offset, r.next_offset):
-            r.mismatches += 1
-            r.problem(
-                f"{r.topic}:{r.queue_id}: the consume queue holds offsets {self.cq.min_offset}.."
-                f"{self.cq.max_offset - 1} but the commit log {r.first_offset}..{r.next_offset - 1}"
-            )
+        if r.ok and self.cq.max_offset > r.next_offset:  # entries after the last record read
+            self.pass_over(self.cq.max_offset)
         self.new.log.flush()
         self.new.log.close()
         self.old.log.close()
@@ -242,12 +311,22 @@ def write_ext_units(
     staging_root: str,
     layout: IndexLayout,
     positions: tuple[int, ...],
+    log_span: tuple[int, int],
+    damaged: tuple[tuple[int, int], ...],
 ) -> Iterator[ExtReport]:
-    """Write new ext logs for the queues of one sorted shuffle partition; one report per queue."""
+    """Write new ext logs for the queues of one sorted shuffle partition; one report per queue.
+
+    ``log_span`` is the planned CommitLog's ``[start, end)`` and ``damaged`` the ``(offset, length)``
+    of the damaged bytes the plan passed over: queue offsets no record read holds are accepted where
+    the ConsumeQueue's entries stand for records lost to damage (see :meth:`_ExtWriter.pass_over`).
+    """
+    commit_log = _LogView(Path(store_dir), log_span, damaged)
     for (topic, queue_id), entries in group_by_queue(rows):
         report = ExtReport(topic, queue_id)
-        checker = ConsecutiveChecker(report)
-        writer: _ExtWriter | None = _ExtWriter(report, Path(store_dir), Path(staging_root), layout, positions)
+        checker = ConsecutiveChecker(report, fill_gaps=True)
+        writer: _ExtWriter | None = _ExtWriter(
+            report, Path(store_dir), Path(staging_root), layout, positions, commit_log=commit_log
+        )
         try:
             for queue_offset, entry in entries:
                 if not checker.accept(queue_offset, entry[0]):
@@ -256,6 +335,8 @@ def write_ext_units(
                         writer = None
                     continue
                 if writer is not None:
+                    if checker.missing:
+                        writer.pass_over(checker.missing.stop)
                     writer.add(queue_offset, entry)
         except BaseException:
             if writer is not None:
@@ -284,6 +365,8 @@ class BackfillResult:
     bits_set: int
     created: int
     backfilled_until_ms: int
+    #: queue offsets whose records were lost to damage: passed over, their units left as they were
+    lost_to_damage: int = 0
 
 
 def run_backfill(
@@ -301,8 +384,9 @@ def run_backfill(
 
     Raises :class:`NotFoundError` (listing the registrations there are) when ``group#topic`` is not
     registered, :class:`~siftmq.errors.StoreLockedError` while a broker has the store open, and
-    :class:`StoreError` for a damaged store or a ConsumeQueue that disagrees with the CommitLog
-    (nothing is installed then). ``before_install`` is called with the staging tree just before the
+    :class:`StoreError` for a log that does not end cleanly, a record that cannot be decoded, or a
+    ConsumeQueue that disagrees with the CommitLog other than at records lost to damage (nothing
+    is installed then). ``before_install`` is called with the staging tree just before the
     install (tests use it to simulate a crash). ``plan``, ``on_progress`` and ``target_bytes`` are as
     for :func:`~siftmq.spark.jobs.reindex.run_reindex`.
     """
@@ -344,6 +428,8 @@ def run_backfill(
                         staging_root=str(staging.root),
                         layout=layout,
                         positions=RegistrationSpec.of(registration).positions,
+                        log_span=(plan.start_offset, plan.end_offset),
+                        damaged=plan.damaged,
                     )
                 )
                 reports = run_action(spark, written.collect, on_progress, f"backfill {group}#{topic}")
@@ -383,4 +469,5 @@ def run_backfill(
         bits_set=sum(r.bits_set for r in reports),
         created=sum(r.created for r in reports),
         backfilled_until_ms=recorded.backfilled_until_ms or until,
+        lost_to_damage=sum(r.damaged for r in reports),
     )
