@@ -666,3 +666,27 @@ def test_backfill_refuses_a_consume_queue_entry_for_an_intact_record_it_did_not_
         assert RegistrationFile(data_dir / "config").get("g-late", ORDERS).backfilled_until_ms is None  # type: ignore[union-attr]
         for name, data in original.items():  # undo
             (store / "consumequeue" / name).write_bytes(data)
+
+
+def test_backfill_after_retention_starts_each_queue_at_its_first_record_kept(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Every broker running long enough has had segments removed by retention, leaving index entries
+    that point below the CommitLog's start: backfill took them for entries of records it did not read
+    and refused every such store."""
+    data_dir = tmp_path / "data"
+    cfg = StoreConfig(data_dir=data_dir / "store", commit_log_segment_size=64 * 1024, max_message_size=4096)
+    with MessageStore.open(cfg) as store:
+        for i in range(600):
+            store.put_message(Message("T", b"x" * 200, queue_id=i % 4, properties={"TAGS": "t", "a": str(i)}))
+        store.flush()
+        removed = store.delete_expired_files(now_ms=int(time.time() * 1000) + 10 * 24 * 3600 * 1000)
+        assert removed.commit_log_segments >= 1
+        kept = [int(m.properties["a"]) for m in iter_records(cfg.data_dir) if m.topic == "T"]
+    assert 0 < len(kept) < 600
+    registry = FilterRegistry(data_dir / "config", BloomFilter(), expire_s=3600)
+    registry.register("g", "T", compile_filter("SQL92", "a > 500"))
+    registry.save()
+    result = run_backfill(spark, data_dir, "g", "T")
+    assert (result.records, result.queues, result.lost_to_damage) == (len(kept), 4, 0)
+    assert result.matched == sum(1 for a in kept if a > 500)

@@ -179,6 +179,9 @@ class _ExtWriter:
         self.report = report
         self.commit_log = commit_log
         self.cq = open_queue(store_dir, topic, queue_id, layout, ext=False)
+        # entries for records retention removed are not the queue's any more (the broker's open
+        # passes over them the same way, in memory): the queue starts at the first record kept
+        self.cq.correct_min_offset(commit_log.start)
         self.old = open_queue_ext(store_dir, topic, queue_id, layout)
         self.new = ConsumeQueueExt(
             staging_root / queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id),
