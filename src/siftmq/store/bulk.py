@@ -408,8 +408,10 @@ def read_range(
     returns a boolean mask, and rows it does not keep are dropped before their bodies are copied
     (e.g. a compiled filter's vectorized ``matches_batch``).
 
-    Raises :class:`CorruptRecordError` at the first record that fails its checks, and
-    :class:`StoreError` when the segment file is gone or shorter than the range.
+    A record that fails its header checks (size, magic code, CRC) is passed over to the next intact
+    record, as the broker's reads do (one log line each); :class:`CorruptRecordError` is raised for
+    an intact record whose fields contradict each other, and :class:`StoreError` when the segment
+    file is gone or shorter than the range.
     """
     if batch_rows < 1 or batch_bytes < 1:
         raise ValueError("batch_rows and batch_bytes must be positive")

@@ -3,7 +3,9 @@
 A chunk of records is walked header by header (size, magic and CRC checked for each), then decoded
 at once: a numpy gather of the fixed 92-byte headers, zero-copy ``binary_view`` slices of the mapped
 file for topic, body and properties, and the properties split into a ``map<string,string>`` with
-``pyarrow.compute``. A bad record raises :class:`~siftmq.errors.CorruptRecordError` with its offset.
+``pyarrow.compute``. A record failing its header checks is passed over to the next intact one;
+one whose fields contradict each other raises :class:`~siftmq.errors.CorruptRecordError` with its
+offset.
 """
 
 from __future__ import annotations
