@@ -492,6 +492,42 @@ def test_reindex_passes_over_damaged_records_and_keeps_the_queue_offsets(spark: 
         assert store.damaged_reads == 2  # the two fillers, passed over and counted
 
 
+def test_reindex_keeps_the_offsets_the_groups_progress_went_past(spark: Any, tmp_path: Path) -> None:
+    """With a queue's index files lost, the groups' progress tells how far its offsets went: a queue
+    whose last records were lost, and one whose records were all lost, keep them; the stale
+    progress of a deleted topic makes no queue."""
+    data_dir = tmp_path / "data"
+    cfg = StoreConfig(data_dir=data_dir / "store", commit_log_segment_size=8 * 1024 * 1024)
+    with MessageStore.open(cfg) as store:
+        placed = [store.put_message(Message("T", b"m%d" % i * 50, queue_id=i % 3)) for i in range(30)]
+    store_dir = data_dir / "store"
+    # queue 0 loses its last two records, queue 1 all ten; queue 2 (the log's last record) none
+    lost = [r for r in placed if r.queue_id == 1 or (r.queue_id == 0 and r.queue_offset >= 8)]
+    for r in lost:
+        flip_byte(store_dir, r.commit_log_offset + 120)  # the body: the CRC fails
+    for kind in ("consumequeue", "consumequeue_ext"):
+        for queue_id in (0, 1):
+            shutil.rmtree(store_dir / kind / "T" / str(queue_id))
+    config = data_dir / "config"
+    write_json(
+        config / "consumer_state.json",
+        {"g\tT\t0": {"pop": 7, "inflight": [[6, 0, 0, 1, 0, 1]]}, "g\tT\t1": {"pop": 10, "inflight": []}},
+    )
+    write_json(config / "consumer_offsets.json", {"p\tT\t0": 10, "p\tGone\t0": 5})
+    write_json(store_dir / "tombstones.json", {"Gone": 0})
+
+    result = run_reindex(spark, data_dir)
+    assert (result.records, result.filled, result.tail_filled) == (18, 0, 2 + 10)
+    assert not (store_dir / "consumequeue" / "Gone").exists()
+    with MessageStore.open(cfg) as store:
+        assert [store.get_max_offset_in_queue("T", q) for q in range(3)] == [10, 10, 10]
+        assert store.get_min_offset_in_queue("T", 1) == 10  # nothing left to read below
+        got = store.get_messages("g", "T", 0, 0, 64)
+        assert [m.body for m in got.messages] == [b"m%d" % (3 * i) * 50 for i in range(8)]
+        again = [store.put_message(Message("T", b"new", queue_id=q)).queue_offset for q in range(3)]
+        assert again == [10, 10, 10]
+
+
 # --------------------------------------------------------------------------- backfill over damage
 
 
@@ -607,9 +643,9 @@ def test_backfill_after_a_reindex_passes_over_its_filler_entries(
     data_dir = copy_data(damaged_history[0], tmp_path)
     info = damaged_history[1]
     reindexed = run_reindex(spark, data_dir)
-    # fillers for the two records lost between records of their queue; the queues that lost their
-    # first or last record now start after it or end before it
-    assert reindexed.filled == 2 and len(reindexed.damaged) == 2
+    # fillers for the two records lost between records of their queue and for the last record of
+    # one (its offset was handed out); the queue that lost its first record now starts after it
+    assert (reindexed.filled, reindexed.tail_filled, len(reindexed.damaged)) == (2, 1, 2)
     start_q, _ = info["spots"]["start"]
     cq = open_queue(data_dir / "store", ORDERS, start_q, store_layout(data_dir / "store"), ext=False)
     try:
@@ -617,8 +653,8 @@ def test_backfill_after_a_reindex_passes_over_its_filler_entries(
     finally:
         cq.close()
     result = run_backfill(spark, data_dir, "g-late", ORDERS)
-    assert (result.records, result.queues, result.lost_to_damage) == (596, 4, 2)
-    check_served_after_backfill(data_dir, info["rows"], lost=2)
+    assert (result.records, result.queues, result.lost_to_damage) == (596, 4, 3)
+    check_served_after_backfill(data_dir, info["rows"], lost=3)
 
 
 def put_entry(store: Path, queue_id: int, queue_offset: int, entry: tuple[int, int, int]) -> None:
@@ -690,3 +726,95 @@ def test_backfill_after_retention_starts_each_queue_at_its_first_record_kept(
     result = run_backfill(spark, data_dir, "g", "T")
     assert (result.records, result.queues, result.lost_to_damage) == (len(kept), 4, 0)
     assert result.matched == sum(1 for a in kept if a > 500)
+
+
+# ---------------------------------------------------------------------- a queue's last record lost
+
+TAIL = "Tail"
+
+
+def receive_acking(endpoint: str, group: str, want: int) -> list[Any]:
+    """What ``group`` receives of ``TAIL`` (each acknowledged), until ``want`` came or none comes."""
+    got: list[Any] = []
+    idle = 0
+    with blocking.SimpleConsumer(endpoint, group, {TAIL: FilterExpression.tag()}, await_duration=0.5) as c:
+        while len(got) < want and idle < 3:
+            batch = c.receive(32, 30)
+            for m in batch:
+                c.ack(m)
+            got += batch
+            idle = 0 if batch else idle + 1
+    return got
+
+
+def pull_broadcast(endpoint: str, offset_dir: Path, want: int) -> list[Any]:
+    """What a broadcasting pull consumer (its positions kept in ``offset_dir``, as a client keeps
+    them) reads of ``TAIL`` from where it left off, until ``want`` came or none comes; committed."""
+    got: list[Any] = []
+    idle = 0
+    with blocking.PullConsumer(endpoint, "g-bcast", TAIL, mode="BROADCASTING", offset_dir=offset_dir) as c:
+        while len(got) < want and idle < 3:
+            batch = c.poll(64, 0.5)
+            got += batch
+            idle = 0 if batch else idle + 1
+        c.commit()
+    return got
+
+
+@pytest.mark.parametrize("index_files", ["kept", "lost"])
+def test_reindex_keeps_the_offsets_of_a_queue_whose_last_record_was_lost(
+    spark: Any, tmp_path: Path, index_files: str
+) -> None:
+    """A queue's last record is lost to damage after every group consumed past it (the log goes on
+    with other queues' records). The rebuilt queue keeps its offset with a filler, told by its old
+    index files or, with those lost too, by the groups' progress: new messages get new offsets, and
+    neither the receiving group nor a client that keeps its own position misses one."""
+    data_dir = tmp_path / "data"
+    offset_dir = tmp_path / "client-offsets"
+    broker = start(data_dir)
+    try:
+        with blocking.Producer(broker.endpoint) as producer:
+            first = [producer.send(TAIL, b"old-%d" % i) for i in range(40)]  # one queue a send
+        assert len(receive_acking(broker.endpoint, "g-ack", 40)) == 40
+        assert len(pull_broadcast(broker.endpoint, offset_dir, 40)) == 40
+    finally:
+        assert broker.stop() == 0
+
+    store = data_dir / "store"
+    records = list(iter_records(store, topics=(TAIL,)))
+    assert len(records) == 40
+    queue_id = next(
+        q for q in range(4) if q != records[-1].queue_id and any(r.queue_id == q for r in records)
+    )
+    last = max((r for r in records if r.queue_id == queue_id), key=lambda r: r.queue_offset)
+    handed_out = last.queue_offset + 1
+    assert handed_out == 1 + max(r.queue_offset for r in first if r.queue_id == queue_id)
+    flip_byte(store, last.commit_log_offset + last.store_size - 3)  # a property: the CRC fails
+    if index_files == "lost":  # only the groups' progress tells how far the queue went
+        for kind in ("consumequeue", "consumequeue_ext"):
+            shutil.rmtree(store / kind / TAIL / str(queue_id))
+
+    result = run_reindex(spark, data_dir)
+    assert (result.records, result.filled, result.tail_filled) == (39, 0, 1)
+    layout = store_layout(store)
+    cq = open_queue(store, TAIL, queue_id, layout)
+    try:  # a filler as the broker's recovery writes one at a queue's end: the log's end, no store time
+        assert cq.max_offset == handed_out
+        assert cq.get_entry(handed_out - 1) == (result.end_offset, 0, 0)
+        assert cq.ext is not None
+        assert cq.ext.read_units(handed_out - 1, 1).tobytes() == cq.ext.encode(0, 0, None)
+    finally:
+        cq.close()
+
+    broker = start(data_dir)
+    try:
+        with blocking.Producer(broker.endpoint) as producer:
+            new = [producer.send(TAIL, b"new-%d" % i) for i in range(20)]
+        mine = sorted(r.queue_offset for r in new if r.queue_id == queue_id)
+        assert mine and mine[0] == handed_out  # the lost record's offset stays taken
+        fresh = {b"new-%d" % i for i in range(20)}
+        assert {m.body for m in receive_acking(broker.endpoint, "g-ack", 20)} == fresh
+        assert {m.body for m in pull_broadcast(broker.endpoint, offset_dir, 20)} == fresh
+        assert "rebuilding them all" not in broker.log()
+    finally:
+        assert broker.stop() == 0

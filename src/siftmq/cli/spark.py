@@ -310,6 +310,7 @@ def reindex(data_dir: DataDirOption, master: MasterOption = DEFAULT_MASTER) -> N
         ("commit log end offset", str(result.end_offset)),
         ("damaged ranges passed over (siftmq store check lists them)", str(len(result.damaged))),
         ("queue offsets lost to damage (filler entries)", str(result.filled)),
+        ("queue offsets kept past a queue's last record (filler entries)", str(result.tail_filled)),
     ):
         table.add_row(key, escape(value))
     _out.print(table)

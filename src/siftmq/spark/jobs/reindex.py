@@ -19,9 +19,21 @@ Steps:
    (``repartitionAndSortWithinPartitions``); each task writes the queues of its partition into a
    staging tree with the store's own ConsumeQueue writers, checking that every queue's offsets are
    consecutive (a gap or a duplicate means a damaged log: it is reported and nothing is installed).
-5. Queues that have index files but no record left in the CommitLog (retention deleted them all)
-   are carried over unchanged, so their offsets continue where they were.
-6. The new ``consumequeue/`` and ``consumequeue_ext/`` replace the old ones in one crash-safe install
+5. Queues that have index files but no record left in the CommitLog (retention deleted them all,
+   or every record was lost to damage) are carried over unchanged, so their offsets continue where
+   they were.
+6. Every queue offset handed out before stays taken, as the broker's recovery keeps them: a queue
+   whose last records were lost to damage (the log going on with other queues' records) would
+   otherwise end before them, and the broker would give their offsets to new messages, which a
+   consumer already past them never reads. What a queue had handed out is the larger of its old
+   ConsumeQueue's end (where its files are readable) and the furthest any group's progress went in
+   ``<data>/config`` (receive positions in ``consumer_state.json``, committed pull offsets in
+   ``consumer_offsets.json``); the offsets past the rebuilt queue's last record get filler entries
+   as recovery writes them at a queue's end (size 0, the log's end offset, no store time). A
+   queue that lost its first records starts after them, as recovery's rebuild leaves it (reads
+   before the first offset move to it). Progress of a deleted topic (a tombstone) counts only for
+   queues the job finds otherwise: a deletion cut short by a crash can leave it behind.
+7. The new ``consumequeue/`` and ``consumequeue_ext/`` replace the old ones in one crash-safe install
    (:func:`~siftmq.store.offline.install`), and the checkpoint is set to the end of the log.
 
 Bitmaps: the registrations in ``<data>/config/filters.json`` are evaluated with the evaluator live
@@ -44,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -68,6 +81,7 @@ from siftmq.spark.jobs.common import (
 from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec, specs_by_topic
 from siftmq.store import StoreConfig, tags_code_of
 from siftmq.store.bulk import ByteRange, ScanPlan, plan_scan, read_range
+from siftmq.store.codec import check_topic_name
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue, encode_entry_columns
 from siftmq.store.offline import (
     CONSUME_QUEUE_DIR,
@@ -83,11 +97,19 @@ from siftmq.store.offline import (
 )
 from siftmq.store.recovery import Checkpoint
 from siftmq.store.segment import list_segment_starts
+from siftmq.store.statefile import peek_json
+from siftmq.store.tombstones import read_tombstones
+
+_log = logging.getLogger(__name__)
 
 #: Entries written per ``put_encoded`` call (bounds the memory of one queue writer).
 WRITE_CHUNK: Final = 8192
 #: Problems (gaps, duplicates) reported per queue.
 MAX_PROBLEMS_PER_QUEUE: Final = 5
+#: The broker's consumer progress in its config directory (``broker/consumer_state.py``,
+#: ``broker/offsets.py``), keyed ``group\ttopic\tqueue_id``.
+CONSUMER_STATE_FILE: Final = "consumer_state.json"
+CONSUMER_OFFSETS_FILE: Final = "consumer_offsets.json"
 
 _T = TypeVar("_T")
 
@@ -443,6 +465,100 @@ def write_queues(
         yield report
 
 
+# --------------------------------------------------------------------- offsets handed out (driver)
+
+
+def consumed_offsets(config_dir: Path) -> dict[tuple[str, int], int]:
+    """Per (topic, queue_id), the furthest any group's progress went: its receive position (the
+    next offset a receive reads; its messages in flight are below it) or its committed pull offset.
+    Every queue offset below it was handed out. The files are read as the broker reads them, but
+    nothing is moved or logged (:func:`~siftmq.store.statefile.peek_json`); a file with no good
+    generation, or an entry that is not the broker's, raises :class:`ConfigError`: the broker would
+    not start with it either."""
+    found: dict[tuple[str, int], int] = {}
+    for name in (CONSUMER_STATE_FILE, CONSUMER_OFFSETS_FILE):
+        path = config_dir / name
+        entries = peek_json(path, {})
+        try:
+            for key, value in entries.items():
+                _group, topic, queue_id = key.split("\t")
+                offset = int(value["pop"]) if name == CONSUMER_STATE_FILE else int(value)
+                queue = (topic, int(queue_id))
+                found[queue] = max(offset, found.get(queue, 0))
+        except (AttributeError, ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(f"{path} is not consumer progress this broker wrote: {exc!r}") from exc
+    return found
+
+
+def handed_out_offsets(
+    store_dir: Path, config_dir: Path, layout: IndexLayout, rebuilt: Iterable[tuple[str, int]]
+) -> dict[tuple[str, int], int]:
+    """Per queue, how far its offsets were handed out before this job: the end of the old
+    ConsumeQueue of each ``rebuilt`` queue (written entries only; a queue whose files cannot be
+    read tells nothing) and the groups' progress (:func:`consumed_offsets`), whichever is larger.
+    Progress of a deleted topic's queue that neither ``rebuilt`` nor the old index holds is left
+    out: a deletion cut short by a crash leaves it, and the topic created again starts at 0."""
+    rebuilt = set(rebuilt)
+    stored = set(stored_queues(store_dir))
+    taken: dict[tuple[str, int], int] = {}
+    for topic, queue_id in sorted(rebuilt & stored):
+        try:
+            cq = open_queue(store_dir, topic, queue_id, layout, ext=False)
+        except (OSError, StoreError, ValueError) as exc:
+            _log.warning("%s:%d: the old consume queue cannot be read (%s)", topic, queue_id, exc)
+            continue
+        try:
+            taken[(topic, queue_id)] = cq.written_max_offset()
+        finally:
+            cq.close()
+    deleted = read_tombstones(store_dir)
+    for (topic, queue_id), offset in consumed_offsets(config_dir).items():
+        key = (topic, queue_id)
+        if topic in deleted and key not in rebuilt and key not in stored:
+            continue
+        try:
+            check_topic_name(topic)
+        except (ValueError, SiftError) as exc:
+            _log.error("ignoring progress of queue %s:%d in %s: %s", topic, queue_id, config_dir, exc)
+            continue
+        if queue_id >= 0:
+            taken[key] = max(offset, taken.get(key, 0))
+    return taken
+
+
+def keep_handed_out(
+    staging: IndexStaging,
+    layout: IndexLayout,
+    taken: dict[tuple[str, int], int],
+    written: dict[tuple[str, int], int],
+    *,
+    end_offset: int,
+) -> int:
+    """Give each staged queue filler entries up to the offset it had handed out (``taken``), as the
+    broker's recovery does at a queue's end (size 0, the CommitLog's ``end_offset``, no store time);
+    ``written``: the next offset of each rebuilt queue. Returns how many queue offsets were kept
+    that way (an empty queue gets one filler, just below its offset: those before it are below its
+    min offset)."""
+    kept = 0
+    for (topic, queue_id), offset in sorted(taken.items()):
+        if written.get((topic, queue_id), 0) >= offset:
+            continue
+        cq = open_queue(staging.root, topic, queue_id, layout)
+        try:
+            if cq.max_offset >= offset:  # a queue carried over
+                continue
+            _log.warning(
+                "%s:%d: queue offsets %d..%d stand for records no longer in the commit log; they stay taken",
+                topic, queue_id, cq.max_offset, offset - 1,
+            )  # fmt: skip
+            kept += offset - cq.max_offset
+            cq.fill_to(offset, end_offset)
+            cq.flush()
+        finally:
+            cq.close()
+    return kept
+
+
 # ---------------------------------------------------------------------------------------- progress
 
 
@@ -479,8 +595,11 @@ class ReindexResult:
     matched: int
     registrations: int
     end_offset: int
-    #: queue offsets of records lost to damage, given filler entries
+    #: queue offsets of records lost to damage between two records of a queue, given filler entries
     filled: int = 0
+    #: queue offsets handed out past a queue's last record in the log (lost to damage, or known only
+    #: from consumer progress), kept taken with filler entries at the queue's end
+    tail_filled: int = 0
     #: (offset, length) of the damaged CommitLog bytes the plan passed over
     damaged: tuple[tuple[int, int], ...] = ()
 
@@ -496,9 +615,13 @@ def run_reindex(
 ) -> ReindexResult:
     """Rebuild the ConsumeQueues and ConsumeQueueExt units of the stopped broker at ``data_dir``.
 
+    Every queue offset handed out before (by the old ConsumeQueue or the groups' progress in
+    ``<data>/config``) stays taken (step 6 of the module doc).
+
     Raises :class:`~siftmq.errors.StoreLockedError` while a broker has the store open,
     :class:`StoreError` for a store that was not closed cleanly or whose CommitLog is damaged (a
-    gap or a duplicate queue offset: nothing is installed then). ``before_install`` is called with
+    gap or a duplicate queue offset: nothing is installed then), :class:`ConfigError` for consumer
+    progress that cannot be read (the broker would not start with it). ``before_install`` is called with
     the complete staging tree just before it is installed (tests use it to simulate a crash).
 
     ``plan`` (of the stopped store) is used as is, else the log is planned with ``target_bytes``
@@ -526,12 +649,14 @@ def run_reindex(
                     f"the commit log in {store_dir} is damaged: {len(bad)} queue(s) have gaps or duplicate "
                     "offsets; nothing was installed:\n  " + "\n  ".join(problems[:20])
                 )
-            rebuilt = {(r.topic, r.queue_id) for r in reports}
+            written = {(r.topic, r.queue_id): r.next_offset for r in reports}
+            taken = handed_out_offsets(store_dir, config_dir, layout, written)
             carried = 0
             for topic, queue_id in stored_queues(store_dir):
-                if (topic, queue_id) not in rebuilt:
+                if (topic, queue_id) not in written:
                     carried += staging.copy_from_store(queue_path(CONSUME_QUEUE_DIR, topic, queue_id))
                     staging.copy_from_store(queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id))
+            tail_filled = keep_handed_out(staging, layout, taken, written, end_offset=plan.end_offset)
             for name in (CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR):
                 (staging.root / name).mkdir(exist_ok=True)
             if before_install is not None:
@@ -557,6 +682,7 @@ def run_reindex(
         registrations=len(registrations),
         end_offset=plan.end_offset,
         filled=sum(r.filled for r in reports),
+        tail_filled=tail_filled,
         damaged=plan.damaged,
     )
 
