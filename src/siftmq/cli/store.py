@@ -95,6 +95,7 @@ def check(
                     "damaged": damaged,
                     "torn_tail": report.torn_tail is not None,
                     "misplaced_segments": report.misplaced_segments,
+                    "missing_segments": report.missing_segments,
                     "lost": lost,
                     "bad_index_entries": bad_entries,
                     "fillers": report.fillers,
@@ -128,7 +129,14 @@ def check(
         out.print(_entries_table(title, report.bad_entries))
     for name in report.misplaced_segments:
         out.print(
-            f"segment file {name} breaks the sequence of segments (the broker moves it to quarantine)",
+            f"segment file {name} is not a segment of the log (misnamed, or after a missing file and "
+            "holding no intact record): the broker moves it to quarantine",
+            markup=False,
+        )
+    for name in report.missing_segments:
+        out.print(
+            f"segment file {name} is missing: the broker serves the segments after it and passes over "
+            "its records; put it back while the broker is stopped to make them readable again",
             markup=False,
         )
     if report.fillers:

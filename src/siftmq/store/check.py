@@ -23,13 +23,13 @@ import numpy as np
 
 from siftmq.errors import StoreError, StoreLockedError
 from siftmq.store import codec
-from siftmq.store.commitlog import CommitLog
+from siftmq.store.commitlog import CommitLog, open_segments
 from siftmq.store.config import GIB
 from siftmq.store.consumequeue import CQ_DTYPE, filler_entries, written_slots
 from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, in_damaged
 from siftmq.store.layout import saved_segment_size
 from siftmq.store.recovery import TAKEN_FILE, Checkpoint
-from siftmq.store.segment import Segment, list_segment_starts, sequential_starts
+from siftmq.store.segment import list_segment_starts, missing_starts
 
 #: The segment size of a store with neither ``layout.json`` nor two segment files to show it
 #: (StoreConfig's default).
@@ -61,6 +61,8 @@ class CheckReport:
     torn_tail: DamagedRange | None = None
     #: segment files that break the sequence of start offsets
     misplaced_segments: list[str] = field(default_factory=list)
+    #: segment files missing between two present ones (their ranges are in ``damaged`` too)
+    missing_segments: list[str] = field(default_factory=list)
     lost: list[LostEntry] = field(default_factory=list)
     #: index entries that point outside the commit log or give an impossible size: the index is
     #: damaged (the records they stand for may be intact; reads pass over these entries)
@@ -71,7 +73,14 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        problems = (self.damaged, self.torn_tail, self.misplaced_segments, self.lost, self.bad_entries)
+        problems = (
+            self.damaged,
+            self.torn_tail,
+            self.misplaced_segments,
+            self.missing_segments,
+            self.lost,
+            self.bad_entries,
+        )
         return not (any(problems) or self.fillers)
 
 
@@ -98,10 +107,12 @@ def check_store(
         report = CheckReport(store_dir, crashed=crashed)
         starts = list_segment_starts(log_dir)
         size = segment_size or saved_segment_size(store_dir) or _segment_size(starts)
-        kept = sequential_starts(starts, size)
-        report.misplaced_segments = [f"{s:020d}" for s in starts[len(kept) :]]
-        commit_log = CommitLog(log_dir, size, size - codec.BLANK_MARKER_SIZE)
-        segments = [Segment.open(log_dir, s, size, writable=False) for s in kept]
+        largest = size - codec.BLANK_MARKER_SIZE
+        segments, misplaced = open_segments(log_dir, size, largest, writable=False)
+        kept = [seg.start_offset for seg in segments]
+        report.misplaced_segments = [f"{s:020d}" for s in misplaced]
+        report.missing_segments = [f"{s:020d}" for s in missing_starts(kept, size)]
+        commit_log = CommitLog(log_dir, size, largest)
         try:
             commit_log.adopt(segments)
             total = sum(seg.length for seg in segments)
@@ -119,7 +130,7 @@ def check_store(
             log_span = (commit_log.min_offset, commit_log.max_offset)
             report.damaged = list(commit_log.damaged)
             if commit_log.scan_error is not None:
-                report.torn_tail = _tail(commit_log)
+                report.torn_tail = _tail(commit_log, crashed=report.crashed)
         finally:
             for seg in segments:
                 seg.close()
@@ -135,17 +146,23 @@ def _opt(damage: DamagedRange | None) -> list[DamagedRange]:
     return [damage] if damage is not None else []
 
 
-def _tail(commit_log: CommitLog) -> DamagedRange:
+def _tail(commit_log: CommitLog, *, crashed: bool) -> DamagedRange:
     seg = commit_log.segment_holding(commit_log.scan_end)
     assert seg is not None and commit_log.scan_error is not None
     pos = commit_log.scan_end - seg.start_offset
-    # the zeros of a segment preallocated at a crash are not data: stop at the first run of them
-    length = seg.length - pos
-    data = seg.read(pos, min(length, 1 << 20))
-    zeros = data.find(bytes(codec.BLANK_MARKER_SIZE * 8))
-    if zeros >= 0:
-        length = zeros
-    return damaged_range(seg, pos, pos + length, str(commit_log.scan_error))
+    if not crashed:  # a clean stop cut the file back to its data: every byte of it was written
+        return damaged_range(seg, pos, seg.length, str(commit_log.scan_error))
+    # the zeros of a segment preallocated at a crash are not data: the tail ends at its last byte
+    # that is not zero (zeros can come first: a zeroed header, or a record whose body is zeros)
+    end = pos
+    at = pos
+    while at < seg.length:
+        data = seg.read(at, 4 << 20)
+        kept = len(data.rstrip(b"\0"))
+        if kept:
+            end = at + kept
+        at += len(data)
+    return damaged_range(seg, pos, end, str(commit_log.scan_error))
 
 
 def _segment_size(starts: list[int]) -> int:

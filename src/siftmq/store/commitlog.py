@@ -28,13 +28,15 @@ from siftmq.durable import fsync_dir
 from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
 from siftmq.store import codec, decoding
 from siftmq.store.codec import EncodedBatch, EncodedParts, StoredMessage
-from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, next_intact
-from siftmq.store.segment import Segment, list_segment_starts, segment_name, sequential_starts
+from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, intact_at, next_intact
+from siftmq.store.segment import Segment, list_segment_starts, missing_starts, segment_name
 
 _log = logging.getLogger(__name__)
 
 _SCAN_CHUNK = 4 * 1024 * 1024
-_UNWRITTEN_CHECK = 64 * 1024  # zeros after a zero header that make it the end of the data
+_UNWRITTEN_CHECK = 64 * 1024  # zeros after a zero header that make it look unwritten
+#: why the bytes of a missing segment file are passed over (reads, recovery, the check)
+MISSING_SEGMENT: Final = "the segment file is missing"
 # codec.finish_record, inlined by the one-record append
 _pack_positions = struct.Struct(">qq").pack_into  # queue_offset, physical_offset at 24
 _pack_timestamp = struct.Struct(">q").pack_into  # store_timestamp at 60
@@ -63,6 +65,43 @@ def _start_of(segment: Segment) -> int:
     return segment.start_offset
 
 
+def open_segments(
+    directory: Path, segment_size: int, max_record_size: int, *, writable: bool = True
+) -> tuple[list[Segment], list[int]]:
+    """The CommitLog's segment files in ``directory``, opened, oldest first, and the starts of the
+    files there that are not its segments (misplaced).
+
+    A file is misplaced when its start is not a multiple of ``segment_size`` (no offset of the log
+    addresses it), or when it comes after a gap (a missing file) and holds no intact record: a
+    record carries its own CommitLog offset, so one that checks out shows the file is where it
+    belongs. The segments after a missing one are kept: they hold acknowledged records at their
+    own offsets, and taking them out would have new records written at those offsets.
+    """
+    segments: list[Segment] = []
+    misplaced: list[int] = []
+    try:
+        for start in list_segment_starts(directory):
+            if start % segment_size:
+                misplaced.append(start)
+                continue
+            seg = Segment.open(directory, start, segment_size, writable=writable)
+            after_gap = bool(segments) and start != segments[-1].start_offset + segment_size
+            if after_gap and not _holds_a_record(seg, max_record_size):
+                seg.close()
+                misplaced.append(start)
+                continue
+            segments.append(seg)
+    except BaseException:
+        for seg in segments:
+            seg.close()
+        raise
+    return segments, misplaced
+
+
+def _holds_a_record(seg: Segment, max_record_size: int) -> bool:
+    return intact_at(seg, 0, max_record_size) or next_intact(seg, 0, max_record_size) is not None
+
+
 class CommitLog:
     """The segment list of ``<data_dir>/commitlog`` with append, read, scan and truncate."""
 
@@ -81,14 +120,26 @@ class CommitLog:
     # ------------------------------------------------------------------------------------- opening
 
     def load(self) -> None:
-        """Open the existing segment files; stop at the first gap or misnamed start."""
+        """Open the existing segment files; misplaced ones (see :func:`open_segments`) are moved
+        aside. A file missing in the middle leaves a gap that scans and reads pass over as damage
+        (see :meth:`is_missing`); new records go after the last segment, so the missing file can
+        still be put back."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        starts = list_segment_starts(self.directory)
-        kept = sequential_starts(starts, self.segment_size)
-        for start in starts[len(kept) :]:
+        segments, misplaced = open_segments(self.directory, self.segment_size, self.max_record_size)
+        for start in misplaced:
             self._quarantine_segment(start)
-        for start in kept:
-            seg = Segment.open(self.directory, start, self.segment_size)
+        kept = [seg.start_offset for seg in segments]
+        missing = missing_starts(kept, self.segment_size)
+        if missing:
+            _log.error(
+                "commit log segment file(s) %s missing in %s (the segments after them, up to %s, are "
+                "kept and served): the records they held are lost, and reads pass over them; to have "
+                "them readable again, stop the broker and put the file(s) back",
+                ", ".join(segment_name(start) for start in missing),
+                self.directory,
+                segment_name(kept[-1]),
+            )
+        for seg in segments:
             if seg.length > self.segment_size:
                 seg.truncate(self.segment_size)
             self._segments.append(seg)
@@ -108,7 +159,12 @@ class CommitLog:
         os.replace(self.directory / segment_name(start), target)
         fsync_dir(directory)
         fsync_dir(self.directory)
-        _log.error("commit log segment %d breaks the sequence of segments; moved to %s", start, target)
+        _log.error(
+            "commit log segment file %s is not a segment of the log (its name is not a multiple of the "
+            "segment size, or it follows a missing segment file and holds no intact record); moved to %s",
+            segment_name(start),
+            target,
+        )
 
     def close(self) -> None:
         """Close every segment file (no flush)."""
@@ -134,6 +190,11 @@ class CommitLog:
     def segments(self) -> list[Segment]:
         """A snapshot of the segment list, oldest first."""
         return list(self._segments)
+
+    def is_missing(self, offset: int) -> bool:
+        """Whether ``offset`` lies in a segment whose file is missing (between stored ones)."""
+        seg = self._segment_for(offset)
+        return seg is not None and seg is not self._segments[-1] and offset - seg.start_offset >= seg.capacity
 
     # ------------------------------------------------------------------------------------- append
 
@@ -389,21 +450,34 @@ class CommitLog:
 
         Bytes that fail their checks but are followed by an intact record (or blank marker) in
         their segment, or that end a segment before the last, are passed over and listed in
-        :attr:`damaged`. The scan stops where nothing intact follows in the last segment (a torn
-        tail): after the iteration :attr:`scan_end` is the offset right after the last good record
-        (or blank marker) and :attr:`scan_error` says why it stopped (None: at the end of the data).
+        :attr:`damaged`, and so is the range of a segment file missing between two others. The
+        scan stops where nothing intact follows in the last segment (a torn tail): after the
+        iteration :attr:`scan_end` is the offset right after the last good record (or blank marker)
+        and :attr:`scan_error` says why it stopped (None: at the end of the data).
 
-        ``torn_writes_from`` (after a crash: the CommitLog offset known flushed) also makes a torn
-        tail of bad bytes at or past it in the last segment that are followed only by the rest of
-        one write (see :meth:`_cut_short_write`): the write the crash interrupted.
+        ``torn_writes_from`` is given after a crash (None: after a clean stop, or when the log was
+        already recovered). It is the CommitLog offset known flushed: bad bytes at or past it in
+        the last segment that are followed only by the rest of one write are a torn tail too (see
+        :meth:`_cut_short_write`): the write the crash interrupted. Only after a crash can the last
+        segment end in zeros that were never written (the rest of the preallocated file), and only
+        where nothing but zeros follows: a clean stop cuts the file back to its data, so zeros in it
+        there are damage like any other bytes that fail their checks.
         """
         self.scan_end = from_offset
         self.scan_error: CorruptRecordError | None = None
         self.damaged: list[DamagedRange] = []
         segments = list(self._segments)
-        for seg in segments:
+        for i, seg in enumerate(segments):
             if seg.start_offset + seg.length <= from_offset and seg is not segments[-1]:
                 continue
+            if i:
+                for start in range(
+                    segments[i - 1].start_offset + self.segment_size, seg.start_offset, self.segment_size
+                ):
+                    if start + self.segment_size > from_offset:
+                        self.damaged.append(
+                            DamagedRange(start, self.segment_size, MISSING_SEGMENT, segment_name(start), 0)
+                        )
             last = seg is segments[-1]
             pos = max(0, from_offset - seg.start_offset)
             buf = b""
@@ -423,9 +497,15 @@ class CommitLog:
                         self.scan_end = seg.start_offset + seg.capacity
                         break
                     if total_size == 0 and magic == 0 and self._unwritten(seg, pos):
-                        if last:  # the preallocated tail of the segment that was being written
-                            return
-                        problem = CorruptRecordError("segment ends without a blank marker", offset=offset)
+                        if last and torn_writes_from is not None and self._zeros_to_end(seg, pos):
+                            return  # the preallocated tail of the segment written at the crash
+                        if not last:
+                            reason = "segment ends without a blank marker"
+                        elif torn_writes_from is None:
+                            reason = "zeros where a record should start (a cleanly stopped file is all data)"
+                        else:
+                            reason = "zeros where a record should start, with data after them"
+                        problem = CorruptRecordError(reason, offset=offset)
                     else:
                         if 0 < total_size <= self.max_record_size and rel + total_size > len(buf):
                             buf = seg.read(pos, max(_SCAN_CHUNK, total_size))
@@ -502,7 +582,7 @@ class CommitLog:
             total_size, magic = decoding.peek_header(head)
             if magic == codec.BLANK_MAGIC_CODE and total_size == seg.capacity - at:
                 break
-            if total_size == 0 and magic == 0 and self._unwritten(seg, at):
+            if total_size == 0 and magic == 0 and self._zeros_to_end(seg, at):
                 break
             data = seg.read(at, total_size) if 0 < total_size <= self.max_record_size else b""
             try:
@@ -524,8 +604,21 @@ class CommitLog:
     @staticmethod
     def _unwritten(seg: Segment, pos: int) -> bool:
         """Whether the bytes from ``pos`` look never written: the next 64 KiB (or the rest of the
-        data) are zeros. A zeroed header with data after it is damage, not the end of the data."""
+        data) are zeros. A zeroed header with data right after it is damage, not the end of the data."""
         return not seg.read(pos, _UNWRITTEN_CHECK).strip(b"\0")
+
+    @staticmethod
+    def _zeros_to_end(seg: Segment, pos: int) -> bool:
+        """Whether every byte from ``pos`` to the end of ``seg``'s file is zero: only then can they
+        be the unwritten rest of a preallocated segment (a record whose body is zeros, after a
+        zeroed sector, looks unwritten for as long as its body lasts)."""
+        at = pos
+        while at < seg.length:
+            chunk = seg.read(at, _SCAN_CHUNK)
+            if chunk.strip(b"\0"):
+                return False
+            at += len(chunk)
+        return True
 
     def truncate(self, offset: int) -> None:
         """Drop everything from ``offset`` on (deleting later segments) and make it durable."""

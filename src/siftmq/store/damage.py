@@ -123,11 +123,13 @@ def damaged_range(seg: Segment, pos: int, end: int, reason: str) -> DamagedRange
     return DamagedRange(seg.start_offset + pos, end - pos, reason, segment_name(seg.start_offset), pos)
 
 
-def quarantine(store_dir: Path, seg: Segment, damage: DamagedRange, *, tail: bool = False) -> Path | None:
+def quarantine(store_dir: Path, seg: Segment, damage: DamagedRange) -> Path | None:
     """Copy the damaged bytes to ``<store>/quarantine/`` (durably, a chunk at a time); the copy's path.
 
-    Nothing is copied (None) when the bytes are all zeros. A ``tail`` (the end of the segment being
-    written at a crash, preallocated with zeros) is copied up to its first chunk of zeros only.
+    Nothing is copied (None) when the bytes are all zeros. Runs of zeros are holes in the copy, and
+    zeros at the end are not copied (the preallocated rest of a segment that a crash left past a
+    torn tail), but every byte that is not zero is, however many zeros come before it: a cut
+    takes nothing out of the log that is not kept here.
     """
     directory = store_dir / QUARANTINE_DIR
     path = directory / f"commitlog-{damage.offset:020d}-{damage.length}.bin"
@@ -146,8 +148,6 @@ def quarantine(store_dir: Path, seg: Segment, damage: DamagedRange, *, tail: boo
                     os.lseek(fd, pending, os.SEEK_CUR)  # a hole reads back as the zeros it stands for
                     pending = 0
                 _write_all(fd, data)
-            elif tail:
-                break
             else:
                 pending += len(data)
         if fd < 0:

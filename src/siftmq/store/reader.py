@@ -21,7 +21,7 @@ from siftmq.errors import CorruptRecordError
 from siftmq.slots import frozen_slots_constructor
 from siftmq.store import decoding
 from siftmq.store.codec import StoredMessage
-from siftmq.store.commitlog import CommitLog
+from siftmq.store.commitlog import MISSING_SEGMENT, CommitLog
 from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from siftmq.store.filtering import GetMessageResult, GetMessageStatus, MessageFilter
@@ -192,9 +192,15 @@ class MessageReader:
                         read = commit_log.read_range(phy, end - phy)
                         if read is None and phy >= commit_log.min_offset:
                             # not removed by retention (it removes whole segments from the front):
-                            # an entry pointing past the log's end is damaged itself; it alone is
-                            # passed over, not the rest of the block behind it
-                            self._skip_damaged(cq, offset + idx, phy, "index entry past the commit log")
+                            # a record in a segment file that is missing, or an entry pointing past
+                            # the log's end (damaged itself); it alone is passed over, not the rest
+                            # of the block behind it
+                            why = (
+                                MISSING_SEGMENT
+                                if commit_log.is_missing(phy)
+                                else "index entry past the commit log"
+                            )
+                            self._skip_damaged(cq, offset + idx, phy, why)
                             continue
                         if read is None:
                             if not messages:

@@ -336,7 +336,7 @@ def _quarantine_tail(commit_log: CommitLog) -> Path | None:
         return None
     pos = commit_log.scan_end - seg.start_offset
     tail = damaged_range(seg, pos, seg.length, str(commit_log.scan_error))
-    return quarantine(commit_log.directory.parent, seg, tail, tail=True)
+    return quarantine(commit_log.directory.parent, seg, tail)
 
 
 def _kept_as(copy: Path | None) -> str:

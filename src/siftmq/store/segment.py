@@ -11,7 +11,7 @@ segment is mapped for writing, its file is longer than its data and the bytes pa
 zeros (or what a failed write left there); :meth:`Segment.trim` cuts the file back
 to ``length`` when the log rolls to the next segment and at a clean close, so at rest a file's
 length is the bytes written, or the bytes written plus a zero tail after a crash (recovery finds
-the end at the first zero header and cuts the tail). Both the CommitLog (byte offsets) and the
+the end where nothing but zeros follows, and cuts the tail). Both the CommitLog (byte offsets) and the
 ConsumeQueue (byte offsets of 20-byte entries) are made of segments.
 
 Reads use ``os.pread``; the CommitLog also reads through :meth:`Segment.read_mapped`, a read-only
@@ -23,6 +23,7 @@ map never covers a hole past the end of its file.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
@@ -64,8 +65,9 @@ def list_segment_starts(directory: Path) -> list[int]:
 def sequential_starts(starts: list[int], step: int) -> list[int]:
     """The leading run of ``starts`` that are multiples of ``step`` with no gap between them.
 
-    Segments after a gap or a misnamed start cannot be addressed by offset, so every
-    reader of a segment directory stops at the first one.
+    A ConsumeQueue's files stop at the first gap or misnamed start. (The CommitLog keeps the
+    segments after a missing one, whose records name their own offsets: see
+    :func:`siftmq.store.commitlog.open_segments`.)
     """
     kept: list[int] = []
     for start in starts:
@@ -73,6 +75,15 @@ def sequential_starts(starts: list[int], step: int) -> list[int]:
             break
         kept.append(start)
     return kept
+
+
+def missing_starts(starts: list[int], step: int) -> list[int]:
+    """The starts of the segments missing between the first and the last of ``starts`` (sorted
+    multiples of ``step``)."""
+    missing: list[int] = []
+    for before, after in itertools.pairwise(starts):
+        missing.extend(range(before + step, after, step))
+    return missing
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, pos: int) -> None:
