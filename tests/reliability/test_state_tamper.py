@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from client_helpers import drain
 from siftmq.client import FilterExpression, Producer, SimpleConsumer
 
 pytestmark = pytest.mark.integration
@@ -73,3 +76,76 @@ def test_edited_progress_without_a_good_generation_stops_the_broker(start_broker
     with pytest.raises(RuntimeError) as refused:
         start_broker("data", config={"default_queue_nums": 1})
     assert "consumer_state.json" in str(refused.value) and "restore it from a backup" in str(refused.value)
+
+
+def _flip_a_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+async def _send_batches(endpoint: str, topic: str, batches: int) -> list[str]:
+    """``batches`` batches of 5: each batch goes to the next queue, so every queue gets messages."""
+    ids: list[str] = []
+    async with Producer(endpoint) as producer:
+        for b in range(batches):
+            messages = [producer.message(topic, b"%d-%d" % (b, i), tag="t") for i in range(5)]
+            ids += [r.message_id for r in await producer.send_many(messages)]
+    return ids
+
+
+async def _drain_all(endpoint: str, group: str, topic: str) -> set[str]:
+    got: set[str] = set()
+    while batch := await drain(endpoint, group, topic):  # until a receive finds nothing twice over
+        got |= {m.message_id for m in batch}
+    return got
+
+
+@pytest.mark.parametrize("how", ["grown", "created"])
+def test_a_damaged_topic_table_hides_no_queue_of_acknowledged_messages(start_broker: Any, how: str) -> None:
+    """Topics.json damaged: the broker reads an older generation (the topic before it grew) or the
+    defaults (no topic); the queues the store holds bring the topic's queue count back."""
+    config = {"default_queue_nums": 2}
+    broker = start_broker("data", config=config)
+    admin = broker.admin_url
+    if how == "grown":
+        sent = asyncio.run(_send_batches(broker.endpoint, "W", 2))  # created with 2 queues
+        assert httpx.patch(f"{admin}/topics/W", json={"queue_nums": 4}).status_code == 200
+    else:
+        assert httpx.post(f"{admin}/topics", json={"name": "W", "queue_nums": 4}).status_code == 201
+        sent = []
+    sent += asyncio.run(_send_batches(broker.endpoint, "W", 8))
+    assert broker.stop() == 0
+    _flip_a_bit(broker.data_dir / "config" / "topics.json")
+
+    again = start_broker("data", config=config)
+    assert asyncio.run(_drain_all(again.endpoint, "G", "W")) == set(sent)
+    assert httpx.get(f"{again.admin_url}/topics/W").json()["queue_nums"] == 4
+    missing = "gives topic W 2 queue(s)" if how == "grown" else "has no topic W"
+    assert f"topics.json {missing}, but the store holds its queues up to queue 3" in again.log()
+    assert again.stop() == 0
+    # the corrected table was written: the next start reads it as it is
+    third = start_broker("data", config=config)
+    assert httpx.get(f"{third.admin_url}/topics/W").json()["queue_nums"] == 4
+    assert "topics.json" not in third.log()
+
+
+def test_a_topic_deleted_since_the_older_generation_of_the_table_stays_deleted(start_broker: Any) -> None:
+    """The older generation a damaged topics.json falls back to can hold a topic deleted since:
+    its tombstone keeps it deleted. A topic deleted and created again keeps its new messages."""
+    broker = start_broker("data", config={"default_queue_nums": 2})
+    admin = broker.admin_url
+    asyncio.run(_send_batches(broker.endpoint, "Again", 2))
+    assert httpx.delete(f"{admin}/topics/Again").status_code == 204
+    assert httpx.post(f"{admin}/topics", json={"name": "Again", "queue_nums": 3}).status_code == 201
+    kept = asyncio.run(_send_batches(broker.endpoint, "Again", 3))
+    asyncio.run(_send_batches(broker.endpoint, "Gone", 2))
+    assert httpx.delete(f"{admin}/topics/Gone").status_code == 204  # topics.json.prev still has it
+    assert broker.stop() == 0
+    _flip_a_bit(broker.data_dir / "config" / "topics.json")
+
+    again = start_broker("data", config={"default_queue_nums": 2})
+    assert httpx.get(f"{again.admin_url}/topics/Gone").status_code == 404
+    assert httpx.get(f"{again.admin_url}/topics/Again").json()["queue_nums"] == 3
+    assert asyncio.run(_drain_all(again.endpoint, "G", "Again")) == set(kept)
+    assert "older generation that has topic Gone, which was deleted since" in again.log()

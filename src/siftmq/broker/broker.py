@@ -134,6 +134,7 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
     def start(self) -> None:
         self.store.add_message_arriving_listener(self._on_arrival)
         self.store.start()
+        self._cover_stored_queues()
         for topic in self.topics.all():
             for qid in range(topic.queue_nums):
                 self.store.create_queue(topic.name, qid)
@@ -143,6 +144,22 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
             target=self._housekeeping, name="siftmq-broker-housekeeping", daemon=True
         )
         self._housekeeper.start()
+
+    def _cover_stored_queues(self) -> None:
+        """Bring the topic table up to the queues the store holds (see :meth:`TopicManager.cover`).
+        A topic deleted (it has a tombstone) whose queues hold no entry counts as deleted: a
+        deletion a crash cut short between the store and the topic table leaves such empty queues,
+        and the topic must not come back. Queues holding entries after a deletion are a topic
+        created again: their messages count."""
+        counts: dict[str, int] = {}
+        for topic, queue_id in self.store.queues():
+            counts[topic] = max(counts.get(topic, 0), queue_id + 1)
+        tombstones = self.store.tombstones
+        deleted = {t.name for t in self.topics.all() if tombstones.offset(t.name) is not None}
+        for topic in [t for t in counts if tombstones.offset(t) is not None]:
+            if all(self.store.get_max_offset_in_queue(topic, q) == 0 for q in range(counts[topic])):
+                del counts[topic]
+        self.topics.cover(counts, deleted - counts.keys())
 
     def _clamp_progress_past_queue_ends(self) -> None:
         """Progress past its queue's end is brought back to the end, its messages in flight there

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import threading
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from siftmq.broker.validation import check_topic
 from siftmq.errors import BadRequestError, NotFoundError, StatusCode
-from siftmq.store.statefile import read_json, write_json
+from siftmq.store.statefile import read_state, write_json
+
+_log = logging.getLogger(__name__)
 
 PERM_READ = 4
 PERM_WRITE = 2
@@ -51,8 +55,74 @@ class TopicManager:
         self._max_topics = max_topics
         self._lock = threading.Lock()
         self._topics: dict[str, TopicConfig] = {}
-        for name, item in read_json(self._path, {}).items():
+        saved, source = read_state(self._path, {})
+        #: the table is not the one last written (the file was damaged): it may lack topics and
+        #: queues added since, or hold topics deleted since (see :meth:`cover`)
+        self._stale = source in {"previous", "lost"}
+        for name, item in saved.items():
             self._topics[name] = TopicConfig(name, int(item["queue_nums"]), int(item.get("perm", 6)))
+
+    def cover(self, stored: Mapping[str, int], deleted: Collection[str] = ()) -> None:
+        """Make the table cover the queues the store holds: ``stored`` maps each topic to the queue
+        count its stored queues need (1 + its highest queue id). A queue past its topic's count is
+        never sent to nor served, so its acknowledged messages would wait unread for retention:
+        the table read at start can be an older generation of the file, or the defaults, when the
+        file was damaged. A topic missing gets the count, read-write (its permission was in the
+        lost file); a topic with fewer queues gets the count. ``deleted``: topics deleted in the
+        store (a tombstone) with no message stored since; an older generation of the table can hold
+        them from before their deletion, and they are removed from it then (the file itself is
+        believed: a topic created again after its deletion is in it). Each correction is logged and
+        the corrected table written; it is in force even if the write fails (the next start finds
+        the same from the store)."""
+        with self._lock:
+            changed = dict(self._topics)
+            for name, needed in sorted(stored.items()):
+                found = changed.get(name)
+                if found is None:
+                    changed[name] = TopicConfig(name, needed)
+                    _log.error(
+                        "%s has no topic %s, but the store holds its queues up to queue %d: restored with %d "
+                        "queue(s), read-write (set its permission again if it had another)",
+                        self._path,
+                        name,
+                        needed - 1,
+                        needed,
+                    )
+                elif found.queue_nums < needed:
+                    changed[name] = replace(found, queue_nums=needed)
+                    _log.error(
+                        "%s gives topic %s %d queue(s), but the store holds its queues up to queue %d: "
+                        "set to %d, else the messages of queues %d..%d would not be served",
+                        self._path,
+                        name,
+                        found.queue_nums,
+                        needed - 1,
+                        needed,
+                        found.queue_nums,
+                        needed - 1,
+                    )
+            for name in sorted(deleted):
+                if self._stale and name in changed and name not in stored:
+                    del changed[name]
+                    _log.error(
+                        "%s was read from an older generation that has topic %s, which was deleted "
+                        "since (the store holds none of its messages): removed; create it again if it "
+                        "was created again after its deletion",
+                        self._path,
+                        name,
+                    )
+            if changed == self._topics:
+                return
+            try:
+                self._save_locked(changed)
+            except OSError as exc:
+                _log.error(
+                    "%s: the corrected topic table could not be written (%s); it is in force, and the "
+                    "next start corrects the file again",
+                    self._path,
+                    exc,
+                )
+            self._topics = changed
 
     def get(self, name: str) -> TopicConfig | None:
         """The topic's config, or None."""

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from siftmq.durable import fsync_dir
 from siftmq.errors import ConfigError
@@ -92,6 +92,12 @@ def previous_of(path: Path) -> Path:
     return path.with_name(path.name + PREVIOUS_SUFFIX)
 
 
+#: Where :func:`read_state`'s data came from: the file; its previous generation (the file was
+#: damaged or missing); ``default`` as neither exists (nothing was ever written); or ``default``
+#: as no generation could be read (``lost``).
+Source = Literal["file", "previous", "none", "lost"]
+
+
 def read_json(path: Path, default: Any, *, strict: bool = False) -> Any:
     """The data last written to ``path``; ``default`` when neither it nor a previous generation exists.
 
@@ -99,12 +105,19 @@ def read_json(path: Path, default: Any, *, strict: bool = False) -> Any:
     generation: ``strict`` raises :class:`ConfigError` naming the file and the remedy; otherwise the
     file is moved aside (``NAME.corrupt``), logged, and ``default`` returned.
     """
+    return read_state(path, default, strict=strict)[0]
+
+
+def read_state(path: Path, default: Any, *, strict: bool = False) -> tuple[Any, Source]:
+    """:func:`read_json`, and where the data came from: a reader whose file can be checked against
+    other state (the topic table against the store's queues) knows when the data is not the last
+    written, and so may lack what was last written."""
     previous = previous_of(path)
     try:
-        return _load(path)
+        return _load(path), "file"
     except FileNotFoundError:
         if not previous.exists():
-            return default
+            return default, "none"
         problem = "is missing (a crash while it was being replaced)"
     except _Damaged as exc:
         problem = str(exc)
@@ -114,7 +127,7 @@ def read_json(path: Path, default: Any, *, strict: bool = False) -> Any:
         fallback = (
             "no previous generation" if isinstance(exc, FileNotFoundError) else f"{previous.name} {exc}"
         )
-        return _no_good_generation(path, problem, fallback, default, strict=strict)
+        return _no_good_generation(path, problem, fallback, default, strict=strict), "lost"
     if path.exists():  # kept for a look, and out of the way: the next write must not rotate it into .prev
         os.replace(path, path.with_name(path.name + ".corrupt"))
     _log.error(
@@ -125,7 +138,7 @@ def read_json(path: Path, default: Any, *, strict: bool = False) -> Any:
         path.name,
         previous.name,
     )
-    return data
+    return data, "previous"
 
 
 def peek_json(path: Path, default: Any) -> Any:
