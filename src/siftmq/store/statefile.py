@@ -29,6 +29,7 @@ _log = logging.getLogger(__name__)
 
 FORMAT: Final = "siftmq-state-1"
 PREVIOUS_SUFFIX: Final = ".prev"
+_ENVELOPE_KEYS: Final = frozenset({"data", "format", "sha256"})
 
 
 class _Damaged(ValueError):
@@ -166,8 +167,12 @@ def _load(path: Path) -> Any:
         content = json.loads(raw)
     except ValueError as exc:
         raise _Damaged(f"is not valid JSON ({exc})") from exc
-    if not (isinstance(content, dict) and content.get("format") == FORMAT):
+    # an envelope is told by its keys, not by its format alone: one flipped bit in the format
+    # string must not make a checksummed file pass for one written before checksums (believed unchecked)
+    if not (isinstance(content, dict) and len(_ENVELOPE_KEYS & content.keys()) >= 2):
         return content  # written before checksums: believed as it is, given one at the next write
+    if content.keys() != _ENVELOPE_KEYS or content["format"] != FORMAT:
+        raise _Damaged(f"is not a whole {FORMAT} envelope (damaged, or edited by hand)")
     data = content.get("data")
     if hashlib.sha256(_canonical(data)).hexdigest() != content.get("sha256"):
         raise _Damaged("does not match its checksum (damaged, or edited by hand)")
