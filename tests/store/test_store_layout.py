@@ -75,3 +75,63 @@ def test_a_lowered_max_message_size_limits_new_messages_only(tmp_path: Path) -> 
         with pytest.raises(MessageTooLargeError):
             store.put_message(msg(body=bytes(20_000)))
         assert store.put_message(msg(body=b"new")).queue_offset == 6
+
+
+def _flip_a_bit(path: Path, at: int | None) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if at is None else at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("at", [30, None], ids=["in-data", "in-format"])
+@pytest.mark.parametrize("previous", [False, True], ids=["alone", "beside-prev"])
+def test_a_damaged_layout_file_is_refused_and_changes_nothing(
+    tmp_path: Path, previous: bool, at: int | None
+) -> None:
+    """layout.json damaged after max_message_size was lowered: opened with the limit in force (or
+    with its previous generation's, lower when the limit grew), the larger records read as damage
+    and the lower limit was written back. The open is refused, naming the file and the remedy."""
+    if previous:  # the first generation holds the lower limit; the limit grew since
+        with MessageStore.open(small_config(tmp_path, max_message_size=16 * 1024)):
+            pass
+    cfg = small_config(tmp_path, max_message_size=64 * 1024)
+    with MessageStore.open(cfg) as store:
+        for i in range(6):
+            store.put_message(msg(body=(b"big%d" % i).ljust(40_000, b".") if i % 2 else b"small%d" % i))
+        written = _bodies(store)
+    assert (tmp_path / "layout.json.prev").exists() == previous
+    lowered = small_config(tmp_path, max_message_size=16 * 1024)
+    with MessageStore.open(lowered):
+        pass
+    _flip_a_bit(tmp_path / "layout.json", at)
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file() and p.name != "lock"}
+    refused = r"layout\.json (does not match its checksum|is not a whole).*backup"
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=refused):
+            MessageStore.open(lowered)
+    after = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file() and p.name != "lock"}
+    assert after == before
+
+    # the remedy for a limit not known: the largest record a segment holds
+    size = cfg.commit_log_segment_size
+    remedy = {"commit_log_segment_size": size, "max_record_size": size - 8}
+    (tmp_path / "layout.json").write_text(json.dumps(remedy))
+    with MessageStore.open(lowered) as store:
+        assert _bodies(store) == written
+        assert store.damaged_reads == 0
+    assert not (tmp_path / "quarantine").exists()
+
+
+def test_a_layout_file_missing_beside_its_previous_generation_is_read_from_it(tmp_path: Path) -> None:
+    """A crash between the renames of a write leaves the previous generation alone: the write is
+    made at open, before any record under its limit, so that generation is what the files hold."""
+    cfg = small_config(tmp_path, max_message_size=64 * 1024)
+    with MessageStore.open(small_config(tmp_path, max_message_size=16 * 1024)):
+        pass
+    with MessageStore.open(cfg) as store:
+        store.put_message(msg(body=bytes(40_000)))
+        written = _bodies(store)
+    (tmp_path / "layout.json").replace(tmp_path / "layout.json.prev")
+    with MessageStore.open(small_config(tmp_path, max_message_size=16 * 1024)) as store:
+        assert _bodies(store) == written
+        assert store.damaged_reads == 0

@@ -142,6 +142,21 @@ def read_state(path: Path, default: Any, *, strict: bool = False) -> tuple[Any, 
     return data, "previous"
 
 
+class DamagedStateError(ConfigError):
+    """A state file that cannot be believed (not JSON, or not matching its checksum); the message
+    names the file and says which."""
+
+
+def read_generation(path: Path) -> Any:
+    """The data of ``path`` itself, never its previous generation: for a file whose older
+    generation is no stand-in for it. Raises FileNotFoundError when it is missing and
+    :class:`DamagedStateError` when it cannot be believed; nothing is moved or logged."""
+    try:
+        return _load(path)
+    except _Damaged as exc:
+        raise DamagedStateError(f"{path} {exc}") from exc
+
+
 def peek_json(path: Path, default: Any) -> Any:
     """What :func:`read_json` would give, for a reader that does not own the file (an offline job
     beside a running broker): nothing is moved or logged; no good generation raises ConfigError."""
