@@ -121,6 +121,10 @@ class ConfigError(SiftError):
     code = "BAD_CONFIG"
 
 
+class StateWriteError(SiftError):
+    """The broker stopped without writing some of its state files (each failure is logged)."""
+
+
 # --------------------------------------------------------------------------------------------- filter
 
 

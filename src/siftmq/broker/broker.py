@@ -34,7 +34,7 @@ from siftmq.broker.receive import Receiving
 from siftmq.broker.reports import Reporting
 from siftmq.broker.stats import BrokerStats
 from siftmq.broker.topics import TopicManager
-from siftmq.errors import RepeatingFailure
+from siftmq.errors import RepeatingFailure, StateWriteError, StoreError
 from siftmq.filter import BloomFilter
 from siftmq.filterserver.pool import Limits
 from siftmq.store import (
@@ -51,6 +51,21 @@ SAVE_SPACING: Final = 20
 #: queue locks, must not put the next one off for minutes: older progress after a crash means
 #: more deliveries again). Removed progress is written at the next pass whatever the spacing.
 MAX_SAVE_GAP_S: Final = 5.0
+
+
+def _attempt(what: str, step: Callable[[], None], failed: list[str]) -> None:
+    """Run one step of a stop; a failure is logged (one line for the expected ones: the disk, the
+    file system) and added to ``failed`` instead of ending the stop."""
+    try:
+        step()
+    except (OSError, StoreError) as exc:
+        # an OS error's reason alone: its file name is the temporary file's
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        _log.error("stopping: could not %s: %s", what, reason)
+        failed.append(what)
+    except Exception:
+        _log.exception("stopping: could not %s", what)
+        failed.append(what)
 
 
 class Broker(Inspecting, Receiving, Pulling, Reporting):
@@ -197,13 +212,25 @@ class Broker(Inspecting, Receiving, Pulling, Reporting):
         if self._housekeeper is not None:
             self._housekeeper.join()
             self._housekeeper = None
+        # each on its own: a file that cannot be written (a full disk, a read-only directory)
+        # must not keep the others from being written, nor the store from being closed
+        failed: list[str] = []
         try:
-            self.programs.close()
-            self.consumers.save()
-            self.offsets.save()
-            self.filters.save()
+            for what, step in (
+                ("stop the filter program servers", self.programs.close),
+                (f"write {self.consumers.path}", self.consumers.save),
+                (f"write {self.offsets.path}", self.offsets.save),
+                (f"write {self.filters.path}", self.filters.save),
+            ):
+                _attempt(what, step, failed)
         finally:
-            self.store.close()
+            _attempt(f"close the store in {self.store.data_dir}", self.store.close, failed)
+        if failed:
+            raise StateWriteError(
+                f"stopped, but could not {'; could not '.join(failed)} (see the errors above): the "
+                "next start reads the state written before (consumer progress from it delivers some "
+                "messages again); make room or make the directory writable"
+            )
 
     def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
         for listener in list(self._arrival_listeners):

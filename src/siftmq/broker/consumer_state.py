@@ -202,6 +202,11 @@ class ConsumerStateTable:
         it is written at the next housekeeping pass, however long the last write took."""
         return self._urgent
 
+    @property
+    def path(self) -> Path:
+        """The file it is kept in."""
+        return self._path
+
     def save(self) -> None:
         """Write the snapshot (each queue copied under its own lock). Saves are made one at a time
         (a receive thread saves a new queue's start; the housekeeping saves the rest): two

@@ -241,6 +241,11 @@ class FilterRegistry:
                 self._save_locked()
         return gone
 
+    @property
+    def path(self) -> Path:
+        """The file it is kept in."""
+        return self._path
+
     def save(self) -> None:
         with self._lock:
             self._save_locked()

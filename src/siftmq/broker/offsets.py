@@ -70,6 +70,11 @@ class OffsetTable:
     def dirty(self) -> bool:
         return self._dirty
 
+    @property
+    def path(self) -> Path:
+        """The file it is kept in."""
+        return self._path
+
     def save(self) -> None:
         with self._saving:
             with self._lock:
