@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+import pytest
 
+from siftmq.broker.config import BrokerConfig
 from siftmq.frontend import frames
-from siftmq.frontend.edge import ALL_RPCS
+from siftmq.frontend.edge import ALL_RPCS, EXIT_CANNOT_LISTEN
+from siftmq.server import front_ends
 from siftmq.server.core_link import Behaviour, CoreLink, FrontEndConnection
 
 TOKEN = b"token"
@@ -155,3 +159,50 @@ def test_a_cancel_from_the_front_end_sends_nothing_back() -> None:
             assert await _frames_within(got, 0.5) == []
 
     asyncio.run(scenario())
+
+
+class _NoBind:
+    """A front-end process that exits at once, unable to listen."""
+
+    returncode = EXIT_CANNOT_LISTEN
+
+    async def wait(self) -> int:
+        await asyncio.sleep(0.01)
+        return EXIT_CANNOT_LISTEN
+
+
+def test_front_ends_that_cannot_listen_stop_the_broker_once_none_has_listened_long_enough(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each failure is an error naming the address; none listening past the bound stops the broker
+    (not started again every 5 s for ever while the core reports serving)."""
+    monkeypatch.setattr(front_ends, "RESTART_BACKOFF_S", (0.01,))
+    monkeypatch.setattr(front_ends, "UNSERVED_GIVE_UP_S", 0.3)
+
+    async def scenario() -> None:
+        edges = front_ends.FrontEnds(BrokerConfig(), 2, [], 1 << 20, max_connections=64)
+        edges.listen = "127.0.0.1:1"
+        stopped: list[bool] = []
+        edges.on_give_up = lambda: stopped.append(True)
+
+        async def spawn(index: int) -> Any:
+            return _NoBind()
+
+        monkeypatch.setattr(edges, "_spawn", spawn)
+        monkeypatch.setattr(edges, "_socket_in_place", lambda: asyncio.sleep(0))
+        edges._procs = [_NoBind(), _NoBind()]  # type: ignore[list-item]
+        edges._link.listening.add(1)  # one listens: the other's failures never stop the broker
+        watching = asyncio.create_task(edges._watch(0))
+        await asyncio.sleep(0.6)
+        assert not stopped and edges.failure is None and not watching.done()
+        edges._link.listening.discard(1)  # now none does
+        await asyncio.wait_for(watching, 5)
+        assert stopped and edges.failure is not None
+        assert "cannot listen on 127.0.0.1:1" in str(edges.failure)
+        await edges.stop()
+
+    with caplog.at_level(logging.ERROR, logger="siftmq.server.front_ends"):
+        asyncio.run(scenario())
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert sum("front-end 0 cannot listen on 127.0.0.1:1" in m for m in errors) >= 3, errors
+    assert "stopping the broker" in errors[-1], errors

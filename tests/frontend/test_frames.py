@@ -190,7 +190,7 @@ class _Context:
 
 def test_call_ids_wrap_at_32_bits_and_skip_open_calls() -> None:
     async def run() -> None:
-        link = Link(1 << 20)
+        link = Link(1 << 20, 1 << 20)
         link.protocol, _, wire = _protocol()
         link._next_id = frames.MAX_CALL_ID - 2
         first, _ = link.open_unary(0, _Context(), b"", ([], ""))  # type: ignore[arg-type]

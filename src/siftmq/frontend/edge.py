@@ -36,6 +36,9 @@ from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVIC
 _log = logging.getLogger("siftmq.frontend")
 
 TOKEN_ENV: Final = "SIFTMQ_FRONTEND_TOKEN"
+#: The exit code of a front-end that could not listen on the broker's address (the core tells it
+#: from a crash: see ``server/front_ends.py``).
+EXIT_CANNOT_LISTEN: Final = 3
 SHUTDOWN_GRACE_S: Final = 3.0
 #: Every RPC a front-end may pass on, in one order both processes share (a CALL names its index).
 ALL_RPCS: Final[tuple[Rpc, ...]] = RPCS + BATCH_RPCS
@@ -66,11 +69,18 @@ class _CoreGone(Exception):
     pass
 
 
+class _TooLarge(Exception):
+    """A call the core could not take in one frame: refused alone, before it has an id."""
+
+
 class Link:
     """The front-end's side of the socket: numbered calls out, their answers back."""
 
-    def __init__(self, max_frame: int) -> None:
+    def __init__(self, max_frame: int, max_call: int) -> None:
         self.max_frame = max_frame
+        #: the largest CALL payload the core takes: a larger frame would break the link, and with
+        #: it every other call this front-end has open
+        self.max_call = max_call
         self.protocol: frames.FrameProtocol | None = None
         self._next_id = 0
         # where each open call's frames go: a unary call's future, or a stream's queue
@@ -186,16 +196,24 @@ class Link:
         remaining = context.time_remaining()
         deadline_ms = -1 if remaining is None else int((time.monotonic() + remaining) * 1000)
         metadata, signed_by = signed
-        # self.generation is the table the signer was checked against: nothing ran in between
-        call = frames.encode_call(
-            method,
-            deadline_ms,
-            str(context.peer() or ""),
-            metadata,
-            request,
-            signed_by=signed_by,
-            generation=self.generation if signed_by else 0,
-        )
+        try:
+            # self.generation is the table the signer was checked against: nothing ran in between
+            call = frames.encode_call(
+                method,
+                deadline_ms,
+                str(context.peer() or ""),
+                metadata,
+                request,
+                signed_by=signed_by,
+                generation=self.generation if signed_by else 0,
+            )
+        except frames.FrameError as exc:  # more metadata entries than a frame can count
+            raise _TooLarge(str(exc)) from None
+        if len(call) > self.max_call:
+            raise _TooLarge(
+                f"the call's request and metadata ({len(call)} bytes) exceed what the broker takes "
+                f"({self.max_call} bytes)"
+            )
         call_id = self._new_id()
         self._calls[call_id] = deliver
         self.protocol.send(frames.CALL, call_id, call)
@@ -343,6 +361,9 @@ async def _opened(
         # the core is gone: this process exits soon, and the client retries on another
         await context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is restarting")
         raise
+    except _TooLarge as exc:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        raise
 
 
 def handlers(link: Link, *, batch_extension: bool) -> tuple[grpc.GenericRpcHandler, ...]:
@@ -364,7 +385,8 @@ def _die_with_parent() -> None:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    link = Link(max(args.frame_limit + frames.CALL_ROOM, frames.MAX_FROM_CORE))
+    max_call = args.frame_limit + frames.CALL_ROOM  # what the core's side of the link takes
+    link = Link(max(max_call, frames.MAX_FROM_CORE), max_call)
     await link.connect(args.socket, os.environ.get(TOKEN_ENV, "").encode())
     # the front-ends share the port (SO_REUSEPORT); the core checked it was free
     server = grpc.aio.server(options=server_options(args.frame_limit, args.max_connections, reuse_port=True))
@@ -378,12 +400,12 @@ async def serve(args: argparse.Namespace) -> int:
             port = server.add_insecure_port(args.listen)
     except (RuntimeError, OSError) as exc:
         _log.error("front-end %s cannot listen on %s: %s", args.index, args.listen, exc)
-        return 1
+        return EXIT_CANNOT_LISTEN
     if port == 0:
         _log.error("front-end %s cannot listen on %s", args.index, args.listen)
-        return 1
+        return EXIT_CANNOT_LISTEN
     await server.start()
-    link.send(frames.READY, 0)
+    link.send(frames.READY, int(args.index))  # which one listens: the core tells when none does
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

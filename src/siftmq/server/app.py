@@ -155,6 +155,10 @@ class _Signals:
             loop.add_signal_handler(sig, self._stopping)
         loop.add_signal_handler(signal.SIGHUP, self._hangup)
 
+    def stop_now(self) -> None:
+        """Stop the broker as SIGTERM does."""
+        self._stopping()
+
     def _stopping(self) -> None:
         self.stop.set()
         for hook in self.on_stop:
@@ -227,6 +231,8 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
         else:
             edge = _InProcessEdge(table, frame_limit, credentials, connections)
         signals.on_stop.append(edge.stopping)
+        if isinstance(edge, FrontEnds):
+            edge.on_give_up = signals.stop_now
         try:
             port = await edge.start(host, listen_port)
             await _serve_until_stopped(
@@ -242,6 +248,8 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
             )
         finally:
             await edge.stop()
+        if isinstance(edge, FrontEnds) and edge.failure is not None:
+            raise edge.failure  # the broker stopped as it could not serve: the CLI exits with it
     finally:
         reads.shutdown(cancel_futures=True)
         program_reads.shutdown(cancel_futures=True)

@@ -382,11 +382,16 @@ def _peer(context: Any) -> str:
     return str(context.peer() or "")
 
 
+def printable(text: str, limit: int = 128) -> str:
+    """``text`` for the audit log: its first ``limit`` characters, each one not printable as ``?``
+    (a line break in a client's text would forge lines of the log); ``-`` when empty."""
+    text = text[:limit]
+    return "".join(c if c.isprintable() else "?" for c in text) if text else "-"
+
+
 def _client(context: Any) -> str:
-    """The client id the call names (for the audit log; ``-`` when it names none), printable
-    characters only: a line break in it would forge lines of the audit log."""
-    client = client_id_of(context)[:128]
-    return "".join(c if c.isprintable() else "?" for c in client) if client else "-"
+    """The client id the call names (for the audit log; ``-`` when it names none)."""
+    return printable(client_id_of(context))
 
 
 def _peer_ip(context: Any) -> str:

@@ -27,7 +27,7 @@ from siftmq.auth.signature import REASONS
 from siftmq.frontend import frames
 from siftmq.frontend.edge import ALL_RPCS
 from siftmq.protocol.service import Rpc
-from siftmq.server.auth import Gate
+from siftmq.server.auth import Gate, printable
 
 _log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class FrontEndConnection:
             self.users_generation = call_id
             self._links.users_taken()
         elif kind == frames.READY:
-            self._links.front_end_ready()
+            self._links.front_end_ready(call_id)
         else:
             raise frames.FrameError(f"unknown frame kind {kind}")
 
@@ -257,6 +257,9 @@ class CoreLink:
         self._server: asyncio.AbstractServer | None = None
         self._readied = asyncio.Event()
         self.ready_count = 0
+        #: the front-ends (by index) that said they listen: the one that exits is taken out by
+        #: whoever starts it again
+        self.listening: set[int] = set()
         self._connections: set[FrontEndConnection] = set()
         # with authentication on, the front-ends check signatures against the users in force
         self._gate = gate if gate is not None and gate.authenticate else None
@@ -317,10 +320,12 @@ class CoreLink:
         """A front-end refused calls unauthenticated: counted and audited as if refused here."""
         if self._gate is None:
             raise frames.FrameError("a REFUSED frame with authentication off")
-        for method, reason, peer, client, message, count in frames.decode_refused(payload):
+        for method, reason, *texts, count in frames.decode_refused(payload):
             if not 0 <= method < len(ALL_RPCS):
                 raise frames.FrameError(f"a REFUSED frame names method {method}")
             known = reason if reason in REASONS else "malformed"  # the metric's labels stay few
+            # the log is the core's: a front-end's text is filtered as a client's is in one process
+            peer, client, message = (printable(text, frames.MAX_REFUSED_FIELD) for text in texts)
             self._gate.failed(ALL_RPCS[method].name, peer, client, known, message, count=count)
 
     async def start(self, path: str) -> None:
@@ -333,8 +338,10 @@ class CoreLink:
             self._server.close()
         self._server = server
 
-    def front_end_ready(self) -> None:
+    def front_end_ready(self, index: int) -> None:
+        """Front-end ``index`` listens."""
         self.ready_count += 1
+        self.listening.add(index)
         self._readied.set()
 
     async def wait_ready(self, count: int) -> None:

@@ -6,6 +6,14 @@ The port is checked free by the core before any front-end binds it: the front-en
 started in the same instant could both find it free, so a core also claims the port for as long as
 it runs: a Unix socket in the abstract namespace named after the port, which only one process can
 hold and which goes with the process however it ends (kill -9 included).
+
+While no front-end listens (they all crashed, or are being started again) the port would be free for
+any local user to bind, and with it every client's next connection: the core holds, for as long as
+it runs, a socket bound to the port with ``SO_REUSEPORT`` that never listens. The kernel lets only
+sockets of the same user with ``SO_REUSEPORT`` share it (the front-ends), and gives connections
+only to listening ones. A front-end that cannot listen even so (the address went away) is logged
+each time it fails; when none has listened for :data:`UNSERVED_GIVE_UP_S` and the last one to try
+failed to bind, the broker stops with that error rather than report itself serving.
 """
 
 from __future__ import annotations
@@ -19,14 +27,14 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
 from siftmq.broker.config import BrokerConfig
 from siftmq.errors import SiftError
 from siftmq.frontend import frames
-from siftmq.frontend.edge import TOKEN_ENV
+from siftmq.frontend.edge import EXIT_CANNOT_LISTEN, TOKEN_ENV
 from siftmq.server.auth import Gate
 from siftmq.server.core_link import Behaviour, CoreLink
 
@@ -38,6 +46,8 @@ STOP_TIMEOUT_S: Final = 5.0
 RESTART_BACKOFF_S: Final = (0.2, 1.0, 5.0)
 #: A front-end that ran this long before dying counts as healthy: the backoff starts over.
 HEALTHY_AFTER_S: Final = 30.0
+#: The broker stops when no front-end has listened for this long and one has just failed to bind.
+UNSERVED_GIVE_UP_S: Final = 30.0
 #: The core's socket directory: ``siftmq-core-{pid}-{random}`` under the temporary directory.
 DIR_PREFIX: Final = "siftmq-core-"
 #: The port's claim: an abstract Unix socket ``\0siftmq-workers-port-{port}`` (one per network
@@ -65,6 +75,30 @@ def check_port_free(host: str, port: int) -> int:
                 f"cannot listen on {host}:{port}: {exc.strerror} (is another broker running there?)"
             ) from exc
         return int(probe.getsockname()[1])
+
+
+def hold_port(host: str, port: int) -> list[socket.socket]:
+    """Bind every address ``host`` names on ``port`` with ``SO_REUSEPORT`` (and not ``SO_REUSEADDR``)
+    and never listen: while these are open only this user's ``SO_REUSEPORT`` sockets (the
+    front-ends) can bind the port, whether or not a front-end listens (see the module's note)."""
+    held: list[socket.socket] = []
+    failure: OSError | None = None
+    for family, kind, proto, _, address in socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
+        hold = socket.socket(family, kind, proto)
+        try:
+            hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            hold.bind(address)
+        except OSError as exc:  # e.g. ::1 on a host without IPv6: the front-ends cannot bind it either
+            hold.close()
+            failure = exc
+            continue
+        held.append(hold)
+    if not held:
+        strerror = failure.strerror if failure is not None else "no address"
+        raise BindError(f"cannot listen on {host}:{port}: {strerror}")
+    return held
 
 
 def claim_port(host: str, port: int) -> socket.socket:
@@ -109,12 +143,20 @@ class FrontEnds:
         self.listen = ""
         self.restarts = 0  # front-ends started again after they died
         self._claim: socket.socket | None = None
+        self._holds: list[socket.socket] = []
+        # since when no front-end has listened, and the count of READY frames then
+        self._unserved: tuple[float, int] | None = None
+        #: why the broker stops on its own (set before it asks to stop: see on_give_up)
+        self.failure: BindError | None = None
+        #: asks the broker to stop (the app sets it)
+        self.on_give_up: Callable[[], None] | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Start the front-ends on ``host:port``; returns the port once every one listens."""
         port = check_port_free(host, port)
         self._claim = claim_port(host, port)
         port = check_port_free(host, port)  # taken by anything else meanwhile
+        self._holds = hold_port(host, port)
         self.listen = f"{host}:{port}"
         try:
             await self._link.start(self._socket)
@@ -177,12 +219,28 @@ class FrontEnds:
             assert proc is not None
             started = loop.time()
             code = await proc.wait()
+            self._link.listening.discard(index)
             if self._stopping:
                 return
             failures = 1 if loop.time() - started > HEALTHY_AFTER_S else failures + 1
             self.restarts += 1
             pause = RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S)) - 1]
-            _log.warning("front-end %d exited (%s); starting it again in %.1f s", index, code, pause)
+            unserved = self._unserved_for(loop.time())
+            if code == EXIT_CANNOT_LISTEN:
+                if unserved >= UNSERVED_GIVE_UP_S:
+                    self._give_up(unserved)
+                    return
+                _log.error(
+                    "front-end %d cannot listen on %s (its error is above; no front-end has listened "
+                    "for %.0f s: the broker stops at %.0f s); starting it again in %.1f s",
+                    index,
+                    self.listen,
+                    unserved,
+                    UNSERVED_GIVE_UP_S,
+                    pause,
+                )
+            else:
+                _log.warning("front-end %d exited (%s); starting it again in %.1f s", index, code, pause)
             while True:
                 await asyncio.sleep(pause)
                 if self._stopping:
@@ -201,6 +259,26 @@ class FrontEnds:
                     _log.error(
                         "front-end %d cannot be started: %s; trying again in %.1f s", index, exc, pause
                     )
+
+    def _unserved_for(self, now: float) -> float:
+        """How long no front-end has listened (0 while one does); a front-end that listened in
+        between, however briefly, starts the count again."""
+        ready = self._link.ready_count
+        if self._link.listening:
+            self._unserved = None
+            return 0.0
+        if self._unserved is None or self._unserved[1] != ready:
+            self._unserved = (now, ready)
+        return now - self._unserved[0]
+
+    def _give_up(self, unserved: float) -> None:
+        self.failure = BindError(
+            f"cannot listen on {self.listen}: no front-end has listened for {unserved:.0f} s and the last "
+            "one to try could not bind the address (its error is above)"
+        )
+        _log.error("%s; stopping the broker", self.failure)
+        if self.on_give_up is not None:
+            self.on_give_up()
 
     async def _socket_in_place(self) -> None:
         """Listen again, in a new directory, if the socket's file is gone (a cleaner of old files
@@ -248,6 +326,8 @@ class FrontEnds:
         shutil.rmtree(self._dir, ignore_errors=True)
         if self._claim is not None:
             self._claim.close()
+        for hold in self._holds:
+            hold.close()
 
 
 def _socket_dir() -> Path:
