@@ -40,6 +40,7 @@ TOKEN_ENV: Final = "SIFTMQ_FRONTEND_TOKEN"
 #: from a crash: see ``server/front_ends.py``).
 EXIT_CANNOT_LISTEN: Final = 3
 SHUTDOWN_GRACE_S: Final = 3.0
+CORE_GONE_GRACE_S: Final = 0.5
 #: Every RPC a front-end may pass on, in one order both processes share (a CALL names its index).
 ALL_RPCS: Final[tuple[Rpc, ...]] = RPCS + BATCH_RPCS
 _CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
@@ -415,7 +416,9 @@ async def serve(args: argparse.Namespace) -> int:
     core_gone = link.lost.is_set()
     if core_gone:
         _log.error("front-end %s: the core process went away; stopping", args.index)
-    await server.stop(0 if core_gone else SHUTDOWN_GRACE_S)
+    # with the core gone every open call has its UNAVAILABLE answer; a short grace lets the handlers
+    # send it (a stop without one cancels them, and their clients read CANCELLED: not retryable)
+    await server.stop(CORE_GONE_GRACE_S if core_gone else SHUTDOWN_GRACE_S)
     link.report_refusals()
     await asyncio.sleep(0.01)  # the last frames leave (the socket writes on the next turn)
     return 1 if core_gone else 0
