@@ -45,6 +45,9 @@ STREAM_CREDIT: Final = 4
 #: per TAKEN): gRPC's flow control, carried over, so a client that does not read holds up its own
 #: call instead of filling a front-end's memory.
 ANSWER_CREDIT: Final = 16
+#: ... and at most this many bytes of them (one answer at least, however large): 16 of the largest
+#: Telemetry settings answers would be ~9 MB per stream.
+ANSWER_CREDIT_BYTES: Final = 1024 * 1024
 #: Bytes a CALL frame may add to the largest gRPC message (metadata, address, header).
 CALL_ROOM: Final = 64 * 1024
 #: The largest frame a front-end takes from the core: a USERS frame of the most users of the

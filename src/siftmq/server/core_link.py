@@ -12,6 +12,7 @@ against; authorization stays here, with the state it needs.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import hmac
@@ -108,6 +109,35 @@ class _Requests:
             yield self._deserialize(payload)
 
 
+class _AnswerCredit:
+    """A stream's answers sent and not yet handed to its client (TAKEN frames, in order): at most
+    :data:`~siftmq.frontend.frames.ANSWER_CREDIT` of them and
+    :data:`~siftmq.frontend.frames.ANSWER_CREDIT_BYTES` (one answer at least, however large), so
+    that a client that does not read holds its call, not a front-end's memory."""
+
+    __slots__ = ("_changed", "_sizes", "_waiting")
+
+    def __init__(self) -> None:
+        self._sizes: collections.deque[int] = collections.deque()
+        self._waiting = 0  # bytes in _sizes
+        self._changed = asyncio.Event()
+
+    async def acquire(self, size: int) -> None:
+        while self._sizes and (
+            len(self._sizes) >= frames.ANSWER_CREDIT or self._waiting + size > frames.ANSWER_CREDIT_BYTES
+        ):
+            self._changed.clear()
+            await self._changed.wait()
+        self._sizes.append(size)
+        self._waiting += size
+
+    def release(self) -> None:
+        if not self._sizes:
+            raise frames.FrameError("a TAKEN frame for an answer the core did not send")
+        self._waiting -= self._sizes.popleft()
+        self._changed.set()
+
+
 class FrontEndConnection:
     """One front-end's connection: its calls, each an asyncio task on the core's loop."""
 
@@ -121,7 +151,7 @@ class FrontEndConnection:
         self._hello = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._streams: dict[int, _Requests] = {}
-        self._answer_credit: dict[int, asyncio.BoundedSemaphore] = {}  # per streaming call
+        self._answer_credit: dict[int, _AnswerCredit] = {}  # per streaming call
         self.users_generation = 0  # the users table this front-end said it checks against
         self.protocol = frames.FrameProtocol(self._on_frame, self._on_lost, max_frame)
 
@@ -145,10 +175,7 @@ class FrontEndConnection:
         elif kind == frames.TAKEN:
             credit = self._answer_credit.get(call_id)
             if credit is not None:
-                try:
-                    credit.release()
-                except ValueError:
-                    raise frames.FrameError("a TAKEN frame for an answer the core did not send") from None
+                credit.release()
         elif kind == frames.CANCEL:
             task = self._tasks.get(call_id)
             if task is not None:
@@ -201,11 +228,14 @@ class FrontEndConnection:
             self._abort(call_id, behaviour, exc)
 
     async def _stream(self, call_id: int, behaviour: Behaviour, request: Any, context: CallContext) -> None:
-        credit = self._answer_credit[call_id] = asyncio.BoundedSemaphore(frames.ANSWER_CREDIT)
+        credit = self._answer_credit[call_id] = _AnswerCredit()
         try:
             async for answer in behaviour.run(request, context):
-                await credit.acquire()  # as a gRPC handler's yield waits while its client does not read
-                self._reply(call_id, behaviour.serialize(answer))
+                payload = behaviour.serialize(answer)
+                await credit.acquire(
+                    len(payload)
+                )  # as a gRPC handler's yield waits while its client does not read
+                self._reply(call_id, payload)
             self.protocol.send(frames.END, call_id)
         except (Exception, asyncio.CancelledError) as exc:
             self._abort(call_id, behaviour, exc)
