@@ -232,9 +232,8 @@ class FrontEndConnection:
         try:
             async for answer in behaviour.run(request, context):
                 payload = behaviour.serialize(answer)
-                await credit.acquire(
-                    len(payload)
-                )  # as a gRPC handler's yield waits while its client does not read
+                # as a gRPC handler's yield waits while its client does not read
+                await credit.acquire(len(payload))
                 self._reply(call_id, payload)
             self.protocol.send(frames.END, call_id)
         except (Exception, asyncio.CancelledError) as exc:
