@@ -569,10 +569,20 @@ class BrokerCollector(Collector):
             "Records reads passed over because their bytes are damaged (siftmq store check lists them)",
         )
         damaged.add_metric([], self.broker.store.damaged_reads)
+        repairs = CounterMetricFamily(
+            "siftmq_index_repairs",
+            "Index entries (ConsumeQueue entries, extension units) the store's start found disagreeing "
+            "with their CommitLog records and rewrote from them, and queues it rebuilt",
+            labels=["what"],
+        )
+        repaired = self.broker.store.index_repairs
+        repairs.add_metric(["entry"], repaired.entries)
+        repairs.add_metric(["ext_unit"], repaired.ext_units)
+        repairs.add_metric(["queue"], repaired.queues_rebuilt)
         clients = GaugeMetricFamily("siftmq_clients", "Live client sessions")
         clients.add_metric([], len(self.broker.clients.sessions()))
         yield from (sends, sent_bytes, dups, deliveries, delivered_bytes, acks, dlq, work)
-        yield from (inconsistent, lag, store, clients, deleted, disk_used, disk_refusing, damaged)
+        yield from (inconsistent, lag, store, clients, deleted, disk_used, disk_refusing, damaged, repairs)
         yield from self._programs()
         if self.front_ends is not None:
             counts = self.front_ends()

@@ -178,6 +178,13 @@ class PooledSegment(Segment):
         finally:
             POOL.release(self)
 
+    def overwrite(self, pos: int, data: bytes) -> None:
+        POOL.acquire(self)
+        try:
+            Segment.overwrite(self, pos, data)
+        finally:
+            POOL.release(self)
+
     def flush(self) -> None:
         if not self.dirty:
             return

@@ -17,7 +17,10 @@ key index is enabled (it is rebuilt by the same pass), otherwise at the segment 
 checkpoint (after a crash) or at the last segment (after a clean stop); damage in segments before
 that is found by the reads that meet it and by ``siftmq store check``.
 
-The ConsumeQueues are then made to agree with the CommitLog: records past the checkpoint are
+Every scanned record is compared with its queue's entry and extension unit as the scan goes
+(:mod:`siftmq.store.indexcheck`): an entry that disagrees is rewritten from the record, and a queue
+missing entries below its first one is rebuilt from the scan. The ConsumeQueues are then made to
+agree with the CommitLog: records past the checkpoint are
 re-dispatched (entries verified, missing ones written, stale tails cut), queues are cut after
 their last surviving record (entries of damaged records are kept: reads pass over them), and if
 any queue misses entries that cannot be re-dispatched from the scanned range, every ConsumeQueue
@@ -42,11 +45,14 @@ from siftmq.store.commitlog import CommitLog
 from siftmq.store.consumequeue import ConsumeQueue, filler_entries
 from siftmq.store.damage import DamagedRange, damaged_range, in_damaged, quarantine
 from siftmq.store.dispatch import DispatchRequest, Reput
+from siftmq.store.indexcheck import IndexCheck, IndexRepairs
 from siftmq.store.keyindex import KeyIndex
 
 _log = logging.getLogger(__name__)
 
 _BATCH = 1024
+#: Scanned records checked (and re-dispatched) at once: the check's cost per batch is spread thin.
+_SCAN_BATCH = 8192
 #: Records the recovery scan puts in the key index between two trims to its bound.
 _TRIM_EVERY = 1 << 20
 #: What recovery notes before it changes a queue: the offsets each had handed out.
@@ -106,13 +112,15 @@ def recover(
     abnormal: bool,
     checkpoint: Checkpoint | None,
     key_index_max_messages: int = 0,
+    repairs: IndexRepairs | None = None,
 ) -> int:
     """Bring the CommitLog and ConsumeQueues of a freshly loaded store into agreement.
 
     Returns the largest store timestamp of any record: the checkpoint's, or a larger one among the
     records scanned (every record appended after the checkpoint was written is scanned; without a
     checkpoint after a clean stop, only the last segment is). ``key_index_max_messages``: the
-    key index is trimmed to it as the scan fills it (0: not trimmed here).
+    key index is trimmed to it as the scan fills it (0: not trimmed here). What the check of the
+    ConsumeQueues against the scanned records repaired is added to ``repairs``.
     """
     note = _TakenNote(commit_log, queues)
     handed_out = note.taken
@@ -129,6 +137,13 @@ def recover(
         scan_from = anchor - (anchor - cl_min) % commit_log.segment_size
 
     last_of_queue: dict[tuple[str, int], DispatchRequest] = {}
+    check = IndexCheck(
+        queues,
+        reput,
+        repairs if repairs is not None else IndexRepairs(),
+        whole_log=scan_from <= cl_min,
+        before_rebuild=note.ensure,
+    )
     rebuild = False
     batch: list[DispatchRequest] = []
     latest = checkpoint.max_store_timestamp if checkpoint else 0
@@ -147,14 +162,15 @@ def recover(
             scanned += 1
             if key_index_max_messages and scanned % _TRIM_EVERY == 0:
                 key_index.trim(key_index_max_messages)  # the bound holds while the index is rebuilt
-        if rebuild or msg.commit_log_offset < redispatch_from:
+        if rebuild:
             continue
         batch.append(req)
-        if len(batch) >= _BATCH:
-            rebuild = not _redispatch(batch, find_or_create, reput, before_cut=note.ensure)
+        if len(batch) >= _SCAN_BATCH:
+            rebuild = not _index(batch, check, redispatch_from, find_or_create, reput, note=note)
             batch = []
     if batch and not rebuild:
-        rebuild = not _redispatch(batch, find_or_create, reput, before_cut=note.ensure)
+        rebuild = not _index(batch, check, redispatch_from, find_or_create, reput, note=note)
+    check.report()
     damaged = commit_log.damaged
     _quarantine_damage(commit_log)
     if commit_log.scan_error is not None:
@@ -230,6 +246,24 @@ class _TakenNote:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def _index(
+    batch: list[DispatchRequest],
+    check: IndexCheck,
+    redispatch_from: int,
+    find_or_create: Callable[[str, int], ConsumeQueue],
+    reput: Reput,
+    *,
+    note: _TakenNote,
+) -> bool:
+    """Check the entries of the scanned records ``batch`` and re-dispatch the ones from
+    ``redispatch_from``; False if the ConsumeQueues must be rebuilt."""
+    rest = check.check(batch)
+    if rest is None:
+        return False
+    todo = [req for req in rest if req.commit_log_offset >= redispatch_from]
+    return not todo or _redispatch(todo, find_or_create, reput, before_cut=note.ensure)
 
 
 def _redispatch(

@@ -202,6 +202,17 @@ class Segment:
         self.length = end
         self.dirty = True
 
+    def overwrite(self, pos: int, data: bytes) -> None:
+        """Write ``data`` over bytes already written at ``pos`` (recovery's repair of an index
+        unit that disagrees with its record; nobody reads the file meanwhile)."""
+        if pos < 0 or pos + len(data) > self.length:
+            raise ValueError(f"{self.path}: overwrite of {pos}..{pos + len(data)} past {self.length}")
+        if self.write_map is None:
+            _pwrite_all(self.fd, data, pos)
+        else:
+            self.write_map[pos : pos + len(data)] = data
+        self.dirty = True
+
     def unwrite(self, length: int) -> None:
         """Take back what was written past ``length`` (a write that must not stand): zeroed in the
         map, or cut from the file, so that neither recovery nor a reader takes it for records."""

@@ -70,6 +70,7 @@ from siftmq.store.decoding import RawRecord
 from siftmq.store.disk import DiskGuard, DiskUsage
 from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, Reput
 from siftmq.store.filtering import GetMessageResult, MessageFilter
+from siftmq.store.indexcheck import IndexRepairs
 from siftmq.store.keyindex import KeyIndex
 from siftmq.store.layout import settle
 from siftmq.store.offline import finish_pending_install
@@ -123,6 +124,8 @@ class MessageStore:
             self._reput, self._dispatch_limit, config.flush_interval_ms / 1000.0
         )
         self.key_index = KeyIndex() if config.build_key_index else None
+        #: index entries recovery found disagreeing with their records and rewrote
+        self.index_repairs = IndexRepairs()
         self._append_lock = threading.Lock()
         self._dispatch_lock = self.reput_service.lock
         self._max_store_timestamp = 0  # the largest store timestamp any record has had
@@ -182,6 +185,7 @@ class MessageStore:
                 abnormal=abnormal,
                 checkpoint=Checkpoint.load(self.data_dir / "checkpoint"),
                 key_index_max_messages=self.config.key_index_max_messages,
+                repairs=self.index_repairs,
             )
             self.commit_log.map_for_append()
             try:

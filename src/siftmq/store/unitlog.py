@@ -134,6 +134,22 @@ class UnitLog:
             seg.write(chunk)
             pos += len(chunk)
 
+    def overwrite(self, index: int, data: bytes) -> None:
+        """Write whole units over stored ones from ``index`` (all below :attr:`max_index`)."""
+        if len(data) % self.unit_size or index < 0 or index + len(data) // self.unit_size > self.max_index:
+            raise ValueError(f"{self.directory}: overwrite of {len(data)} bytes at unit {index}")
+        byte = index * self.unit_size
+        pos = 0
+        while pos < len(data):
+            i = bisect.bisect_right(self._segments, byte + pos, key=_start_of) - 1
+            seg = self._segments[i] if i >= 0 else None
+            rel = byte + pos - seg.start_offset if seg is not None else 0
+            if seg is None or rel >= seg.length:
+                raise ValueError(f"{self.directory}: no segment holds unit {(byte + pos) // self.unit_size}")
+            chunk = data[pos : pos + seg.length - rel]
+            seg.overwrite(rel, chunk)
+            pos += len(chunk)
+
     def _open_new(self, start: int) -> PooledSegment:
         seg = PooledSegment.open(self.directory, start, self.segment_bytes, create=True)
         if seg.length:
