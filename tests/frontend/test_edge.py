@@ -210,10 +210,12 @@ def test_a_call_larger_than_the_core_takes_is_refused_alone(broker_of: Any) -> N
     assert not any("closing the front-end link" in line for line in broker.output), broker.log()
 
 
-def test_no_other_socket_binds_the_port_while_no_front_end_listens(broker_of: Any) -> None:
+@pytest.mark.parametrize("listen", ["127.0.0.1", "0.0.0.0"])
+def test_no_other_socket_binds_the_port_while_no_front_end_listens(broker_of: Any, listen: str) -> None:
     """Both front-ends killed (a crash): until they listen again the port is still held, so no
-    other program (another user's, or this user's without SO_REUSEPORT) takes the broker's clients."""
-    broker = broker_of()
+    other program (another user's, or this user's without SO_REUSEPORT) takes the broker's clients;
+    on a wildcard address, IPv6's too (gRPC listens there as [::], dual stack)."""
+    broker = broker_of(listen=f"{listen}:0", config={"allow_anonymous": True})
     assert broker.proc is not None
     pids = wait_for(lambda: _two_front_ends(broker), what="2 front-ends")
     host, port = broker.endpoint.rsplit(":", 1)
@@ -224,6 +226,8 @@ def test_no_other_socket_binds_the_port_while_no_front_end_listens(broker_of: An
         for pid in pids:
             wait_for(lambda pid=pid: _zombie(pid), 10, f"front-end {pid} to die")
         binds = [_try_bind(host, int(port), reuse_port=False)]
+        if listen == "0.0.0.0" and socket.has_ipv6:
+            binds.append(_try_bind_ipv6_only(int(port)))
         if os.geteuid() == 0:  # another user, even with SO_REUSEPORT
             binds.append(_try_bind_as_nobody(host, int(port)))
     finally:
@@ -252,6 +256,18 @@ def _try_bind(host: str, port: int, *, reuse_port: bool) -> str:
             other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             other.bind((host, port))
+            other.listen()
+        except OSError:
+            return "refused"
+    return "bound"
+
+
+def _try_bind_ipv6_only(port: int) -> str:
+    """An IPv6-only socket on [::] (on a host without IPv6 there is nothing to take: refused too)."""
+    with socket.socket(socket.AF_INET6) as other:
+        other.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            other.bind(("::", port))
             other.listen()
         except OSError:
             return "refused"

@@ -77,18 +77,34 @@ def check_port_free(host: str, port: int) -> int:
         return int(probe.getsockname()[1])
 
 
+#: Listen hosts that mean every address of the machine.
+_WILDCARDS: Final = frozenset({"0.0.0.0", "::"})
+
+
 def hold_port(host: str, port: int) -> list[socket.socket]:
     """Bind every address ``host`` names on ``port`` with ``SO_REUSEPORT`` (and not ``SO_REUSEADDR``)
     and never listen: while these are open only this user's ``SO_REUSEPORT`` sockets (the
     front-ends) can bind the port, whether or not a front-end listens (see the module's note)."""
     held: list[socket.socket] = []
     failure: OSError | None = None
-    for family, kind, proto, _, address in socket.getaddrinfo(
-        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    ):
-        hold = socket.socket(family, kind, proto)
+    bare = host.strip("[]")
+    addresses = [
+        (family, address)
+        for family, _, _, _, address in socket.getaddrinfo(
+            bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    ]
+    if bare in _WILDCARDS:
+        # gRPC listens on a wildcard address as [::] taking IPv4 too (dual stack) wherever the host
+        # has IPv6: held as 0.0.0.0 alone, [::] would be free for an IPv6-only socket of anyone's
+        dual = (socket.AF_INET6, ("::", port, 0, 0))
+        addresses = [dual, *(a for a in addresses if a != dual)]
+    for family, address in addresses:
+        hold = socket.socket(family, socket.SOCK_STREAM)
         try:
             hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6 and bare in _WILDCARDS:
+                hold.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             hold.bind(address)
         except OSError as exc:  # e.g. ::1 on a host without IPv6: the front-ends cannot bind it either
             hold.close()
