@@ -29,7 +29,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from siftmq.broker.config import BrokerConfig
 from siftmq.errors import SiftError
@@ -88,7 +88,7 @@ def hold_port(host: str, port: int) -> list[socket.socket]:
     held: list[socket.socket] = []
     failure: OSError | None = None
     bare = host.strip("[]")
-    addresses = [
+    addresses: list[tuple[int, Any]] = [
         (family, address)
         for family, _, _, _, address in socket.getaddrinfo(
             bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
