@@ -347,3 +347,24 @@ def test_strict_subscription_survives_a_restart(tmp_path: Path, monkeypatch: pyt
         broker.subscribe("C", "SIMPLE_CONSUMER", GROUP, [tag("tagB")])  # nobody came back: accepted
     finally:
         broker.close()
+
+
+def test_a_group_a_commit_could_not_write_is_not_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit's new group is written before it counts: when the groups file cannot be written the
+    commit is refused and the group not made, so the next commit writes it (before, the group stayed
+    in memory unwritten and later commits never wrote it)."""
+    manager = groups_module.GroupManager(tmp_path, max_groups=10)
+    real = groups_module.write_json
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(groups_module, "write_json", full_disk)
+    with pytest.raises(OSError):
+        manager.register("late")
+    assert manager.get("late") is None
+    monkeypatch.setattr(groups_module, "write_json", real)
+    manager.register("late")
+    assert groups_module.GroupManager(tmp_path).get("late") is not None  # written

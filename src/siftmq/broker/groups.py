@@ -134,7 +134,12 @@ class GroupManager:
         with self._lock:
             if group not in self._groups:
                 self._ensure(group)
-                self._save_locked()  # its offsets outlive a restart: so must its place in the count
+                try:
+                    self._save_locked()  # its offsets outlive a restart: so must its place in the count
+                except BaseException:
+                    # not written, not made: the commit is refused and the next one tries again
+                    del self._groups[group]
+                    raise
 
     def adopt(self, names: Iterable[str]) -> None:
         """Know the groups whose progress or offsets the broker loaded though the groups file lacks
