@@ -16,8 +16,9 @@ IDLE_CONNECTION_MS: Final = 5 * 60 * 1000
 #: A connection must finish its TLS and HTTP/2 handshake within this.
 HANDSHAKE_TIMEOUT_MS: Final = 20_000
 #: Calls open at once on one connection: beyond it a call is refused (REFUSED_STREAM), not queued.
-#: Room for a pull of every queue of the largest topic (1,024) at once; not much more, as gRPC core
-#: counts a stream the client reset until the server has let it go (HTTP/2 rapid reset: see below).
+#: Room for a pull of every queue of the largest topic (1,024, the default ``max_queue_nums``; a
+#: larger one would need this raised) at once; not much more, as gRPC core counts a stream the
+#: client reset until the server has let it go (HTTP/2 rapid reset: see below).
 MAX_STREAMS_PER_CONNECTION: Final = 1100
 #: Calls gRPC core holds for the server before the process takes them up, over every connection:
 #: past the soft bound it refuses new ones at random (CANCELLED), past the hard one all of them. At

@@ -259,7 +259,7 @@ async function guarded(gen, fn) {
     if (e instanceof ApiError && e.code === 401) showLogin("Log in to continue.");
     else if (e instanceof ApiError && e.code === 403 && !document.querySelector("main h1")) {
       page("Not allowed", h("p", { class: "error", role: "alert", id: "forbidden" }, e.message)); // nothing drawn yet
-    } else status(`Error: ${e.message}`);
+    } else status("Error: ", iso(e.message)); // the broker's messages quote the names clients chose
   }
 }
 
