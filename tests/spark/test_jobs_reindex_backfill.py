@@ -818,3 +818,65 @@ def test_reindex_keeps_the_offsets_of_a_queue_whose_last_record_was_lost(
         assert "rebuilding them all" not in broker.log()
     finally:
         assert broker.stop() == 0
+
+
+def zeroed_store(tmp_path: Path, segment_size: int = 8 * 1024 * 1024) -> tuple[Path, list[Any]]:
+    """A cleanly stopped store of 60 messages of T (queue 0) whose record 20 starts with a zeroed
+    512-byte sector: zeros where a record should start, with intact records after them."""
+    data_dir = tmp_path / "data"
+    cfg = StoreConfig(data_dir=data_dir / "store", commit_log_segment_size=segment_size)
+    with MessageStore.open(cfg) as store:
+        placed = [
+            store.put_message(Message("T", b"m%04d" % i * 50, queue_id=0, properties={"a": str(i)}))
+            for i in range(60)
+        ]
+    start = max(s for s in (int(p.name) for p in (data_dir / "store" / "commitlog").iterdir()))
+    with open(data_dir / "store" / "commitlog" / f"{start:020d}", "r+b") as f:
+        f.seek(placed[20].commit_log_offset - start)
+        f.write(bytes(512))
+    return data_dir, placed
+
+
+def register_sql(data_dir: Path) -> None:
+    registry = FilterRegistry(data_dir / "config", BloomFilter(), expire_s=3600)
+    registry.register("g", "T", compile_filter("SQL92", "a > 1"))
+    registry.save()
+
+
+def test_the_jobs_refuse_a_plan_that_ends_at_zeros_before_the_data_does(spark: Any, tmp_path: Path) -> None:
+    data_dir, placed = zeroed_store(tmp_path)
+    register_sql(data_dir)
+    store = data_dir / "store"
+    before = tree_files(store / "consumequeue"), tree_files(store / "consumequeue_ext")
+    for job in (
+        lambda: run_reindex(spark, data_dir),
+        lambda: run_backfill(spark, data_dir, "g", "T"),
+    ):
+        with pytest.raises(StoreError, match="store check") as caught:
+            job()
+        assert str(placed[20].commit_log_offset) in str(caught.value)
+        assert "start the broker" not in str(caught.value)
+    assert (tree_files(store / "consumequeue"), tree_files(store / "consumequeue_ext")) == before
+
+
+def test_the_jobs_refuse_a_missing_segment_file_without_advising_a_broker_start(
+    spark: Any, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    cfg = StoreConfig(
+        data_dir=data_dir / "store", commit_log_segment_size=64 * 1024, max_message_size=16 * 1024
+    )
+    with MessageStore.open(cfg) as store:
+        for i in range(400):
+            store.put_message(Message("T", b"m%04d" % i * 50, queue_id=i % 2, properties={"a": str(i)}))
+    register_sql(data_dir)
+    segments = sorted((data_dir / "store" / "commitlog").iterdir())
+    assert len(segments) >= 3
+    segments[1].unlink()
+    for job in (
+        lambda: run_reindex(spark, data_dir),
+        lambda: run_backfill(spark, data_dir, "g", "T"),
+    ):
+        with pytest.raises(StoreError, match="store check") as caught:
+            job()
+        assert "start the broker" not in str(caught.value) and segments[1].name in str(caught.value)

@@ -470,3 +470,24 @@ def test_intact_at_offsets_tells_records_from_damage_and_from_offsets_outside_th
     ]
     found = bulk.intact_at_offsets(data_dir, offsets)
     assert found == [True, True, False, False, True, None, None]
+
+
+def test_data_after_finds_what_follows_zeros_the_plan_took_for_the_end(tmp_path: Path) -> None:
+    """Zeros where a record should start in the last segment end the plan; the bytes that are not
+    zero after them show it stopped before the data did (the offline jobs refuse such a plan)."""
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 3000)
+    assert bulk.data_after(data_dir, bulk.plan_scan(data_dir).end_offset) is None
+    with open(last_segment(data_dir), "ab") as f:
+        f.write(bytes(4096))  # zeros only: the unwritten tail of a preallocated file
+    assert bulk.data_after(data_dir, bulk.plan_scan(data_dir).end_offset) is None
+    records = list(bulk.iter_records(data_dir))
+    seg = last_segment(data_dir)
+    victim = records[-20]
+    with open(seg, "r+b") as f:
+        f.seek(victim.commit_log_offset - int(seg.name))
+        f.write(bytes(512))  # a zeroed sector at a record's header
+    plan = bulk.plan_scan(data_dir)
+    assert plan.end_offset == victim.commit_log_offset
+    found = bulk.data_after(data_dir, plan.end_offset)
+    assert found is not None and victim.commit_log_offset + 512 <= found < records[-1].commit_log_offset

@@ -68,6 +68,7 @@ class JobContext:
     def plan(self) -> ScanPlan:
         """Plan the CommitLog's byte ranges (on this machine), reporting what was found."""
         from siftmq.spark.jobs.common import plan_commitlog, ranges_summary
+        from siftmq.store.bulk import LOG_GAP
 
         with _err.status("planning byte ranges of the commit log ..."):
             plan = plan_commitlog(self.spark, self.store_dir)
@@ -75,7 +76,13 @@ class JobContext:
         if plan.stop_reason is not None:
             note(
                 f"the commit log ends early ({plan.stop_reason}); "
-                + ("a broker is writing it" if self.in_use else "a torn tail the broker's recovery will cut")
+                + (
+                    "a broker is writing it"
+                    if self.in_use
+                    else "run `siftmq store check`: a missing segment file is not settled by the broker"
+                    if plan.stop_reason.endswith(LOG_GAP)
+                    else "a torn tail the broker's recovery will cut"
+                )
             )
         return plan
 

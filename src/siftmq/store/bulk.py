@@ -58,11 +58,13 @@ __all__ = [
     "DEFAULT_BATCH_BYTES",
     "DEFAULT_BATCH_ROWS",
     "DEFAULT_TARGET_BYTES",
+    "LOG_GAP",
     "RECORD_SCHEMA",
     "ByteRange",
     "RowFilter",
     "ScanPlan",
     "commit_log_dir",
+    "data_after",
     "intact_at_offsets",
     "iter_records",
     "merge_ranges",
@@ -75,6 +77,9 @@ _SIZE_MAGIC = struct.Struct(">ii")
 _MAGIC: Final = codec.MESSAGE_MAGIC_CODE
 _BLANK: Final = codec.BLANK_MAGIC_CODE
 _MIN_RECORD: Final = codec.MIN_RECORD_SIZE
+_ZERO_CHECK_CHUNK: Final = 4 * 1024 * 1024
+#: ends the ``stop_reason`` of a plan stopped by a segment file missing between two others
+LOG_GAP: Final = "the log has a gap"
 
 DEFAULT_TARGET_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_BATCH_ROWS: Final = 65536
@@ -199,9 +204,12 @@ def plan_scan(
             capacity = pos
             last_end = seg_start + capacity
             if next_start is not None and next_start != seg_start + capacity:
+                missing = ", ".join(
+                    segment_name(s) for s in range(seg_start + capacity, next_start, capacity)
+                )
                 stop = (
                     f"segment {segment_name(seg_start)} ends at offset {seg_start + capacity} but the "
-                    f"next one starts at {next_start}: the log has a gap"
+                    f"next one starts at {next_start} (segment file(s) {missing} missing): {LOG_GAP}"
                 )
                 break
             continue
@@ -219,6 +227,29 @@ def plan_scan(
             stop = f"{reason} at offset {seg_start + pos}"
         break
     return ScanPlan(tuple(ranges), planned_start, last_end, records, total, stop, tuple(damaged))
+
+
+def data_after(store_dir: Path, offset: int) -> int | None:
+    """The CommitLog offset of the first byte that is not zero at or after ``offset``, in the
+    segment file holding it or a later one; None when nothing but zeros follows.
+
+    A plan ends at the first zero header of the last segment (see :func:`plan_scan`); a byte that
+    is not zero after it means the plan stopped before the data did.
+    """
+    for seg_start, _next_start, path, _size, first_pos in _segments_from(store_dir, offset):
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            continue
+        with f:
+            f.seek(first_pos)
+            at = first_pos
+            while chunk := f.read(_ZERO_CHECK_CHUNK):
+                stripped = chunk.lstrip(b"\0")
+                if stripped:
+                    return seg_start + at + len(chunk) - len(stripped)
+                at += len(chunk)
+    return None
 
 
 def plan_ranges(

@@ -80,7 +80,7 @@ from siftmq.spark.jobs.common import (
 )
 from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec, specs_by_topic
 from siftmq.store import StoreConfig, tags_code_of
-from siftmq.store.bulk import ByteRange, ScanPlan, plan_scan, read_range
+from siftmq.store.bulk import LOG_GAP, ByteRange, ScanPlan, data_after, plan_scan, read_range
 from siftmq.store.codec import check_topic_name
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue, encode_entry_columns
 from siftmq.store.offline import (
@@ -148,10 +148,27 @@ def checked_plan(
                 f"the commit log in {store_dir} changed after it was planned (did a broker run?); "
                 f"run {job} again"
             )
+    if plan.stop_reason is not None and plan.stop_reason.endswith(LOG_GAP):
+        # the broker keeps serving the segments after a missing file: starting it settles nothing
+        raise StoreError(
+            f"the commit log in {store_dir} misses a segment file ({plan.stop_reason}); {job} cannot "
+            "read past it. Run `siftmq store check` to see which file is missing, and put it back if "
+            "a copy exists"
+        )
     if plan.stop_reason is not None:
         raise StoreError(
             f"the commit log in {store_dir} does not end cleanly ({plan.stop_reason}); "
             f"start the broker once so its recovery settles the log, then run {job} again"
+        )
+    found = data_after(store_dir, plan.end_offset)
+    if found is not None:
+        # a cleanly stopped log is all data: zeros with data after them are damage the plan took
+        # for the log's end; the job would leave out every record after them
+        raise StoreError(
+            f"the commit log in {store_dir} holds zeros where a record should start at offset "
+            f"{plan.end_offset}, with data after them (at offset {found}): the plan ends there, "
+            f"before the log does, and {job} would leave out the records after it. Run "
+            "`siftmq store check` to see the damage"
         )
     return plan
 
