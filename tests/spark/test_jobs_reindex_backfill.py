@@ -31,7 +31,7 @@ from siftmq.spark.jobs.common import plan_commitlog
 from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec
 from siftmq.spark.jobs.reindex import run_reindex, store_layout, write_queues
 from siftmq.store import CqExtUnit, Message, MessageStore, StoreConfig
-from siftmq.store.bulk import iter_records
+from siftmq.store.bulk import iter_records, plan_scan
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, encode_entry_columns
 from siftmq.store.offline import (
     JOURNAL_FILE,
@@ -843,40 +843,78 @@ def register_sql(data_dir: Path) -> None:
     registry.save()
 
 
-def test_the_jobs_refuse_a_plan_that_ends_at_zeros_before_the_data_does(spark: Any, tmp_path: Path) -> None:
-    data_dir, placed = zeroed_store(tmp_path)
-    register_sql(data_dir)
-    store = data_dir / "store"
-    before = tree_files(store / "consumequeue"), tree_files(store / "consumequeue_ext")
-    for job in (
-        lambda: run_reindex(spark, data_dir),
-        lambda: run_backfill(spark, data_dir, "g", "T"),
-    ):
-        with pytest.raises(StoreError, match="store check") as caught:
-            job()
-        assert str(placed[20].commit_log_offset) in str(caught.value)
-        assert "start the broker" not in str(caught.value)
-    assert (tree_files(store / "consumequeue"), tree_files(store / "consumequeue_ext")) == before
+def readable(cfg: StoreConfig, queues: int = 1) -> dict[tuple[int, int], bytes]:
+    """What the broker's store serves of topic T: (queue, queue offset) -> body."""
+    got: dict[tuple[int, int], bytes] = {}
+    with MessageStore.open(cfg) as store:
+        for queue_id in range(queues):
+            offset, end = 0, store.get_max_offset_in_queue("T", queue_id)
+            while offset < end:
+                res = store.get_messages("g", "T", queue_id, offset, 64)
+                got.update({(m.queue_id, m.queue_offset): m.body for m in res.messages})
+                if res.next_begin_offset <= offset:
+                    break
+                offset = res.next_begin_offset
+    return got
 
 
-def test_the_jobs_refuse_a_missing_segment_file_without_advising_a_broker_start(
+def test_reindex_and_backfill_pass_over_zeros_with_intact_records_after_them(
     spark: Any, tmp_path: Path
 ) -> None:
+    """Zeros where a record should start in a cleanly stopped store are damage to the jobs, as to
+    the broker: the records they hit get fillers, and the intact records after them keep their
+    queue offsets (the plan used to end at the zeros, and reindex then filled those offsets)."""
+    data_dir, placed = zeroed_store(tmp_path)
+    register_sql(data_dir)
+    cfg = StoreConfig(data_dir=data_dir / "store", commit_log_segment_size=8 * 1024 * 1024)
+    victim = placed[20].commit_log_offset
+    lost = [r for r in placed if victim <= r.commit_log_offset < victim + 512]
+    before = readable(cfg)  # the broker passes over the zeros, and keeps them
+    assert len(before) == len(placed) - len(lost) and len(lost) >= 1
+    result = run_reindex(spark, data_dir)
+    assert (result.records, result.filled, result.tail_filled) == (len(before), len(lost), 0)
+    assert [offset for offset, _ in result.damaged] == [victim]
+    assert readable(cfg) == before
+    done = run_backfill(spark, data_dir, "g", "T")
+    assert (done.records, done.lost_to_damage) == (len(before), len(lost))
+    assert readable(cfg) == before
+
+
+def test_reindex_and_backfill_pass_over_a_missing_segment_file(spark: Any, tmp_path: Path) -> None:
+    """The broker serves the segments after a missing file; the jobs read them too, and the records
+    of the missing file get fillers (the plan used to end at the gap, and the jobs refused)."""
     data_dir = tmp_path / "data"
     cfg = StoreConfig(
         data_dir=data_dir / "store", commit_log_segment_size=64 * 1024, max_message_size=16 * 1024
     )
     with MessageStore.open(cfg) as store:
-        for i in range(400):
+        placed = [
             store.put_message(Message("T", b"m%04d" % i * 50, queue_id=i % 2, properties={"a": str(i)}))
+            for i in range(400)
+        ]
     register_sql(data_dir)
     segments = sorted((data_dir / "store" / "commitlog").iterdir())
     assert len(segments) >= 3
     segments[1].unlink()
-    for job in (
-        lambda: run_reindex(spark, data_dir),
-        lambda: run_backfill(spark, data_dir, "g", "T"),
-    ):
-        with pytest.raises(StoreError, match="store check") as caught:
-            job()
-        assert "start the broker" not in str(caught.value) and segments[1].name in str(caught.value)
+    missing = range(int(segments[1].name), int(segments[2].name))
+    lost = [r for r in placed if r.commit_log_offset in missing]
+    before = readable(cfg, queues=2)
+    assert len(before) == len(placed) - len(lost) and lost
+    result = run_reindex(spark, data_dir)
+    assert (result.records, result.filled, result.tail_filled) == (len(before), len(lost), 0)
+    assert result.damaged == ((missing.start, missing.stop - missing.start),)
+    assert readable(cfg, queues=2) == before
+    done = run_backfill(spark, data_dir, "g", "T")
+    assert (done.records, done.lost_to_damage) == (len(before), len(lost))
+    assert readable(cfg, queues=2) == before
+
+
+def test_a_plan_that_ends_before_the_data_does_is_refused(spark: Any, tmp_path: Path) -> None:
+    """A plan handed to a job that ends at zeros with data after them leaves records out: refused."""
+    data_dir, placed = zeroed_store(tmp_path)
+    store = data_dir / "store"
+    short = plan_scan(store, end_offset=placed[20].commit_log_offset, stopped_cleanly=True)
+    assert short.stop_reason is None
+    with pytest.raises(StoreError, match="store check") as caught:
+        run_reindex(spark, data_dir, plan=short)
+    assert str(placed[20].commit_log_offset) in str(caught.value)

@@ -491,3 +491,50 @@ def test_data_after_finds_what_follows_zeros_the_plan_took_for_the_end(tmp_path:
     assert plan.end_offset == victim.commit_log_offset
     found = bulk.data_after(data_dir, plan.end_offset)
     assert found is not None and victim.commit_log_offset + 512 <= found < records[-1].commit_log_offset
+
+
+def test_a_cleanly_stopped_log_passes_over_zeros_with_data_after_them(tmp_path: Path) -> None:
+    """Planned as stopped cleanly (every file cut back to its data), zeros where a record should
+    start are damage, as the broker's recovery takes them: the plan goes on at the next intact
+    record. Zeros to the end of the last file are a torn tail there; a broker may be writing a log
+    planned otherwise, so that plan still ends at the zeros."""
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 3000)
+    records = list(bulk.iter_records(data_dir))
+    seg = last_segment(data_dir)
+    victim = records[-20]
+    with open(seg, "r+b") as f:
+        f.seek(victim.commit_log_offset - int(seg.name))
+        f.write(bytes(512))
+    lost = [
+        m for m in records if victim.commit_log_offset <= m.commit_log_offset < victim.commit_log_offset + 512
+    ]
+    plan = bulk.plan_scan(data_dir, target_bytes=50_000, stopped_cleanly=True)
+    assert plan.stop_reason is None and plan.stopped_cleanly
+    assert plan.records == len(records) - len(lost)
+    assert [offset for offset, _ in plan.damaged] == [victim.commit_log_offset]
+    gone = {m.commit_log_offset for m in lost}
+    assert normalized(read_rows(list(plan.ranges))) == [
+        as_reference(m) for m in records if m.commit_log_offset not in gone
+    ]
+    assert bulk.plan_scan(data_dir).end_offset == victim.commit_log_offset  # a live log's plan
+    with open(seg, "ab") as f:
+        f.write(bytes(4096))
+    plan = bulk.plan_scan(data_dir, stopped_cleanly=True)
+    assert plan.stop_reason is not None and "zeros" in plan.stop_reason
+    assert plan.end_offset == records[-1].commit_log_offset + records[-1].store_size
+
+
+def test_a_cleanly_stopped_log_passes_over_a_missing_segment_file(tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    write_store(data_dir, 3000)
+    records = list(bulk.iter_records(data_dir))
+    starts = list_segment_starts(data_dir / "commitlog")
+    assert len(starts) >= 3
+    (data_dir / "commitlog" / segment_name(starts[1])).unlink()
+    plan = bulk.plan_scan(data_dir, target_bytes=50_000, stopped_cleanly=True)
+    assert plan.stop_reason is None
+    assert plan.damaged == ((starts[1], starts[2] - starts[1]),)
+    kept = [m for m in records if not starts[1] <= m.commit_log_offset < starts[2]]
+    assert plan.records == len(kept) < len(records)
+    assert normalized(read_rows(list(plan.ranges))) == [as_reference(m) for m in kept]

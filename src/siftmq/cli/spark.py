@@ -65,13 +65,16 @@ class JobContext:
     spark: Any
     in_use: bool
 
-    def plan(self) -> ScanPlan:
-        """Plan the CommitLog's byte ranges (on this machine), reporting what was found."""
+    def plan(self, *, stopped_cleanly: bool = False) -> ScanPlan:
+        """Plan the CommitLog's byte ranges (on this machine), reporting what was found.
+
+        ``stopped_cleanly`` for the jobs that refuse a store not closed cleanly (reindex, backfill):
+        the log is planned as the broker's recovery scans it (see :func:`siftmq.store.bulk.plan_scan`)."""
         from siftmq.spark.jobs.common import plan_commitlog, ranges_summary
         from siftmq.store.bulk import LOG_GAP
 
         with _err.status("planning byte ranges of the commit log ..."):
-            plan = plan_commitlog(self.spark, self.store_dir)
+            plan = plan_commitlog(self.spark, self.store_dir, stopped_cleanly=stopped_cleanly)
         _err.print(f"planned {ranges_summary(plan.ranges)}: {plan.records} records", markup=False)
         if plan.stop_reason is not None:
             note(
@@ -300,7 +303,7 @@ def reindex(data_dir: DataDirOption, master: MasterOption = DEFAULT_MASTER) -> N
     with spark_job(data_dir, master, "reindex", allow_open_store=False) as job:
         from siftmq.spark.jobs.reindex import run_reindex
 
-        plan = job.plan()
+        plan = job.plan(stopped_cleanly=True)
         with job.progress("rebuilding the consume queues") as update:
             result = run_reindex(job.spark, data_dir, plan=plan, on_progress=update)
     table = Table(title=f"reindex of {escape(str(data_dir))}")
@@ -337,7 +340,7 @@ def backfill(
     with spark_job(data_dir, master, "backfill", allow_open_store=False) as job:
         from siftmq.spark.jobs.backfill import run_backfill
 
-        plan = job.plan()
+        plan = job.plan(stopped_cleanly=True)
         with job.progress(f"backfilling {group}#{topic}") as update:
             result = run_backfill(job.spark, data_dir, group, topic, plan=plan, on_progress=update)
     import datetime

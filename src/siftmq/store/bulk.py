@@ -9,7 +9,9 @@ files directly instead of asking a broker. The work is split in two steps:
   segment's end-of-segment blank marker and, for the whole log, at its end: the end of the last
   file, or the first all-zero header (the preallocated tail of the segment a broker is writing,
   see :mod:`siftmq.store.segment`). It stops early, saying why, at the first other header that is
-  not a complete record: the torn tail of a log that crashed, or damage.
+  not a complete record: the torn tail of a log that crashed, or damage. Planning a cleanly stopped
+  store (``stopped_cleanly``, the offline jobs that rewrite its indexes), zeros where a record should
+  start and a missing segment file are damage passed over instead, as the broker's recovery does.
 * :func:`read_range` (a worker) maps one range's segment file read-only and decodes it in chunks
   of ``batch_rows`` records into :class:`pyarrow.RecordBatch` objects of :data:`RECORD_SCHEMA`
   (the decoder is :mod:`siftmq.store.bulk_decode`): a numpy gather of the fixed 92-byte headers,
@@ -121,6 +123,8 @@ class ScanPlan:
     bytes: int
     stop_reason: str | None
     damaged: tuple[tuple[int, int], ...] = ()
+    #: planned as a cleanly stopped log (see :func:`plan_scan`)
+    stopped_cleanly: bool = False
 
 
 def commit_log_dir(store_dir: Path) -> Path:
@@ -159,6 +163,7 @@ def plan_scan(
     target_bytes: int = DEFAULT_TARGET_BYTES,
     start_offset: int = 0,
     end_offset: int | None = None,
+    stopped_cleanly: bool = False,
 ) -> ScanPlan:
     """Walk the CommitLog of ``store_dir`` (a MessageStore directory) and cut it into byte ranges.
 
@@ -168,6 +173,14 @@ def plan_scan(
     range's start. A ``start_offset`` at or past the end of the log plans nothing; one that is
     not at a complete record ends the plan there (``stop_reason`` says why). Raises
     :class:`StoreError` when there is no CommitLog directory.
+
+    ``stopped_cleanly`` is for a store no broker has open and that was closed cleanly (the offline
+    jobs hold it with :func:`~siftmq.store.offline.open_offline`), planned as the broker's recovery
+    scans it: a clean stop cuts every file back to its data, so a zero header there is damage like
+    any other bad header (passed over to the next intact record; with none after it in the last
+    segment, a torn tail), and a segment file missing between two others is a damaged range, not
+    the end of the plan. Without it (a broker may be writing the log), a zero header in the last
+    segment is where the data ends: a record being written has its header written last.
     """
     if target_bytes < 1:
         raise ValueError("target_bytes must be positive")
@@ -196,6 +209,7 @@ def plan_scan(
             target_bytes=target_bytes,
             capacity=capacity,
             damaged=damaged,
+            zeros_are_damage=stopped_cleanly,
         )
         ranges.extend(seg_ranges)
         records += n
@@ -203,7 +217,11 @@ def plan_scan(
         if reason == "blank":
             capacity = pos
             last_end = seg_start + capacity
-            if next_start is not None and next_start != seg_start + capacity:
+            if next_start is not None and next_start != seg_start + capacity and stopped_cleanly:
+                # the broker serves the segments after a missing file: only its bytes are lost
+                damaged.append((seg_start + capacity, next_start - seg_start - capacity))
+                last_end = next_start
+            elif next_start is not None and next_start != seg_start + capacity:
                 missing = ", ".join(
                     segment_name(s) for s in range(seg_start + capacity, next_start, capacity)
                 )
@@ -215,6 +233,9 @@ def plan_scan(
             continue
         last_end = seg_start + pos
         if reason == "damaged" and next_start is not None:
+            file_end = seg_start + _file_size(path)
+            if stopped_cleanly and file_end < next_start:  # and the files missing after it
+                damaged.append((file_end, next_start - file_end))
             last_end = next_start
             continue  # nothing intact after the damage in this segment: the next one goes on
         if reason == "limit":
@@ -226,7 +247,9 @@ def plan_scan(
         else:
             stop = f"{reason} at offset {seg_start + pos}"
         break
-    return ScanPlan(tuple(ranges), planned_start, last_end, records, total, stop, tuple(damaged))
+    return ScanPlan(
+        tuple(ranges), planned_start, last_end, records, total, stop, tuple(damaged), stopped_cleanly
+    )
 
 
 def data_after(store_dir: Path, offset: int) -> int | None:
@@ -292,6 +315,7 @@ def _walk_segment(
     target_bytes: int,
     capacity: int | None,
     damaged: list[tuple[int, int]],
+    zeros_are_damage: bool = False,
 ) -> tuple[list[ByteRange], int, int, str]:
     """Walk one segment's records from ``pos``; returns (ranges, stop position, records, why).
 
@@ -302,7 +326,8 @@ def _walk_segment(
 
     A bad header followed by an intact record (or the blank marker) in the segment is passed over
     and appended to ``damaged``; with nothing intact after it, a segment before the last
-    (``capacity`` known) ends with ``"damaged"``, the last one stops there (a torn tail).
+    (``capacity`` known) ends with ``"damaged"``, the last one stops there (a torn tail). With
+    ``zeros_are_damage`` (a cleanly stopped log) a zero header is a bad header too.
     """
     ranges: list[ByteRange] = []
     if size - pos < 8:
@@ -324,12 +349,15 @@ def _walk_segment(
                 break
             total_size, magic = unpack(mm, pos)
             if magic != _MAGIC:
-                if total_size == 0 and magic == 0:
+                if total_size == 0 and magic == 0 and not zeros_are_damage:
                     break  # "end": the preallocated tail of the segment being written
                 if magic == _BLANK and total_size >= codec.BLANK_MARKER_SIZE:
                     why = "blank"
                     break
-                problem = f"bad magic code {magic & 0xFFFFFFFF:#x}"
+                if total_size == 0 and magic == 0:
+                    problem = "zeros where a record should start (a cleanly stopped file is all data)"
+                else:
+                    problem = f"bad magic code {magic & 0xFFFFFFFF:#x}"
             elif total_size < _MIN_RECORD or pos + total_size > size:
                 problem = (
                     "torn record" if total_size >= _MIN_RECORD else f"implausible record size {total_size}"

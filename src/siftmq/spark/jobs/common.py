@@ -242,17 +242,26 @@ def plan_commitlog(
     target_bytes: int | None = None,
     start_offset: int = 0,
     end_offset: int | None = None,
+    stopped_cleanly: bool = False,
 ) -> ScanPlan:
-    """:func:`siftmq.store.bulk.plan_scan` on the driver; ``target_bytes`` None sizes ranges for the
-    session's parallelism (:func:`auto_target_bytes`): the log is planned in 1 MiB ranges, which
-    are then joined, as the files' sizes overstate a log a broker is writing (its last segment
-    is preallocated)."""
+    """:func:`siftmq.store.bulk.plan_scan` on the driver (``stopped_cleanly`` as there);
+    ``target_bytes`` None sizes ranges for the session's parallelism (:func:`auto_target_bytes`):
+    the log is planned in 1 MiB ranges, which are then joined, as the files' sizes overstate a log
+    a broker is writing (its last segment is preallocated)."""
     if target_bytes is not None:
         return bulk.plan_scan(
-            store_dir, target_bytes=target_bytes, start_offset=start_offset, end_offset=end_offset
+            store_dir,
+            target_bytes=target_bytes,
+            start_offset=start_offset,
+            end_offset=end_offset,
+            stopped_cleanly=stopped_cleanly,
         )
     plan = bulk.plan_scan(
-        store_dir, target_bytes=MIN_TARGET_BYTES, start_offset=start_offset, end_offset=end_offset
+        store_dir,
+        target_bytes=MIN_TARGET_BYTES,
+        start_offset=start_offset,
+        end_offset=end_offset,
+        stopped_cleanly=stopped_cleanly,
     )
     target = auto_target_bytes(plan.bytes, spark.sparkContext.defaultParallelism)
     return replace(plan, ranges=bulk.merge_ranges(plan.ranges, target))

@@ -80,7 +80,7 @@ from siftmq.spark.jobs.common import (
 )
 from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec, specs_by_topic
 from siftmq.store import StoreConfig, tags_code_of
-from siftmq.store.bulk import LOG_GAP, ByteRange, ScanPlan, data_after, plan_scan, read_range
+from siftmq.store.bulk import ByteRange, ScanPlan, data_after, plan_scan, read_range
 from siftmq.store.codec import check_topic_name
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue, encode_entry_columns
 from siftmq.store.offline import (
@@ -133,11 +133,14 @@ def checked_plan(
 ) -> ScanPlan:
     """``plan``, or a new plan of the whole log; refuses a log that does not end cleanly.
 
-    A ``plan`` made before the job took the store's lock is checked to still end where the log
-    ends (nothing was appended in between).
+    Called with the store held offline (closed cleanly, no broker): the log is planned as the
+    broker's recovery scans it (``stopped_cleanly``: zeros with data after them and a missing
+    segment file are damage passed over). A ``plan`` made that way before the job took the store's
+    lock is checked to still end where the log ends (nothing was appended in between); one made
+    otherwise is planned again.
     """
-    if plan is None:
-        plan = plan_commitlog(spark, store_dir, target_bytes=target_bytes)
+    if plan is None or not plan.stopped_cleanly:
+        plan = plan_commitlog(spark, store_dir, target_bytes=target_bytes, stopped_cleanly=True)
     elif plan.stop_reason is None:
         try:
             tail = plan_scan(store_dir, start_offset=plan.end_offset).records
@@ -148,13 +151,6 @@ def checked_plan(
                 f"the commit log in {store_dir} changed after it was planned (did a broker run?); "
                 f"run {job} again"
             )
-    if plan.stop_reason is not None and plan.stop_reason.endswith(LOG_GAP):
-        # the broker keeps serving the segments after a missing file: starting it settles nothing
-        raise StoreError(
-            f"the commit log in {store_dir} misses a segment file ({plan.stop_reason}); {job} cannot "
-            "read past it. Run `siftmq store check` to see which file is missing, and put it back if "
-            "a copy exists"
-        )
     if plan.stop_reason is not None:
         raise StoreError(
             f"the commit log in {store_dir} does not end cleanly ({plan.stop_reason}); "
@@ -162,13 +158,12 @@ def checked_plan(
         )
     found = data_after(store_dir, plan.end_offset)
     if found is not None:
-        # a cleanly stopped log is all data: zeros with data after them are damage the plan took
-        # for the log's end; the job would leave out every record after them
+        # a plan handed in that ends before the data does (planned to an end offset, say): the
+        # job would leave out every record after its end
         raise StoreError(
-            f"the commit log in {store_dir} holds zeros where a record should start at offset "
-            f"{plan.end_offset}, with data after them (at offset {found}): the plan ends there, "
-            f"before the log does, and {job} would leave out the records after it. Run "
-            "`siftmq store check` to see the damage"
+            f"the commit log in {store_dir} holds data at offset {found}, after the end of the plan "
+            f"at offset {plan.end_offset}: {job} would leave out the records after it. Run "
+            "`siftmq store check` to see whether the log is damaged there"
         )
     return plan
 
