@@ -5,6 +5,7 @@ port left free while no front-end listened, and a refused call's client id forgi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -14,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +35,9 @@ PATHS = {rpc.name: rpc.path for rpc in RPCS}
 
 
 @pytest.fixture
-def broker_of(tmp_path: Path) -> Iterator[Any]:
-    started: list[BrokerProcess] = []
-
-    def start(name: str = "data", **kwargs: Any) -> BrokerProcess:
-        broker = BrokerProcess(tmp_path / name, workers=2, **kwargs).start()
-        started.append(broker)
-        return broker
-
-    yield start
-    for broker in started:
-        if broker.proc is not None and broker.proc.poll() is None:
-            broker.kill()
+def broker_of(start_broker: Any) -> Any:
+    """``start_broker`` with two front-ends."""
+    return functools.partial(start_broker, workers=2)
 
 
 def front_end_pids(core_pid: int) -> list[int]:
