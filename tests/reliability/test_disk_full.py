@@ -252,10 +252,14 @@ def test_a_group_deletion_the_disk_refuses_keeps_the_groups_position(
     assert broker.stop() == 0
 
 
-def test_a_store_killed_mid_write_opens_on_a_full_disk(small_disk: Path) -> None:
+def test_a_store_killed_mid_write_opens_on_a_full_disk(
+    small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A kill -9 leaves the unwritten zeros of a segment allocated ahead; recovery drops them, which
     cuts no record. Before, that counted as a cut: recovery wrote its note of handed-out queue
-    offsets first, and on a full disk the store could not open."""
+    offsets first, and on a full disk the store could not open. The disk keeps room for the index
+    entries the kill left unwritten (how many depends on where it lands: recovery must write them,
+    full disk or not), and the note must not be written."""
     import signal
     import subprocess
     import sys
@@ -275,7 +279,17 @@ def test_a_store_killed_mid_write_opens_on_a_full_disk(small_disk: Path) -> None
         if line.startswith("ack ") and len(line.split()) == 7
     ]
     assert acked
-    ballast = _fill_but(small_disk, 0)
+    from siftmq.store import recovery
+
+    noted: list[bool] = []
+    ensure = recovery._TakenNote.ensure
+
+    def noting(note: recovery._TakenNote) -> None:
+        noted.append(True)
+        ensure(note)
+
+    monkeypatch.setattr(recovery._TakenNote, "ensure", noting)
+    ballast = _fill_but(small_disk, 256 * 1024)
     try:
         cfg = StoreConfig(
             data,
@@ -286,5 +300,6 @@ def test_a_store_killed_mid_write_opens_on_a_full_disk(small_disk: Path) -> None
         with MessageStore.open(cfg) as store:
             for fields in acked:
                 assert store.look_message_by_offset(int(fields[4])) is not None
+        assert not noted  # nothing was cut: no note of handed-out offsets
     finally:
         ballast.unlink()
