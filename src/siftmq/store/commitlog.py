@@ -471,9 +471,8 @@ class CommitLog:
             if seg.start_offset + seg.length <= from_offset and seg is not segments[-1]:
                 continue
             if i:
-                for start in range(
-                    segments[i - 1].start_offset + self.segment_size, seg.start_offset, self.segment_size
-                ):
+                gap = [segments[i - 1].start_offset, seg.start_offset]
+                for start in missing_starts(gap, self.segment_size):
                     if start + self.segment_size > from_offset:
                         self.damaged.append(
                             DamagedRange(start, self.segment_size, MISSING_SEGMENT, segment_name(start), 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
@@ -111,10 +112,16 @@ def _find_all(data: bytes, pattern: bytes) -> list[int]:
 
 def in_damaged(positions: npt.NDArray[np.int64], damaged: list[DamagedRange]) -> npt.NDArray[np.bool_]:
     """Which commit log ``positions`` fall inside one of the ``damaged`` ranges (in log order)."""
-    if not damaged:
+    return in_spans(positions, [(d.offset, d.length) for d in damaged])
+
+
+def in_spans(positions: npt.NDArray[np.int64], spans: Sequence[tuple[int, int]]) -> npt.NDArray[np.bool_]:
+    """Which commit log ``positions`` fall inside one of the ``(offset, length)`` ``spans`` (in log
+    order, not overlapping)."""
+    if not spans:
         return np.zeros(len(positions), dtype=np.bool_)
-    starts = np.array([d.offset for d in damaged], dtype=np.int64)
-    ends = starts + np.array([d.length for d in damaged], dtype=np.int64)
+    starts = np.array([offset for offset, _ in spans], dtype=np.int64)
+    ends = starts + np.array([length for _, length in spans], dtype=np.int64)
     at = np.searchsorted(starts, positions, side="right") - 1
     return (at >= 0) & (positions < ends[np.maximum(at, 0)])
 

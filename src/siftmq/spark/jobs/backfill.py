@@ -70,6 +70,7 @@ from siftmq.spark.jobs.reindex import (
 from siftmq.store.bulk import ByteRange, ScanPlan, intact_at_offsets, read_range
 from siftmq.store.consumequeue import CQ_DTYPE, filler_entries
 from siftmq.store.consumequeue_ext import ConsumeQueueExt
+from siftmq.store.damage import in_spans
 from siftmq.store.offline import (
     CONSUME_QUEUE_EXT_DIR,
     JOURNAL_FILE,
@@ -143,8 +144,7 @@ class _LogView:
     def __init__(self, store_dir: Path, span: tuple[int, int], damaged: tuple[tuple[int, int], ...]) -> None:
         self.store_dir = store_dir
         self.start, self.end = span
-        self.damaged_starts = np.array([offset for offset, _ in damaged], dtype=np.int64)
-        self.damaged_ends = self.damaged_starts + np.array([length for _, length in damaged], dtype=np.int64)
+        self.damaged = damaged
 
     def lost(self, entries: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
         """Which ConsumeQueue ``entries`` stand for records lost to damage: fillers, and entries
@@ -152,9 +152,7 @@ class _LogView:
         pointing at an intact record, or outside the log, does not."""
         offsets = entries["commit_log_offset"].astype(np.int64)
         lost = filler_entries(entries)
-        if len(self.damaged_starts):
-            at = np.searchsorted(self.damaged_starts, offsets, side="right") - 1
-            lost |= (at >= 0) & (offsets < self.damaged_ends[np.maximum(at, 0)])
+        lost |= in_spans(offsets, self.damaged)
         check = np.flatnonzero(~lost & (offsets >= self.start) & (offsets < self.end))
         if len(check):
             intact = intact_at_offsets(self.store_dir, offsets[check].tolist())
