@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 from siftmq.errors import StoreError
 from siftmq.store import codec, decoding
 from siftmq.store.bulk_decode import RECORD_SCHEMA, RowFilter, _decode_map, _MappedRange
-from siftmq.store.damage import intact_at, next_intact
+from siftmq.store.damage import first_nonzero, intact_at, next_intact
 from siftmq.store.segment import list_segment_starts, segment_name
 from siftmq.store.tombstones import read_tombstones
 
@@ -79,7 +79,6 @@ _SIZE_MAGIC = struct.Struct(">ii")
 _MAGIC: Final = codec.MESSAGE_MAGIC_CODE
 _BLANK: Final = codec.BLANK_MAGIC_CODE
 _MIN_RECORD: Final = codec.MIN_RECORD_SIZE
-_ZERO_CHECK_CHUNK: Final = 4 * 1024 * 1024
 #: ends the ``stop_reason`` of a plan stopped by a segment file missing between two others
 LOG_GAP: Final = "the log has a gap"
 
@@ -259,19 +258,17 @@ def data_after(store_dir: Path, offset: int) -> int | None:
     A plan ends at the first zero header of the last segment (see :func:`plan_scan`); a byte that
     is not zero after it means the plan stopped before the data did.
     """
-    for seg_start, _next_start, path, _size, first_pos in _segments_from(store_dir, offset):
+    for seg_start, _next_start, path, size, first_pos in _segments_from(store_dir, offset):
+        if first_pos >= size:
+            continue  # nothing there (a file gone or empty included: mmap takes no empty file)
         try:
             f = open(path, "rb")  # noqa: SIM115 - closed below
         except FileNotFoundError:
             continue
-        with f:
-            f.seek(first_pos)
-            at = first_pos
-            while chunk := f.read(_ZERO_CHECK_CHUNK):
-                stripped = chunk.lstrip(b"\0")
-                if stripped:
-                    return seg_start + at + len(chunk) - len(stripped)
-                at += len(chunk)
+        with f, _map_file(f.fileno(), path) as mm:
+            found = first_nonzero(_MappedRange(mm, seg_start, len(mm)), first_pos)
+        if found is not None:
+            return seg_start + found
     return None
 
 

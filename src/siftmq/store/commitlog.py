@@ -28,7 +28,14 @@ from siftmq.durable import fsync_dir
 from siftmq.errors import CorruptRecordError, MessageTooLargeError, StoreError
 from siftmq.store import codec, decoding
 from siftmq.store.codec import EncodedBatch, EncodedParts, StoredMessage
-from siftmq.store.damage import QUARANTINE_DIR, DamagedRange, damaged_range, intact_at, next_intact
+from siftmq.store.damage import (
+    QUARANTINE_DIR,
+    DamagedRange,
+    damaged_range,
+    first_nonzero,
+    intact_at,
+    next_intact,
+)
 from siftmq.store.segment import Segment, list_segment_starts, missing_starts, segment_name
 
 _log = logging.getLogger(__name__)
@@ -611,13 +618,7 @@ class CommitLog:
         """Whether every byte from ``pos`` to the end of ``seg``'s file is zero: only then can they
         be the unwritten rest of a preallocated segment (a record whose body is zeros, after a
         zeroed sector, looks unwritten for as long as its body lasts)."""
-        at = pos
-        while at < seg.length:
-            chunk = seg.read(at, _SCAN_CHUNK)
-            if chunk.strip(b"\0"):
-                return False
-            at += len(chunk)
-        return True
+        return first_nonzero(seg, pos) is None
 
     def truncate(self, offset: int) -> None:
         """Drop everything from ``offset`` on (deleting later segments) and make it durable."""

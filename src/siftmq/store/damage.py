@@ -66,6 +66,21 @@ class SegmentBytes(Protocol):
     def read(self, pos: int, size: int) -> bytes: ...
 
 
+def first_nonzero(seg: SegmentBytes, pos: int) -> int | None:
+    """Where the first byte that is not zero lies at or after ``pos`` in ``seg``'s data; None when
+    only zeros follow (the unwritten rest of a segment preallocated before a crash looks so)."""
+    at = pos
+    while at < seg.length:
+        chunk = seg.read(at, _CHUNK)
+        if not chunk:
+            break
+        rest = chunk.lstrip(b"\0")
+        if rest:
+            return at + len(chunk) - len(rest)
+        at += len(chunk)
+    return None
+
+
 def intact_at(seg: SegmentBytes, pos: int, max_record_size: int) -> bool:
     """Whether an intact record, or the segment's blank marker, starts at ``pos`` of ``seg``."""
     head = seg.read(pos, codec.BLANK_MARKER_SIZE)
