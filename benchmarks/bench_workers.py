@@ -80,10 +80,15 @@ def stub_client(endpoint: str, count: int) -> None:
     print("done", flush=True)
 
 
-def core_capacity(total: int, windows: tuple[int, ...] = (1, 16, 64)) -> float:
-    """The core process alone: single-message SendMessage calls sent to its socket as a front-end
-    sends them, ``window`` in flight, so no gRPC front-end limits the rate. The front-ends' token
-    and socket are read from a front-end's /proc entry (same user): this is a measurement only."""
+def core_capacity(
+    total: int, windows: tuple[int, ...] = (1, 16, 64), kinds: tuple[str, ...] = ("send",)
+) -> float:
+    """The core process alone: single-message calls sent to its socket as a front-end sends them,
+    ``window`` in flight, so no gRPC front-end limits the rate. ``kinds``: SendMessage always
+    (the messages the others read), then ReceiveMessage (one message per call, as the floor
+    bench receives) and AckMessage (one entry per call, the handles the receives got). The
+    front-ends' token and socket are read from a front-end's /proc entry (same user): this is a
+    measurement only. Returns the lowest core CPU per send."""
     import asyncio
     import uuid
 
@@ -93,6 +98,7 @@ def core_capacity(total: int, windows: tuple[int, ...] = (1, 16, 64)) -> float:
     from siftmq.frontend.edge import ALL_RPCS, TOKEN_ENV
     from siftmq.protocol import rocketmq_v2_pb2 as pb
 
+    group = "core-capacity"
     with tempfile.TemporaryDirectory(prefix="siftmq-bench-") as tmp:
         broker = BrokerProcess(Path(tmp) / "data", workers=2).start()
         try:
@@ -103,19 +109,12 @@ def core_capacity(total: int, windows: tuple[int, ...] = (1, 16, 64)) -> float:
             token = dict(kv.split(b"=", 1) for kv in environ if b"=" in kv)[TOKEN_ENV.encode()]
             argv = Path(f"/proc/{front}/cmdline").read_bytes().split(b"\0")
             socket_path = argv[argv.index(b"--socket") + 1].decode()
-            method = [r.name for r in ALL_RPCS].index("SendMessage")
+            methods = [r.name for r in ALL_RPCS]
             body = os.urandom(1024)
+            handles: list[tuple[str, str]] = []  # what receives got, for the acks
 
-            async def run(window: int) -> None:
-                loop = asyncio.get_running_loop()
-                finished = loop.create_future()
-                counts = {"sent": 0, "answered": 0, "ok": 0}
-                headers = list(metadata("core-capacity"))
-
-                def fire() -> None:
-                    if counts["sent"] >= total:
-                        return
-                    counts["sent"] += 1
+            def request_of(kind: str) -> bytes:
+                if kind == "send":
                     msg = pb.Message(
                         topic=pb.Resource(name=TOPIC),
                         body=body,
@@ -126,16 +125,64 @@ def core_capacity(total: int, windows: tuple[int, ...] = (1, 16, 64)) -> float:
                             body_encoding=pb.Encoding.IDENTITY,
                         ),
                     )
-                    request = pb.SendMessageRequest(messages=[msg]).SerializeToString()
+                    return pb.SendMessageRequest(messages=[msg]).SerializeToString()
+                if kind == "receive":
+                    receive = pb.ReceiveMessageRequest(
+                        group=pb.Resource(name=group),
+                        message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=-1),
+                        filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
+                        batch_size=1,
+                        auto_renew=False,
+                    )
+                    receive.invisible_duration.FromSeconds(300)
+                    receive.long_polling_timeout.FromSeconds(1)
+                    return receive.SerializeToString()
+                message_id, handle = handles.pop()
+                entry = pb.AckMessageEntry(message_id=message_id, receipt_handle=handle)
+                return pb.AckMessageRequest(
+                    group=pb.Resource(name=group), topic=pb.Resource(name=TOPIC), entries=[entry]
+                ).SerializeToString()
+
+            async def run(window: int, kind: str, calls: int) -> float:
+                loop = asyncio.get_running_loop()
+                finished = loop.create_future()
+                counts = {"sent": 0, "answered": 0, "ok": 0}
+                headers = list(metadata("core-capacity"))
+                method = methods.index(
+                    {"send": "SendMessage", "receive": "ReceiveMessage"}.get(kind, "AckMessage")
+                )
+
+                def fire() -> None:
+                    if counts["sent"] >= calls:
+                        return
+                    counts["sent"] += 1
                     call = frames.encode_call(
-                        method, int((time.monotonic() + 10) * 1000), "ipv4:127.0.0.1:1", headers, request
+                        method,
+                        int((time.monotonic() + 10) * 1000),
+                        "ipv4:127.0.0.1:1",
+                        headers,
+                        request_of(kind),
                     )
                     link.send(frames.CALL, counts["sent"], call)
 
-                def on_frame(kind: int, call_id: int, payload: bytes) -> None:
+                def on_frame(frame: int, call_id: int, payload: bytes) -> None:
+                    if frame == frames.REPLY and kind == "receive":
+                        answer = pb.ReceiveMessageResponse.FromString(payload)
+                        if answer.WhichOneof("content") == "message":
+                            props = answer.message.system_properties
+                            handles.append((props.message_id, props.receipt_handle))
+                            counts["ok"] += 1
+                        return
+                    if frame == frames.REPLY:
+                        if kind == "send":
+                            ok = pb.SendMessageResponse.FromString(payload).status.code == pb.Code.OK
+                        else:
+                            ok = pb.AckMessageResponse.FromString(payload).status.code == pb.Code.OK
+                        counts["ok"] += ok
+                    elif frame != frames.END:
+                        return  # a CREDIT or TAKEN-like frame: not an answer's end
                     counts["answered"] += 1
-                    counts["ok"] += kind == frames.REPLY
-                    if counts["answered"] == total:
+                    if counts["answered"] == calls:
                         finished.set_result(None)
                     else:
                         fire()
@@ -152,17 +199,22 @@ def core_capacity(total: int, windows: tuple[int, ...] = (1, 16, 64)) -> float:
                 elapsed = time.perf_counter() - start
                 if link.transport is not None:
                     link.transport.close()
-                cost = (cpu_seconds(core) - cpu) / total * 1e6
-                costs.append(cost)
+                cost = (cpu_seconds(core) - cpu) / calls * 1e6
                 print(
-                    f"core alone, {window:>2} calls in flight: {total / elapsed:,.0f} msg/s, core CPU "
-                    f"{cost:.0f} us/msg ({counts['ok']:,} answered OK)",
+                    f"core alone, {kind:<7} {window:>2} calls in flight: {calls / elapsed:,.0f} calls/s, "
+                    f"core CPU {cost:.0f} us/call ({counts['ok']:,} OK)",
                     flush=True,
                 )
+                return cost
 
             costs: list[float] = []
+            per_window = {w: total // len(windows) for w in windows}
             for window in windows:
-                asyncio.run(run(window))
+                costs.append(asyncio.run(run(window, "send", total)))
+            for kind in kinds[1:] if kinds[0] == "send" else kinds:
+                for window in windows:
+                    calls = per_window[window] if kind == "receive" else min(per_window[window], len(handles))
+                    asyncio.run(run(window, kind, calls))
         finally:
             broker.stop()
     return min(costs)
@@ -215,7 +267,10 @@ def main() -> None:
     parser.add_argument(
         "--load", choices=("client", "stub"), default="client", help="official client, or gRPC stubs"
     )
-    parser.add_argument("--core", action="store_true", help="also measure the core process alone")
+    parser.add_argument(
+        "--core", action="store_true", help="also measure the core process alone (send, receive, ack)"
+    )
+    parser.add_argument("--core-only", action="store_true", help="measure the core process alone, no rounds")
     parser.add_argument("--client", nargs=2, metavar=("ENDPOINT", "COUNT"), help=argparse.SUPPRESS)
     parser.add_argument("--stub", nargs=2, metavar=("ENDPOINT", "COUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -225,7 +280,12 @@ def main() -> None:
     if args.stub:
         stub_client(args.stub[0], int(args.stub[1]))
         return
-    saturated_core_us = core_capacity(args.messages) if args.core else 0.0
+    measure_core = args.core or args.core_only
+    saturated_core_us = (
+        core_capacity(args.messages, kinds=("send", "receive", "ack")) if measure_core else 0.0
+    )
+    if args.core_only:
+        return
     per_client = args.messages // args.clients
     who = "official-client processes" if args.load == "client" else "processes of 4 gRPC stub threads"
     print(

@@ -1,4 +1,5 @@
-"""Single sends that arrive together, appended together; acks that arrive together, one thread hop.
+"""Single sends that arrive together, appended together; receives that arrive together, one pass
+of the queues; acks that arrive together, one thread hop.
 
 An official client sends one message per call. Concurrent clients' calls reach the event loop in
 the same turn (a front-end's frames arrive as one read), and appending each alone pays the
@@ -16,11 +17,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Final, TypeVar
 
-from siftmq.broker.model import ProducedMessage, SendResult
+from siftmq.broker.model import Delivery, ProducedMessage, SendResult, Subscription
 from siftmq.broker.send import MAX_BATCH_MESSAGES
 
 #: Messages appended together at most (a batch of one topic goes to one queue).
 MAX_COALESCED: Final = min(64, MAX_BATCH_MESSAGES)
+#: Receives served by one pass at most (what a pass copies is bounded by its bytes as well).
+MAX_COALESCED_RECEIVES: Final = 64
 
 _Waiting = tuple[ProducedMessage, "asyncio.Future[SendResult]"]
 _T = TypeVar("_T")
@@ -77,6 +80,77 @@ class SendCoalescer:
 def _settle(future: asyncio.Future[SendResult], result: SendResult) -> None:
     if not future.done():  # the caller may have gone (its call was cancelled)
         future.set_result(result)
+
+
+#: group, client id, subscription, invisible time, auto renew: receives alike, one pass
+_ReceiveKey = tuple[str, str, Subscription, "int | None", bool]
+_Receiving = tuple[int, int, "asyncio.Future[list[Delivery] | None]"]  # queue id, batch size, answer
+
+
+class ReceiveCoalescer:
+    """``await coalescer.try_receive(...)``: :meth:`Broker.try_receive`'s answer, made on the event
+    loop with the other receives of this turn that ask alike, in one pass
+    (:meth:`Broker.try_receive_shared`). Alike: the same client, group, filter, invisible time
+    and renewal, so a pass is what one receive of their batch sizes together would be. None: make
+    the receive alone, in a thread."""
+
+    def __init__(self, try_receive_shared: Callable[..., list[list[Delivery] | None]]) -> None:
+        self._shared = try_receive_shared
+        self._waiting: dict[_ReceiveKey, list[_Receiving]] = {}
+
+    def try_receive(
+        self,
+        group: str,
+        subscription: Subscription,
+        *,
+        client_id: str,
+        queue_id: int,
+        batch_size: int,
+        invisible_ms: int | None,
+        auto_renew: bool,
+    ) -> asyncio.Future[list[Delivery] | None]:
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[list[Delivery] | None] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._flush)  # after the calls already scheduled for this turn
+        key = (group, client_id, subscription, invisible_ms, auto_renew)
+        self._waiting.setdefault(key, []).append((queue_id, batch_size, result))
+        return result
+
+    def _flush(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        try:
+            for key, asks in waiting.items():
+                for at in range(0, len(asks), MAX_COALESCED_RECEIVES):
+                    self._pass(key, asks[at : at + MAX_COALESCED_RECEIVES])
+        except BaseException as exc:  # no caller may wait for ever on an answer that cannot come
+            for asks in waiting.values():
+                for _, _, future in asks:
+                    if not future.done():
+                        future.set_exception(exc)
+            raise
+
+    def _pass(self, key: _ReceiveKey, asks: list[_Receiving]) -> None:
+        group, client_id, subscription, invisible_ms, auto_renew = key
+        try:
+            shares = self._shared(
+                group,
+                subscription,
+                [size for _, size, _ in asks],
+                client_id=client_id,
+                queue_id=asks[0][0],
+                invisible_ms=invisible_ms,
+                auto_renew=auto_renew,
+            )
+        except Exception as exc:
+            if len(asks) == 1:
+                if not asks[0][2].done():
+                    asks[0][2].set_exception(exc)
+                return
+            shares = [None] * len(asks)  # each alone: each caller gets its own request's answer
+        for (_, _, future), share in zip(asks, shares, strict=True):
+            if not future.done():  # the caller may have gone (its call was cancelled)
+                future.set_result(share)
 
 
 class OneHop:

@@ -11,11 +11,12 @@ import asyncio
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from siftmq.broker.broker import Broker
+from siftmq.broker.coalescing import ReceiveCoalescer
 from siftmq.broker.model import Delivery, PullResult, Subscription
 
 T = TypeVar("T")
@@ -114,18 +115,23 @@ async def _long_poll(
     next_due_ms: Callable[[], int | None] | None = None,
     executor: Executor | None = None,
     try_inline: Callable[[], T | None] | None = None,
+    first: Awaitable[T | None] | None = None,
 ) -> T:
     """Run ``attempt`` (in ``executor``, else the loop's default) until ``done`` or ``hold_s`` has passed.
 
     With ``try_inline``, each attempt is first tried on the loop, and made in ``executor`` only
-    when that answers None. Between attempts it sleeps until a message arrives on ``topic`` or,
-    with ``next_due_ms``, until the earliest redelivery falls due.
+    when that answers None; ``first`` stands for the first such try (made with others). Between
+    attempts it sleeps until a message arrives on ``topic`` or, with ``next_due_ms``, until the
+    earliest redelivery falls due.
     """
     deadline = time.monotonic() + max(hold_s, 0.0)
     loop = asyncio.get_running_loop()
     while True:
         seen = notifier.version(topic)
-        result = try_inline() if try_inline is not None else None
+        if first is not None:
+            result, first = await first, None
+        else:
+            result = try_inline() if try_inline is not None else None
         if result is None:
             result = await loop.run_in_executor(executor, attempt)
         remaining = deadline - time.monotonic()
@@ -151,9 +157,11 @@ async def receive_long_polling(
     client_id: str = "",
     executor: Executor | None = None,
     auto_renew: bool = False,
+    coalescer: ReceiveCoalescer | None = None,
 ) -> list[Delivery]:
     """:meth:`Broker.receive`, waiting up to ``hold_s`` seconds for something to deliver; on the
-    loop when :meth:`Broker.try_receive` can serve it, else in ``executor``."""
+    loop when :meth:`Broker.try_receive` can serve it (first tried with the other receives of
+    this turn of the loop, through ``coalescer``), else in ``executor``."""
     asked: dict[str, Any] = {
         "client_id": client_id,
         "queue_id": queue_id,
@@ -164,6 +172,7 @@ async def receive_long_polling(
     receive = functools.partial(broker.receive, group, subscription, **asked)
     try_receive = functools.partial(broker.try_receive, group, subscription, **asked)
     next_due = functools.partial(broker.next_redelivery_ms, group, subscription.topic, client_id)
+    first = None if coalescer is None else coalescer.try_receive(group, subscription, **asked)
     deliveries = await _long_poll(
         notifier,
         subscription.topic,
@@ -173,6 +182,7 @@ async def receive_long_polling(
         next_due_ms=next_due,
         executor=executor,
         try_inline=try_receive,
+        first=first,
     )
     if deliveries:  # other receives waiting on the topic look again when these come due
         notifier.wake_at(subscription.topic, min(d.invisible_ms for d in deliveries) / 1000)

@@ -160,12 +160,12 @@ class Receiving(Subscribing):
         invisible time is over come before new messages. Non-matching messages are passed over
         (the group's progress moves past them). Returns [] when nothing is available now.
         """
-        delivered = self._receive(
+        delivered, _ = self._receive(
             group,
             subscription,
             client_id=client_id,
             queue_id=queue_id,
-            batch_size=batch_size,
+            batch_size=self._batch_cap(batch_size),
             invisible_ms=invisible_ms,
             auto_renew=auto_renew,
             inline=False,
@@ -202,11 +202,60 @@ class Receiving(Subscribing):
             subscription,
             client_id=client_id,
             queue_id=queue_id,
-            batch_size=batch_size,
+            batch_size=self._batch_cap(batch_size),
+            invisible_ms=invisible_ms,
+            auto_renew=auto_renew,
+            inline=True,
+        )[0]
+
+    def try_receive_shared(
+        self,
+        group: str,
+        subscription: Subscription,
+        batch_sizes: Sequence[int],
+        *,
+        client_id: str = "",
+        queue_id: int = -1,
+        invisible_ms: int | None = None,
+        auto_renew: bool = False,
+    ) -> list[list[Delivery] | None]:
+        """:meth:`try_receive` for several receives of one client that ask alike (group, filter,
+        invisible time), made as one pass: each gets its share of what the pass delivered, in
+        order, no more than its batch size. None for a receive to make alone (in a thread, as
+        after :meth:`try_receive`'s None): every one when the pass could not be made on the
+        loop, and a receive left without a share when the pass stopped before it had read the
+        queues through (a receive left without a share of a pass that read them through gets
+        [], as it would alone: nothing to deliver now).
+
+        Why: an official client receives one message per call, from several threads at once,
+        and the core process meets them in one turn of its event loop. A pass's own work (the
+        topic, the group's filter, the queues' locks and due checks, an index read) costs more
+        than the message it delivers: ~170 us against ~20 us per message of a pass of 64.
+        """
+        sizes = [self._batch_cap(size) for size in batch_sizes]
+        out, read_through = self._receive(
+            group,
+            subscription,
+            client_id=client_id,
+            queue_id=queue_id,
+            batch_size=sum(sizes),
             invisible_ms=invisible_ms,
             auto_renew=auto_renew,
             inline=True,
         )
+        if out is None:
+            return [None] * len(sizes)
+        shares: list[list[Delivery] | None] = []
+        at = 0
+        for size in sizes:
+            share = out[at : at + size]
+            at += len(share)
+            shares.append(share if share or read_through else None)
+        return shares
+
+    def _batch_cap(self, batch_size: int) -> int:
+        """A request's batch size, within :attr:`~BrokerConfig.max_batch_size`."""
+        return min(_positive_batch(batch_size), self.config.max_batch_size)
 
     def _receive(
         self,
@@ -219,7 +268,9 @@ class Receiving(Subscribing):
         invisible_ms: int | None,
         auto_renew: bool = False,
         inline: bool,
-    ) -> list[Delivery] | None:
+    ) -> tuple[list[Delivery] | None, bool]:
+        """The deliveries (inline: None, nothing delivered, when a thread must make it), and
+        whether the pass read every queue through (it did not stop on a bound or an error)."""
         check_group(group)
         if not inline:
             topic = self._readable_topic(subscription.topic)
@@ -227,15 +278,14 @@ class Receiving(Subscribing):
             check_topic(subscription.topic)
             found = self.topics.get(subscription.topic)  # (creating one writes the topics file)
             if found is None or subscription.kind != "TAG" or self.programs.holds(group, found.name):
-                return None  # a topic to create, a SQL92 filter to register, a program to run
+                return None, False  # a topic to create, a SQL92 filter to register, a program to run
             topic = found
         if not topic.readable:
             raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
         invisible = self._invisible_ms(invisible_ms)
-        batch_size = min(_positive_batch(batch_size), self.config.max_batch_size)
         resolved = self._resolve(group, client_id, subscription, held_only=inline)
         if resolved is None:
-            return None  # (inline only) a subscription to record first
+            return None, False  # (inline only) a subscription to record first
         message_filter, own = resolved
         pgroup = self.progress_group(group, client_id)
         queues = list(range(topic.queue_nums))
@@ -276,24 +326,26 @@ class Receiving(Subscribing):
         except Exception as exc:
             if not rp.out:
                 raise
+            rp.stopped = True
             # What was taken before the error is in flight under new handles, its attempt counted:
             # thrown away with the answer, it would only come back once its invisible time is over.
             _failures.warn(
                 "receive", group, topic.name, f"a receive of {group} on {topic.name} was cut short", exc
             )
-        if inline and not rp.out and (rp.stopped or rp.scan_left <= 0):
-            return None
+        read_through = not rp.stopped and rp.scan_left > 0
+        if inline and not rp.out and not read_through:
+            return None, False
         if rp.out:
             self.stats.delivered(group, topic.name, len(rp.out), sum(len(d.message.body) for d in rp.out))
         if own is None:
-            return rp.out
+            return rp.out, read_through
         kept = [d for d in rp.out if own.matches(d.message.properties)]
         for d in rp.out:
             if d not in kept:  # compat group: what the group's filter passed but the client's rejects is lost
                 self.ack(group, topic.name, d.receipt_handle, client_id=client_id)
         if len(kept) < len(rp.out):
             self.groups.note_dropped(group, len(rp.out) - len(kept))
-        return kept
+        return kept, read_through
 
     def next_redelivery_ms(self, group: str, topic: str, client_id: str = "") -> int | None:
         """When the earliest in-flight message of ``group`` on ``topic`` becomes visible again."""
@@ -721,7 +773,7 @@ class _ReceivePass:
     inline: bool = False  # on an event loop (Receiving.try_receive)
     scan_left: int = 1 << 62  # index entries it may still read (bounded inline only)
     bytes_left: int = 1 << 62  # message bytes it may still copy (bounded inline only)
-    stopped: bool = False  # inline: it met what must be left to a thread
+    stopped: bool = False  # it met what must be left to a thread (inline), or an error
     renew_for: str = ""  # auto_renew: the client its deliveries are kept invisible for
     renew_ms: int = 0  # ... for at most this long after each delivery
     _nonces: list[int] = field(default_factory=list)  # drawn, not handed out yet

@@ -23,7 +23,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from siftmq.broker.broker import Broker
-from siftmq.broker.coalescing import OneHop, SendCoalescer
+from siftmq.broker.coalescing import OneHop, ReceiveCoalescer, SendCoalescer
 from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, receive_long_polling
 from siftmq.broker.model import Subscription
 from siftmq.broker.send import MAX_BATCH_MESSAGES
@@ -153,6 +153,7 @@ class MessagingService:
         # ~15% of the broker's CPU per official-client send). Batches and sync flush keep the hop.
         self._inline_sends = broker.config.flush == "async"
         self._coalescer = SendCoalescer(functools.partial(broker.send_many, on_loop=True))
+        self._receives = ReceiveCoalescer(broker.try_receive_shared)
         self._acks = OneHop()
 
     def _reads_for(self, group: str, topic: str) -> Executor | None:
@@ -384,6 +385,7 @@ class MessagingService:
                 client_id=convert.client_id_of(context),
                 executor=self._reads_for(group, subscription.topic),
                 auto_renew=request.auto_renew,
+                coalescer=self._receives,
             )
         except Exception as exc:
             return status_of(exc, call="ReceiveMessage"), []
