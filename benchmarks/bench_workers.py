@@ -83,8 +83,8 @@ def stub_client(endpoint: str, count: int) -> None:
 def core_capacity(
     total: int, windows: tuple[int, ...] = (1, 16, 64), kinds: tuple[str, ...] = ("send",)
 ) -> float:
-    """The core process alone: single-message calls sent to its socket as a front-end sends them,
-    ``window`` in flight, so no gRPC front-end limits the rate. ``kinds``: SendMessage always
+    """The core process alone: single-message calls of 8 clients sent to its socket as a front-end
+    sends them, ``window`` in flight, so no gRPC front-end limits the rate. ``kinds``: SendMessage always
     (the messages the others read), then ReceiveMessage (one message per call, as the floor
     bench receives) and AckMessage (one entry per call, the handles the receives got). The
     front-ends' token and socket are read from a front-end's /proc entry (same user): this is a
@@ -147,7 +147,8 @@ def core_capacity(
                 loop = asyncio.get_running_loop()
                 finished = loop.create_future()
                 counts = {"sent": 0, "answered": 0, "ok": 0}
-                headers = list(metadata("core-capacity"))
+                # 8 clients, as 8 client processes would be: each call carries one's id in turn
+                headers = [list(metadata(f"core-capacity-{n}")) for n in range(8)]
                 method = methods.index(
                     {"send": "SendMessage", "receive": "ReceiveMessage"}.get(kind, "AckMessage")
                 )
@@ -160,7 +161,7 @@ def core_capacity(
                         method,
                         int((time.monotonic() + 10) * 1000),
                         "ipv4:127.0.0.1:1",
-                        headers,
+                        headers[counts["sent"] % len(headers)],
                         request_of(kind),
                     )
                     link.send(frames.CALL, counts["sent"], call)

@@ -99,7 +99,9 @@ def in_flight(broker: Broker) -> dict[int, list[int]]:
     tags=st.lists(st.sampled_from(["A", "B", "C"]), min_size=1, max_size=150),
     turns=st.lists(
         st.tuples(
-            st.lists(st.integers(1, 24), min_size=1, max_size=8),
+            st.lists(
+                st.tuples(st.integers(1, 24), st.sampled_from(["c1", "c2", "c3"])), min_size=1, max_size=8
+            ),
             st.sampled_from(["ack", "keep", "nack-first"]),
         ),
         min_size=1,
@@ -107,19 +109,21 @@ def in_flight(broker: Broker) -> dict[int, list[int]]:
     ),
 )
 def test_a_turn_of_receives_delivers_what_the_same_receives_one_by_one_would(
-    tmp_path_factory: pytest.TempPathFactory, tags: list[str], turns: list[tuple[list[int], str]]
+    tmp_path_factory: pytest.TempPathFactory, tags: list[str], turns: list[tuple[list[tuple[int, str]], str]]
 ) -> None:
-    """Two brokers fed alike: one answers each turn's receives one after the other
-    (``try_receive``), the other in one turn through the coalescer. Receive by receive the same
-    messages (redeliveries of nacked ones first), with the same attempts; and the same left in flight."""
+    """Two brokers fed alike: one answers each turn's receives (of the group's members c1-c3)
+    one after the other (``try_receive``), the other in one turn through the coalescer. Receive
+    by receive the same messages (redeliveries of nacked ones first), with the same attempts;
+    and the same left in flight."""
     brokers = [make_broker(tmp_path_factory.mktemp("b") / "d") for _ in range(2)]
     try:
         for b in brokers:
             steady(b)
             send(b, tags)
-        for sizes, acking in turns:
-            alone = [brokers[0].try_receive(**ask(size)) for size in sizes]
-            together = turn(brokers[1], [ask(size) for size in sizes])
+        for asks, acking in turns:
+            sizes = [size for size, _ in asks]
+            alone = [brokers[0].try_receive(**ask(size, client_id=c)) for size, c in asks]
+            together = turn(brokers[1], [ask(size, client_id=c) for size, c in asks])
             assert [ids(got) for got in together] == [ids(got) for got in alone]
             for size, got in zip(sizes, together, strict=True):
                 assert len(got) <= size
@@ -157,7 +161,7 @@ def test_receives_that_do_not_ask_alike_get_passes_of_their_own(broker: Broker) 
             ask(10),
             ask(10, group="g-other"),
             ask(10, group="g-c", subscription=only_c),
-            ask(10, client_id="c2"),  # the same group, after c1's pass: nothing left
+            ask(10, client_id="c2"),  # a member of c1's group, in c1's pass: nothing left after c1's share
         ],
     )
     assert len(answers[0]) == 6 and len(answers[1]) == 6
@@ -236,3 +240,33 @@ def test_a_caller_gone_does_not_stop_the_others(broker: Broker) -> None:
 
     first, last = asyncio.run(run())
     assert len(first) == 1 and len(last) == 1
+
+
+def test_the_members_of_a_broadcasting_group_each_get_every_message(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path / "d", broadcasting_groups=(GROUP,))
+    try:
+        for client in ("c1", "c2"):
+            assert broker.receive(GROUP, SUB, client_id=client, batch_size=32) == []
+        send(broker, ["A"] * 3)
+        answers = turn(broker, [ask(5, client_id="c1"), ask(5, client_id="c2"), ask(5, client_id="c1")])
+        assert [len(a) for a in answers] == [3, 3, 0]
+        assert {d.message_id for d in answers[0]} == {d.message_id for d in answers[1]}
+    finally:
+        broker.close()
+
+
+def test_renewed_deliveries_are_kept_for_the_client_that_received_them(broker: Broker) -> None:
+    steady(broker)
+    for client in ("c1", "c2"):
+        broker.clients.touch(client, group=GROUP)  # live: renewals are for live clients
+    send(broker, ["A"] * 4)
+    answers = turn(broker, [ask(2, client_id=c, auto_renew=True) for c in ("c1", "c2")])
+    assert [len(a) for a in answers] == [2, 2]
+    renewed_for = {}
+    for qid in range(4):
+        prog = broker.consumers.get((GROUP, TOPIC, qid))
+        if prog is not None:
+            renewed_for |= {offset: entry[1] for offset, entry in prog.renew.items()}
+    for client, got in zip(("c1", "c2"), answers, strict=True):
+        for d in got:
+            assert renewed_for[d.message.queue_offset] == client

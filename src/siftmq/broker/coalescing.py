@@ -82,17 +82,21 @@ def _settle(future: asyncio.Future[SendResult], result: SendResult) -> None:
         future.set_result(result)
 
 
-#: group, client id, subscription, invisible time, auto renew: receives alike, one pass
-_ReceiveKey = tuple[str, str, Subscription, "int | None", bool]
-_Receiving = tuple[int, int, "asyncio.Future[list[Delivery] | None]"]  # queue id, batch size, answer
+#: group, subscription, invisible time, auto renew: receives alike, made together
+_ReceiveKey = tuple[str, Subscription, "int | None", bool]
+#: client id, batch size, queue id, the answer
+_Receiving = tuple[str, int, int, "asyncio.Future[list[Delivery] | None]"]
 
 
 class ReceiveCoalescer:
     """``await coalescer.try_receive(...)``: :meth:`Broker.try_receive`'s answer, made on the event
-    loop with the other receives of this turn that ask alike, in one pass
-    (:meth:`Broker.try_receive_shared`). Alike: the same client, group, filter, invisible time
-    and renewal, so a pass is what one receive of their batch sizes together would be. None: make
-    the receive alone, in a thread."""
+    loop with the other receives of this turn that ask alike (group, filter, invisible time,
+    renewal), in as few passes as give each what it would get alone
+    (:meth:`Broker.try_receive_shared`). None: make the receive alone, in a thread.
+
+    A pass starts at the first receive's queue (a receive alone reads the queue it names first,
+    then the others): which queue a message comes from is the broker's choice, as in RocketMQ,
+    whose proxy takes only the broker's name from the queue a receive names."""
 
     def __init__(self, try_receive_shared: Callable[..., list[list[Delivery] | None]]) -> None:
         self._shared = try_receive_shared
@@ -113,8 +117,8 @@ class ReceiveCoalescer:
         result: asyncio.Future[list[Delivery] | None] = loop.create_future()
         if not self._waiting:
             loop.call_soon(self._flush)  # after the calls already scheduled for this turn
-        key = (group, client_id, subscription, invisible_ms, auto_renew)
-        self._waiting.setdefault(key, []).append((queue_id, batch_size, result))
+        key = (group, subscription, invisible_ms, auto_renew)
+        self._waiting.setdefault(key, []).append((client_id, batch_size, queue_id, result))
         return result
 
     def _flush(self) -> None:
@@ -125,30 +129,28 @@ class ReceiveCoalescer:
                     self._pass(key, asks[at : at + MAX_COALESCED_RECEIVES])
         except BaseException as exc:  # no caller may wait for ever on an answer that cannot come
             for asks in waiting.values():
-                for _, _, future in asks:
+                for *_, future in asks:
                     if not future.done():
                         future.set_exception(exc)
             raise
 
     def _pass(self, key: _ReceiveKey, asks: list[_Receiving]) -> None:
-        group, client_id, subscription, invisible_ms, auto_renew = key
+        group, subscription, invisible_ms, auto_renew = key
         try:
             shares = self._shared(
                 group,
                 subscription,
-                [size for _, size, _ in asks],
-                client_id=client_id,
-                queue_id=asks[0][0],
+                [(client_id, size) for client_id, size, *_ in asks],
+                queue_id=asks[0][2],
                 invisible_ms=invisible_ms,
                 auto_renew=auto_renew,
             )
-        except Exception as exc:
-            if len(asks) == 1:
-                if not asks[0][2].done():
-                    asks[0][2].set_exception(exc)
-                return
-            shares = [None] * len(asks)  # each alone: each caller gets its own request's answer
-        for (_, _, future), share in zip(asks, shares, strict=True):
+        except Exception as exc:  # (raised for one receive alone: its own error)
+            for *_, future in asks:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (*_, future), share in zip(asks, shares, strict=True):
             if not future.done():  # the caller may have gone (its call was cancelled)
                 future.set_result(share)
 

@@ -22,7 +22,7 @@ from siftmq.broker.model import (
 )
 from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, NotOnTheLoop, _now_ms, _positive_batch
 from siftmq.broker.receipts import ReceiptHandle, encode_handle
-from siftmq.broker.subscriptions import Subscribing
+from siftmq.broker.subscriptions import Resolved, Subscribing
 from siftmq.broker.validation import (
     check_group,
     check_topic,
@@ -212,45 +212,80 @@ class Receiving(Subscribing):
         self,
         group: str,
         subscription: Subscription,
-        batch_sizes: Sequence[int],
+        asks: Sequence[tuple[str, int]],
         *,
-        client_id: str = "",
         queue_id: int = -1,
         invisible_ms: int | None = None,
         auto_renew: bool = False,
     ) -> list[list[Delivery] | None]:
-        """:meth:`try_receive` for several receives of one client that ask alike (group, filter,
-        invisible time), made as one pass: each gets its share of what the pass delivered, in
-        order, no more than its batch size. None for a receive to make alone (in a thread, as
-        after :meth:`try_receive`'s None): every one when the pass could not be made on the
-        loop, and a receive left without a share when the pass stopped before it had read the
-        queues through (a receive left without a share of a pass that read them through gets
-        [], as it would alone: nothing to deliver now).
+        """:meth:`try_receive` for several receives of ``group`` that ask alike (filter, invisible
+        time), each a (client id, batch size), made in as few passes as give each what it would
+        get alone: one for the group's members (clustering), one per member whose progress or
+        renewals are its own (broadcasting, ``auto_renew``). Each receive gets its share of its
+        pass's deliveries, in order, no more than its batch size; None for a receive to make
+        alone (in a thread, as after :meth:`try_receive`'s None): one whose pass could not be made
+        on the loop or failed, or that a pass cut short (on a bound) left without a share. A
+        receive left without a share of a pass that read the queues through gets [], as it would
+        alone: nothing to deliver now. With one receive, its error is raised.
 
-        Why: an official client receives one message per call, from several threads at once,
-        and the core process meets them in one turn of its event loop. A pass's own work (the
-        topic, the group's filter, the queues' locks and due checks, an index read) costs more
-        than the message it delivers: ~170 us against ~20 us per message of a pass of 64.
+        Why: official clients receive one message per call, and a core process meets many such
+        calls of a group's members in one turn of its event loop. A pass's own work (the topic,
+        the group's filter, the queues' locks and due checks, an index read) costs more than the
+        message it delivers: ~170 us against ~20 us per message of a pass of 64.
         """
-        sizes = [self._batch_cap(size) for size in batch_sizes]
-        out, read_through = self._receive(
-            group,
-            subscription,
-            client_id=client_id,
-            queue_id=queue_id,
-            batch_size=sum(sizes),
-            invisible_ms=invisible_ms,
-            auto_renew=auto_renew,
-            inline=True,
-        )
-        if out is None:
-            return [None] * len(sizes)
-        shares: list[list[Delivery] | None] = []
-        at = 0
-        for size in sizes:
-            share = out[at : at + size]
-            at += len(share)
-            shares.append(share if share or read_through else None)
+        shares: list[list[Delivery] | None] = [None] * len(asks)
+        sizes: dict[int, int] = {}
+        for n, (_, size) in enumerate(asks):
+            try:
+                sizes[n] = self._batch_cap(size)
+            except BadRequestError:
+                if len(asks) == 1:
+                    raise
+                # made alone, it earns its own error
+        by_client: dict[str, list[int]] = {}
+        for n in sizes:
+            by_client.setdefault(asks[n][0], []).append(n)
+        passes: list[tuple[str, list[int], Resolved | None]] = []
+        if len(by_client) > 1 and not auto_renew and self.groups.mode(group) != "broadcasting":
+            members: list[int] = []
+            lead: tuple[str, Resolved] | None = None
+            for client_id, ns in by_client.items():
+                try:
+                    resolved = self._resolve(group, client_id, subscription, held_only=True)
+                except Exception:
+                    continue  # refused, say: made alone, it earns its own error
+                if resolved is None or resolved[1] is not None:
+                    continue  # a subscription to record, a filter of its own: alone, in a thread
+                members += ns
+                lead = lead or (client_id, resolved)
+            if lead is not None:
+                passes.append((lead[0], sorted(members), lead[1]))
+        else:
+            passes = [(client_id, ns, None) for client_id, ns in by_client.items()]
+        for client_id, ns, resolved in passes:
+            try:
+                out, read_through = self._receive(
+                    group,
+                    subscription,
+                    client_id=client_id,
+                    queue_id=queue_id,
+                    batch_size=sum(sizes[n] for n in ns),
+                    invisible_ms=invisible_ms,
+                    auto_renew=auto_renew,
+                    inline=True,
+                    resolved=resolved,
+                )
+            except Exception:
+                if len(asks) == 1:
+                    raise
+                continue  # made alone, each earns its own answer
+            if out is None:
+                continue
+            at = 0
+            for n in ns:
+                share = out[at : at + sizes[n]]
+                at += len(share)
+                shares[n] = share if share or read_through else None
         return shares
 
     def _batch_cap(self, batch_size: int) -> int:
@@ -268,9 +303,11 @@ class Receiving(Subscribing):
         invisible_ms: int | None,
         auto_renew: bool = False,
         inline: bool,
+        resolved: Resolved | None = None,
     ) -> tuple[list[Delivery] | None, bool]:
         """The deliveries (inline: None, nothing delivered, when a thread must make it), and
-        whether the pass read every queue through (it did not stop on a bound or an error)."""
+        whether the pass read every queue through (it did not stop on a bound or an error).
+        ``resolved``: what :meth:`_resolve` answered for ``client_id`` (a shared pass asked it)."""
         check_group(group)
         if not inline:
             topic = self._readable_topic(subscription.topic)
@@ -283,7 +320,8 @@ class Receiving(Subscribing):
         if not topic.readable:
             raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
         invisible = self._invisible_ms(invisible_ms)
-        resolved = self._resolve(group, client_id, subscription, held_only=inline)
+        if resolved is None:
+            resolved = self._resolve(group, client_id, subscription, held_only=inline)
         if resolved is None:
             return None, False  # (inline only) a subscription to record first
         message_filter, own = resolved

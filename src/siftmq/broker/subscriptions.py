@@ -36,6 +36,9 @@ _log = logging.getLogger(__name__)
 #: Subscriptions one client may declare.
 MAX_SUBSCRIPTIONS: Final = 1024
 FILTER_KINDS: Final = {"TAG": "TAG", "SQL": "SQL92", "SQL92": "SQL92"}
+#: What serves a client's request (:meth:`Subscribing._resolve`): the group's store filter, and the
+#: client's own filter when that differs (compat groups).
+Resolved = tuple[MessageFilter | None, CompiledFilter | None]
 
 
 class Subscribing(ProgramReads):
@@ -169,17 +172,15 @@ class Subscribing(ProgramReads):
         return self.message_filter(group, Subscription(entry.topic, entry.kind, entry.expression))
 
     @overload
-    def _resolve(
-        self, group: str, client_id: str, subscription: Subscription
-    ) -> tuple[MessageFilter | None, CompiledFilter | None]: ...
+    def _resolve(self, group: str, client_id: str, subscription: Subscription) -> Resolved: ...
     @overload
     def _resolve(
         self, group: str, client_id: str, subscription: Subscription, *, held_only: bool
-    ) -> tuple[MessageFilter | None, CompiledFilter | None] | None: ...
+    ) -> Resolved | None: ...
 
     def _resolve(
         self, group: str, client_id: str, subscription: Subscription, *, held_only: bool = False
-    ) -> tuple[MessageFilter | None, CompiledFilter | None] | None:
+    ) -> Resolved | None:
         """The store filter serving ``client_id``'s request, and its own filter when that differs.
 
         A strict group refuses a request whose filter differs from the group's; a compat group serves
