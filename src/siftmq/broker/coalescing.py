@@ -1,5 +1,5 @@
 """Single sends that arrive together, appended together; receives that arrive together, one pass
-of the queues; acks that arrive together, one thread hop.
+of the queues; acks that arrive together, one pass of their queues' locks, else one thread hop.
 
 An official client sends one message per call. Concurrent clients' calls reach the event loop in
 the same turn (a front-end's frames arrive as one read), and appending each alone pays the
@@ -24,6 +24,8 @@ from siftmq.broker.send import MAX_BATCH_MESSAGES
 MAX_COALESCED: Final = min(64, MAX_BATCH_MESSAGES)
 #: Receives served by one pass at most (what a pass copies is bounded by its bytes as well).
 MAX_COALESCED_RECEIVES: Final = 64
+#: Acks made in one pass at most (each of at most the entries one AckMessage may carry).
+MAX_COALESCED_ACKS: Final = 64
 
 _Waiting = tuple[ProducedMessage, "asyncio.Future[SendResult]"]
 _T = TypeVar("_T")
@@ -146,6 +148,55 @@ class ReceiveCoalescer:
                 auto_renew=auto_renew,
             )
         except Exception as exc:  # (raised for one receive alone: its own error)
+            for *_, future in asks:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (*_, future), share in zip(asks, shares, strict=True):
+            if not future.done():  # the caller may have gone (its call was cancelled)
+                future.set_result(share)
+
+
+_Acking = tuple[str, Sequence[str], "asyncio.Future[list[Any] | None]"]  # client id, handles, answer
+
+
+class AckCoalescer:
+    """``await coalescer.try_ack(group, topic, handles, client_id=...)``:
+    :meth:`Broker.try_ack_many`'s answer, made on the event loop with the other acks of this
+    turn for the same group and topic, in one pass (:meth:`Broker.try_ack_shared`). None: a lock
+    was held elsewhere; ack alone, in a thread."""
+
+    def __init__(self, try_ack_shared: Callable[..., list[list[Any] | None]]) -> None:
+        self._shared = try_ack_shared
+        self._waiting: dict[tuple[str, str], list[_Acking]] = {}
+
+    def try_ack(
+        self, group: str, topic: str, handles: Sequence[str], *, client_id: str
+    ) -> asyncio.Future[list[Any] | None]:
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[list[Any] | None] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._flush)  # after the calls already scheduled for this turn
+        self._waiting.setdefault((group, topic), []).append((client_id, handles, result))
+        return result
+
+    def _flush(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        try:
+            for (group, topic), asks in waiting.items():
+                for at in range(0, len(asks), MAX_COALESCED_ACKS):
+                    self._pass(group, topic, asks[at : at + MAX_COALESCED_ACKS])
+        except BaseException as exc:  # no caller may wait for ever on an answer that cannot come
+            for asks in waiting.values():
+                for *_, future in asks:
+                    if not future.done():
+                        future.set_exception(exc)
+            raise
+
+    def _pass(self, group: str, topic: str, asks: list[_Acking]) -> None:
+        try:
+            shares = self._shared(group, topic, [(client_id, handles) for client_id, handles, _ in asks])
+        except Exception as exc:  # (raised for one ack alone: its own error)
             for *_, future in asks:
                 if not future.done():
                     future.set_exception(exc)

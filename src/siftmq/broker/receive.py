@@ -708,7 +708,41 @@ class Receiving(Subscribing):
     ) -> list[BadRequestError | None] | None:
         """:meth:`ack_many` that never waits for a lock, so an event loop may call it: when a queue's
         lock is held elsewhere (a receive reading that queue) it acknowledges nothing: None."""
-        return self._ack_many(group, topic, handle_texts, client_id, wait=False)
+        return self.try_ack_shared(group, topic, [(client_id, handle_texts)])[0]
+
+    def try_ack_shared(
+        self, group: str, topic: str, asks: Sequence[tuple[str, Sequence[str]]]
+    ) -> list[list[BadRequestError | None] | None]:
+        """:meth:`try_ack_many` for several acks of ``group`` on ``topic``, each a (client id,
+        handles), made together: one pass per progress they acknowledge in (the group's; a
+        broadcasting member's own), each queue's lock taken once for all. Each ack gets its
+        handles' outcomes, as :meth:`ack_many` made one ack after the other would give; None
+        where its pass met a lock held elsewhere (then ack alone, in a thread). With one ack,
+        its error is raised.
+
+        Why: an official client acknowledges one message per call, and a core process meets
+        many such calls in one turn of its event loop; a pass's own work (the group's checks,
+        each queue's lock, the counters) is more than an acknowledgement's."""
+        shares: list[list[BadRequestError | None] | None] = [None] * len(asks)
+        by_progress: dict[str, list[int]] = {}
+        for n, (client_id, _) in enumerate(asks):
+            by_progress.setdefault(self.progress_group(group, client_id), []).append(n)
+        for ns in by_progress.values():
+            handles = [handle for n in ns for handle in asks[n][1]]
+            try:
+                outcomes = self._ack_many(group, topic, handles, asks[ns[0]][0], wait=False)
+            except Exception:
+                if len(asks) == 1:
+                    raise
+                continue  # made alone, each earns its own answer
+            if outcomes is None:
+                continue
+            at = 0
+            for n in ns:
+                count = len(asks[n][1])
+                shares[n] = outcomes[at : at + count]
+                at += count
+        return shares
 
     def _ack_many(
         self, group: str, topic: str, handle_texts: Sequence[str], client_id: str, *, wait: bool

@@ -23,7 +23,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from siftmq.broker.broker import Broker
-from siftmq.broker.coalescing import OneHop, ReceiveCoalescer, SendCoalescer
+from siftmq.broker.coalescing import AckCoalescer, OneHop, ReceiveCoalescer, SendCoalescer
 from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, receive_long_polling
 from siftmq.broker.model import Subscription
 from siftmq.broker.send import MAX_BATCH_MESSAGES
@@ -154,6 +154,7 @@ class MessagingService:
         self._inline_sends = broker.config.flush == "async"
         self._coalescer = SendCoalescer(functools.partial(broker.send_many, on_loop=True))
         self._receives = ReceiveCoalescer(broker.try_receive_shared)
+        self._ack_passes = AckCoalescer(broker.try_ack_shared)
         self._acks = OneHop()
 
     def _reads_for(self, group: str, topic: str) -> Executor | None:
@@ -462,23 +463,25 @@ class MessagingService:
             return status(StatusCode.BAD_REQUEST, "AckMessage has no entries"), []
         handles = [entry.receipt_handle for entry in request.entries]
 
-        def ack_all(wait: bool) -> list[pb.Status | None] | None:  # None (an entry's): acked
-            ack = self.broker.ack_many if wait else self.broker.try_ack_many
-            try:
-                outcomes = ack(group, topic, handles, client_id=client_id)
-            except Exception as exc:
-                failed = status_of(exc, call="AckMessage")
-                return [failed] * len(handles)
-            if outcomes is None:
-                return None
+        def statuses(outcomes: Sequence[Exception | None]) -> list[pb.Status | None]:  # None: acked
             return [None if e is None else status_of(e, call="AckMessage") for e in outcomes]
 
-        # On the event loop while no receive holds the queues' locks (a hop to a thread and back
-        # costs ~75 us of CPU, more than most acks); else in one hop with the other acks of this turn
-        errors = ack_all(False)
-        if errors is None:
-            errors = await self._acks.run(functools.partial(ack_all, True))
-        assert errors is not None
+        def ack_alone() -> list[pb.Status | None]:  # in a thread: waits for the queues' locks
+            try:
+                return statuses(self.broker.ack_many(group, topic, handles, client_id=client_id))
+            except Exception as exc:
+                return [status_of(exc, call="AckMessage")] * len(handles)
+
+        # On the event loop, with the other acks of this turn for the group and topic, while no
+        # receive holds their queues' locks (a hop to a thread and back costs ~75 us of CPU, more
+        # than most acks); else in one hop with the other acks of this turn that met a lock
+        errors: list[pb.Status | None]
+        try:
+            outcomes = await self._ack_passes.try_ack(group, topic, handles, client_id=client_id)
+        except Exception as exc:
+            errors = [status_of(exc, call="AckMessage")] * len(handles)
+        else:
+            errors = statuses(outcomes) if outcomes is not None else await self._acks.run(ack_alone)
         failed = [err for err in errors if err is not None]
         if not failed:
             return OK_FIELDS, None
