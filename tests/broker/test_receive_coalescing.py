@@ -6,6 +6,8 @@ request or a pass cut short costs the others nothing but a receive made alone.""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -361,3 +363,65 @@ def test_acks_that_meet_a_lock_held_elsewhere_are_left_to_a_thread(broker: Broke
         answers = ack_turn(broker, [("c1", [got[0].receipt_handle]), ("c2", [got[1].receipt_handle])])
     assert answers == [None, None]  # nothing acknowledged: each is made alone, in a thread
     assert broker.ack_many(GROUP, TOPIC, [d.receipt_handle for d in got]) == [None, None]
+
+
+# ------------------------------------------------------ what a pass checks before it records anything
+
+
+def test_sql92_receives_of_several_members_never_wait_on_the_loop_for_the_filters_lock(
+    tmp_path: Path,
+) -> None:
+    """Left to threads at once, as each alone is: registering the group's SQL92 filter takes the
+    filters' lock, which their sweeper holds while it saves their file."""
+    broker = make_broker(tmp_path / "d")
+    sql = Subscription(TOPIC, "SQL92", "a > 1")
+    try:
+        broker.send_many(
+            [ProducedMessage(topic=TOPIC, body=b"x", message_id="01SQL1", user_properties={"a": "5"})]
+        )
+        for client in ("c1", "c2"):
+            broker.receive(GROUP, sql, client_id=client, batch_size=1)
+        taken, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with broker.filters._lock:
+                taken.set()
+                release.wait(5)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert taken.wait(5)
+            started = time.monotonic()
+            answers = turn(broker, [ask(1, client_id=c, subscription=sql) for c in ("c1", "c2")])
+            waited = time.monotonic() - started
+        finally:
+            release.set()
+            holder.join()
+        assert answers == [None, None] and waited < 2
+    finally:
+        broker.close()
+
+
+def test_receives_naming_a_bad_group_record_nothing_of_their_clients(broker: Broker) -> None:
+    steady(broker)
+    for client in ("c1", "c2"):
+        broker.receive(GROUP, SUB, client_id=client, batch_size=1)
+    answers = turn(broker, [ask(1, client_id=c, group="bad group!") for c in ("c1", "c2")])
+    assert answers == [None, None]  # made alone, each is refused
+    assert {"c1", "c2"} <= broker.clients.live_ids(GROUP)  # still members of their group
+
+
+def test_a_receive_cancelled_before_its_pass_takes_no_share(broker: Broker) -> None:
+    steady(broker)
+    send(broker, ["A"])
+
+    async def run() -> list[Any]:
+        coalescer = ReceiveCoalescer(broker.try_receive_shared)
+        futures = [coalescer.try_receive(**ask(1, client_id=c)) for c in ("c1", "c2")]
+        futures[0].cancel()  # its call's deadline passed, say
+        return [await futures[1]]
+
+    [second] = asyncio.run(run())
+    assert [d.message_id for d in second] == [f"01SH{0:030d}"]
+    assert sum(len(q) for q in in_flight(broker).values()) == 1  # the one answered, and no other

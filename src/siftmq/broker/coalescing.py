@@ -137,6 +137,11 @@ class ReceiveCoalescer:
             raise
 
     def _pass(self, key: _ReceiveKey, asks: list[_Receiving]) -> None:
+        # A receive cancelled since it asked (its deadline, its client gone) takes no share: its
+        # messages would stay in flight for nobody until their invisible time is over.
+        asks = [ask for ask in asks if not ask[3].done()]
+        if not asks:
+            return
         group, subscription, invisible_ms, auto_renew = key
         try:
             shares = self._shared(

@@ -23,6 +23,7 @@ from siftmq.broker.model import (
 from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, NotOnTheLoop, _now_ms, _positive_batch
 from siftmq.broker.receipts import ReceiptHandle, encode_handle
 from siftmq.broker.subscriptions import Resolved, Subscribing
+from siftmq.broker.topics import TopicConfig
 from siftmq.broker.validation import (
     check_group,
     check_topic,
@@ -234,6 +235,14 @@ class Receiving(Subscribing):
         message it delivers: ~170 us against ~20 us per message of a pass of 64.
         """
         shares: list[list[Delivery] | None] = [None] * len(asks)
+        try:  # before any client is recorded or filter registered, as a receive alone checks
+            topic = self._topic_on_the_loop(group, subscription)
+        except BadRequestError:
+            if len(asks) == 1:
+                raise
+            return shares  # made alone, each earns its own error
+        if topic is None:
+            return shares
         sizes: dict[int, int] = {}
         for n, (_, size) in enumerate(asks):
             try:
@@ -273,6 +282,7 @@ class Receiving(Subscribing):
                     invisible_ms=invisible_ms,
                     auto_renew=auto_renew,
                     inline=True,
+                    topic=topic,
                     resolved=resolved,
                 )
             except Exception:
@@ -287,6 +297,18 @@ class Receiving(Subscribing):
                 at += len(share)
                 shares[n] = share if share or read_through else None
         return shares
+
+    def _topic_on_the_loop(self, group: str, subscription: Subscription) -> TopicConfig | None:
+        """The topic a receive on the loop reads, once the group and topic names pass their
+        checks; None, having recorded nothing, when a thread must make the receive: a topic to
+        create (which writes the topics file), a SQL92 filter to register (which may wait for the
+        filters' lock and write their file), a program to run."""
+        check_group(group)
+        check_topic(subscription.topic)
+        found = self.topics.get(subscription.topic)
+        if found is None or subscription.kind != "TAG" or self.programs.holds(group, found.name):
+            return None
+        return found
 
     def _batch_cap(self, batch_size: int) -> int:
         """A request's batch size, within :attr:`~BrokerConfig.max_batch_size`."""
@@ -303,20 +325,21 @@ class Receiving(Subscribing):
         invisible_ms: int | None,
         auto_renew: bool = False,
         inline: bool,
+        topic: TopicConfig | None = None,
         resolved: Resolved | None = None,
     ) -> tuple[list[Delivery] | None, bool]:
         """The deliveries (inline: None, nothing delivered, when a thread must make it), and
         whether the pass read every queue through (it did not stop on a bound or an error).
-        ``resolved``: what :meth:`_resolve` answered for ``client_id`` (a shared pass asked it)."""
-        check_group(group)
-        if not inline:
-            topic = self._readable_topic(subscription.topic)
-        else:
-            check_topic(subscription.topic)
-            found = self.topics.get(subscription.topic)  # (creating one writes the topics file)
-            if found is None or subscription.kind != "TAG" or self.programs.holds(group, found.name):
-                return None, False  # a topic to create, a SQL92 filter to register, a program to run
-            topic = found
+        ``topic`` and ``resolved``: what :meth:`_topic_on_the_loop` and :meth:`_resolve` answered
+        (a shared pass asked them)."""
+        if topic is None:
+            if not inline:
+                check_group(group)
+                topic = self._readable_topic(subscription.topic)
+            else:
+                topic = self._topic_on_the_loop(group, subscription)
+                if topic is None:
+                    return None, False
         if not topic.readable:
             raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
         invisible = self._invisible_ms(invisible_ms)
@@ -854,7 +877,8 @@ class _ReceivePass:
         """``count`` fresh 48-bit nonces. Those of the whole pass are drawn at once: a draw is a
         system call, which cost a third of a receive's own time when made per message."""
         if len(self._nonces) < count:
-            want = max(count, self.batch_size)
+            # a shared pass's batch is its receives' together (up to 4,096): not drawn at once
+            want = max(count, min(self.batch_size, 64))
             drawn = struct.unpack(f">{want}Q", secrets.token_bytes(8 * want))
             self._nonces += [value >> (64 - 8 * NONCE_BYTES) for value in drawn]
         taken, self._nonces = self._nonces[:count], self._nonces[count:]
