@@ -2,14 +2,18 @@
 
 8 client processes (rocketmq-python-client 5.1.2, one message per call, 1 KiB) send at once to a
 broker (async flush) started with ``--workers 1`` (gRPC in the core process) and ``--workers 2``,
-in alternating rounds. Reported per round: msg/s, the scaling N=2 / N=1, and the CPU per message
-of the core process and of the front-ends together. With ``--core`` it first measures the core
-process alone, sent calls straight on its socket with 1, 16 and 64 in flight: the lowest CPU per
-message there (the core busy, so concurrent sends coalesce) sets the ceiling one core process can
-carry. The projection for 8 and 16 cores is the lower of that ceiling and what the other cores'
-front-ends can pass at their CPU per message measured here, the clients running elsewhere.
+in alternating rounds (``--load consume``: 8 SimpleConsumer processes of one group receive the
+messages one per call and acknowledge each). Reported per round: msg/s, the scaling N=2 / N=1,
+and the CPU per message of the core process and of the front-ends together. With ``--core`` it
+first measures the core process alone, sent calls straight on its socket with 1, 16 and 64 in
+flight (sends, then one-message receives, then acks; ``--core-only``: that alone): the lowest CPU
+per message there (the core busy, so concurrent calls share their work) sets the ceiling one
+core process can carry. The projection for 8 and 16 cores is the lower of that ceiling and what
+the other cores' front-ends can pass at their CPU per message measured here, the clients running
+elsewhere.
 
-Run: ``.venv/bin/python benchmarks/bench_workers.py [--messages N] [--rounds R] [--clients C]``.
+Run: ``.venv/bin/python benchmarks/bench_workers.py [--messages N] [--rounds R] [--clients C]
+[--load client|stub|consume] [--core | --core-only]``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from siftmq.testing import BrokerProcess
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TOPIC = "WorkersBench"
+GROUP = "workers-bench"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -68,6 +73,46 @@ def client(endpoint: str, count: int) -> None:
     producer.shutdown()
 
 
+def consumer(endpoint: str, count: int) -> None:
+    """One consumer process (the official client's SimpleConsumer, one group): receive one message
+    per call and acknowledge it, until ``count`` were acknowledged."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
+
+    simple = SimpleConsumer(
+        ClientConfiguration(endpoint, Credentials(), request_timeout=10),
+        GROUP,
+        {TOPIC: FilterExpression("*")},
+        2,
+    )
+    simple.startup()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    acked = 0
+    while acked < count:
+        for message in simple.receive(1, 60):
+            simple.ack(message)
+            acked += 1
+    print("done", flush=True)
+    simple.shutdown()
+
+
+def preload(endpoint: str, total: int) -> None:
+    """``total`` messages of 1 KiB for the consumers, in batches (siftmq's own client)."""
+    import asyncio
+
+    from siftmq.client import Producer
+
+    async def run() -> None:
+        async with Producer(endpoint) as producer:
+            body = os.urandom(1024)
+            for at in range(0, total, 256):
+                await producer.send_many(
+                    [producer.message(TOPIC, body, tag="A") for _ in range(min(256, total - at))]
+                )
+
+    asyncio.run(run())
+
+
 def stub_client(endpoint: str, count: int) -> None:
     """A lighter client process: 4 threads of sync gRPC stubs in the official client's shape (its
     metadata, one message per call), so more of the CPU is left to the broker (bench_floor.py)."""
@@ -88,7 +133,7 @@ def core_capacity(
     (the messages the others read), then ReceiveMessage (one message per call, as the floor
     bench receives) and AckMessage (one entry per call, the handles the receives got). The
     front-ends' token and socket are read from a front-end's /proc entry (same user): this is a
-    measurement only. Returns the lowest core CPU per send."""
+    measurement only. Returns the lowest core CPU per call of each kind."""
     import asyncio
     import uuid
 
@@ -208,17 +253,17 @@ def core_capacity(
                 )
                 return cost
 
-            costs: list[float] = []
+            costs: dict[str, list[float]] = {}
             per_window = {w: total // len(windows) for w in windows}
             for window in windows:
-                costs.append(asyncio.run(run(window, "send", total)))
+                costs.setdefault("send", []).append(asyncio.run(run(window, "send", total)))
             for kind in kinds[1:] if kinds[0] == "send" else kinds:
                 for window in windows:
                     calls = per_window[window] if kind == "receive" else min(per_window[window], len(handles))
-                    asyncio.run(run(window, kind, calls))
+                    costs.setdefault(kind, []).append(asyncio.run(run(window, kind, calls)))
         finally:
             broker.stop()
-    return min(costs)
+    return {kind: min(found) for kind, found in costs.items()}
 
 
 def round_of(workers: int, clients: int, per_client: int, load: str) -> tuple[float, float, float]:
@@ -228,6 +273,8 @@ def round_of(workers: int, clients: int, per_client: int, load: str) -> tuple[fl
         try:
             assert broker.proc is not None
             core = broker.proc.pid
+            if load == "consume":
+                preload(broker.endpoint, clients * per_client)
             procs = [
                 subprocess.Popen(
                     [sys.executable, __file__, f"--{load}", broker.endpoint, str(per_client)],
@@ -266,7 +313,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument(
-        "--load", choices=("client", "stub"), default="client", help="official client, or gRPC stubs"
+        "--load",
+        choices=("client", "stub", "consume"),
+        default="client",
+        help="official client's sends, gRPC stubs' sends, or its receives (one message each) and acks",
     )
     parser.add_argument(
         "--core", action="store_true", help="also measure the core process alone (send, receive, ack)"
@@ -274,7 +324,11 @@ def main() -> None:
     parser.add_argument("--core-only", action="store_true", help="measure the core process alone, no rounds")
     parser.add_argument("--client", nargs=2, metavar=("ENDPOINT", "COUNT"), help=argparse.SUPPRESS)
     parser.add_argument("--stub", nargs=2, metavar=("ENDPOINT", "COUNT"), help=argparse.SUPPRESS)
+    parser.add_argument("--consume", nargs=2, metavar=("ENDPOINT", "COUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.consume:
+        consumer(args.consume[0], int(args.consume[1]))
+        return
     if args.client:
         client(args.client[0], int(args.client[1]))
         return
@@ -282,15 +336,20 @@ def main() -> None:
         stub_client(args.stub[0], int(args.stub[1]))
         return
     measure_core = args.core or args.core_only
-    saturated_core_us = (
-        core_capacity(args.messages, kinds=("send", "receive", "ack")) if measure_core else 0.0
-    )
+    busy = core_capacity(args.messages, kinds=("send", "receive", "ack")) if measure_core else {}
+    # the busy core's CPU per message of the rounds' load: a send; or a receive of one and its ack
+    consume = args.load == "consume" and busy
+    saturated_core_us = busy["receive"] + busy["ack"] if consume else busy.get("send", 0.0)
     if args.core_only:
         return
     per_client = args.messages // args.clients
-    who = "official-client processes" if args.load == "client" else "processes of 4 gRPC stub threads"
+    who, what = {
+        "client": ("official-client processes", "sends"),
+        "stub": ("processes of 4 gRPC stub threads", "sends"),
+        "consume": ("official-client consumer processes", "one-message receives and acks"),
+    }[args.load]
     print(
-        f"{args.clients} {who} x {per_client:,} sends of 1 KiB, async flush; cores: "
+        f"{args.clients} {who} x {per_client:,} {what} of 1 KiB, async flush; cores: "
         f"{len(os.sched_getaffinity(0))}",
         flush=True,
     )

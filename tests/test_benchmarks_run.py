@@ -33,3 +33,13 @@ def test_the_gate_benchmark_runs() -> None:
 def test_the_front_end_flood_benchmark_runs() -> None:
     out = run("bench_auth_e2e.py", "--flood-only", "--bad", "200")
     assert out.count("--workers 2: 200 bad signatures") == 2
+
+
+@pytest.mark.integration
+def test_the_core_capacity_benchmark_runs() -> None:
+    """It speaks the front-ends' frames to the core itself: every call answered OK."""
+    out = run("bench_workers.py", "--core-only", "--messages", "300")
+    for kind in ("send", "receive", "ack"):
+        lines = [line for line in out.splitlines() if line.startswith(f"core alone, {kind} ")]
+        assert len(lines) == 3, out
+        assert all("(100 OK)" in line or "(300 OK)" in line for line in lines), out
