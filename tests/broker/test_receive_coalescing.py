@@ -61,7 +61,8 @@ def steady(broker: Broker, sub: Subscription = SUB, group: str = GROUP) -> None:
 
 
 def turn(broker: Broker, asks: list[dict[str, Any]]) -> list[Any]:
-    """The coalescer's answers to ``asks`` made in one turn of a loop (exceptions as values)."""
+    """The coalescer's answers to ``asks`` made in one turn of a loop (exceptions as values): the
+    first alone, at once, the others in passes at the turn's end."""
 
     async def run() -> list[Any]:
         coalescer = ReceiveCoalescer(broker.try_receive_shared)
@@ -210,7 +211,7 @@ def test_a_pass_cut_short_by_its_bytes_leaves_the_rest_to_receive_alone(tmp_path
         send(broker, ["A"] * 8, body=body)
         callers = 8
         answers = turn(broker, [ask(1) for _ in range(callers)])
-        copied = INLINE_BYTES // len(body)  # the pass stops there: the others try alone (None)
+        copied = 1 + INLINE_BYTES // len(body)  # the first alone; the pass stops at its bytes
         assert [len(a) if a is not None else None for a in answers] == [1] * copied + [None] * (
             callers - copied
         )
@@ -353,16 +354,22 @@ def test_acks_of_broadcasting_members_are_made_each_in_its_own_progress(tmp_path
         broker.close()
 
 
-def test_acks_that_meet_a_lock_held_elsewhere_are_left_to_a_thread(broker: Broker) -> None:
+def test_only_the_acks_that_meet_a_lock_held_elsewhere_are_left_to_a_thread(broker: Broker) -> None:
     steady(broker)
-    send(broker, ["A"] * 2)
-    got = broker.receive(GROUP, SUB, queue_id=0, batch_size=2, invisible_ms=60_000)
-    prog = broker.consumers.get((GROUP, TOPIC, got[0].message.queue_id))
+    for n in range(8):  # one batch per send: spread over the 4 queues
+        send(broker, ["A"], start=n)
+    got = broker.receive(GROUP, SUB, queue_id=0, batch_size=8, invisible_ms=60_000)
+    assert len({d.message.queue_id for d in got}) == 4
+    held = got[-1].message.queue_id
+    prog = broker.consumers.get((GROUP, TOPIC, held))
     assert prog is not None
-    with prog.lock:  # a receive reading the queue, say
-        answers = ack_turn(broker, [("c1", [got[0].receipt_handle]), ("c2", [got[1].receipt_handle])])
-    assert answers == [None, None]  # nothing acknowledged: each is made alone, in a thread
-    assert broker.ack_many(GROUP, TOPIC, [d.receipt_handle for d in got]) == [None, None]
+    with prog.lock:  # a receive reading the queue in a thread, say
+        answers = ack_turn(broker, [(f"c{n % 3}", [d.receipt_handle]) for n, d in enumerate(got)])
+    # nothing of the held queue acknowledged (each made alone, in a thread); the others at once
+    assert answers == [None if d.message.queue_id == held else [None] for d in got]
+    left = [d.receipt_handle for d in got if d.message.queue_id == held]
+    assert broker.ack_many(GROUP, TOPIC, left) == [None] * len(left)
+    assert in_flight(broker) == {q: [] for q in range(4)}
 
 
 # ------------------------------------------------------ what a pass checks before it records anything
@@ -407,21 +414,33 @@ def test_receives_naming_a_bad_group_record_nothing_of_their_clients(broker: Bro
     steady(broker)
     for client in ("c1", "c2"):
         broker.receive(GROUP, SUB, client_id=client, batch_size=1)
-    answers = turn(broker, [ask(1, client_id=c, group="bad group!") for c in ("c1", "c2")])
-    assert answers == [None, None]  # made alone, each is refused
+    answers = turn(broker, [ask(1, client_id=c, group="bad group!") for c in ("c1", "c2", "c3")])
+    assert isinstance(answers[0], BadRequestError)  # the first alone, at once
+    assert answers[1:] == [None, None]  # the pass of two: made alone, each is refused
     assert {"c1", "c2"} <= broker.clients.live_ids(GROUP)  # still members of their group
 
 
 def test_a_receive_cancelled_before_its_pass_takes_no_share(broker: Broker) -> None:
     steady(broker)
+    steady(broker, group="g-other")
     send(broker, ["A"])
 
     async def run() -> list[Any]:
         coalescer = ReceiveCoalescer(broker.try_receive_shared)
+        opens = coalescer.try_receive(**ask(1, group="g-other"))  # the turn's first: made at once
         futures = [coalescer.try_receive(**ask(1, client_id=c)) for c in ("c1", "c2")]
         futures[0].cancel()  # its call's deadline passed, say
-        return [await futures[1]]
+        return [await opens, await futures[1]]
 
-    [second] = asyncio.run(run())
+    [_, second] = asyncio.run(run())
     assert [d.message_id for d in second] == [f"01SH{0:030d}"]
     assert sum(len(q) for q in in_flight(broker).values()) == 1  # the one answered, and no other
+
+
+def test_receives_asking_an_illegal_invisible_time_record_nothing_of_their_clients(broker: Broker) -> None:
+    steady(broker)
+    for client in ("c1", "c2"):
+        broker.receive(GROUP, SUB, client_id=client, batch_size=1)
+    answers = turn(broker, [ask(1, client_id=c, group="g2", invisible_ms=10) for c in ("c1", "c2", "c3")])
+    assert isinstance(answers[0], BadRequestError) and answers[1:] == [None, None]
+    assert {"c1", "c2"} <= broker.clients.live_ids(GROUP)  # still members of their group

@@ -41,6 +41,8 @@ from siftmq.store import (
 )
 
 _log = logging.getLogger(__name__)
+#: a queue's progress and an ack's (entry, handle) pairs of that queue
+_QueueHandles = tuple[QueueProgress, list[tuple[int, ReceiptHandle]]]
 _new_delivery: Final = functools.partial(tuple.__new__, Delivery)  # one per message received
 
 #: A dead-letter move that failed (a full disk, or anything else) is tried again this much later (ms).
@@ -90,14 +92,9 @@ def _renewing(prog: QueueProgress, handle: ReceiptHandle) -> bool:
     return entry is not None and entry[0] == handle.nonce
 
 
-def _take_all(locks: Sequence[threading.Lock]) -> bool:
-    """Acquire every lock without waiting, or none of them (False)."""
-    for n, lock in enumerate(locks):
-        if not lock.acquire(blocking=False):
-            for taken in locks[:n]:
-                taken.release()
-            return False
-    return True
+def _check_readable(topic: TopicConfig) -> None:
+    if not topic.readable:
+        raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
 
 
 def _handle_problem(
@@ -237,6 +234,7 @@ class Receiving(Subscribing):
         shares: list[list[Delivery] | None] = [None] * len(asks)
         try:  # before any client is recorded or filter registered, as a receive alone checks
             topic = self._topic_on_the_loop(group, subscription)
+            self._invisible_ms(invisible_ms)
         except BadRequestError:
             if len(asks) == 1:
                 raise
@@ -308,6 +306,7 @@ class Receiving(Subscribing):
         found = self.topics.get(subscription.topic)
         if found is None or subscription.kind != "TAG" or self.programs.holds(group, found.name):
             return None
+        _check_readable(found)
         return found
 
     def _batch_cap(self, batch_size: int) -> int:
@@ -336,12 +335,11 @@ class Receiving(Subscribing):
             if not inline:
                 check_group(group)
                 topic = self._readable_topic(subscription.topic)
+                _check_readable(topic)
             else:
                 topic = self._topic_on_the_loop(group, subscription)
                 if topic is None:
                     return None, False
-        if not topic.readable:
-            raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
         invisible = self._invisible_ms(invisible_ms)
         if resolved is None:
             resolved = self._resolve(group, client_id, subscription, held_only=inline)
@@ -722,8 +720,12 @@ class Receiving(Subscribing):
     ) -> list[BadRequestError | None]:
         """Acknowledge many deliveries: one outcome per handle, in order (None: acknowledged), as
         :meth:`ack` one by one would give; each queue's lock is taken once for all its handles."""
-        outcomes = self._ack_many(group, topic, handle_texts, client_id, wait=True)
-        assert outcomes is not None
+        outcomes, by_queue = self._sorted_handles(group, topic, handle_texts, client_id)
+        acked = 0
+        for prog, handles in by_queue.values():
+            with prog.lock:
+                acked += _ack_queue(prog, handles, outcomes)
+        self._count_acks(group, topic, acked)
         return outcomes
 
     def try_ack_many(
@@ -737,11 +739,12 @@ class Receiving(Subscribing):
         self, group: str, topic: str, asks: Sequence[tuple[str, Sequence[str]]]
     ) -> list[list[BadRequestError | None] | None]:
         """:meth:`try_ack_many` for several acks of ``group`` on ``topic``, each a (client id,
-        handles), made together: one pass per progress they acknowledge in (the group's; a
-        broadcasting member's own), each queue's lock taken once for all. Each ack gets its
-        handles' outcomes, as :meth:`ack_many` made one ack after the other would give; None
-        where its pass met a lock held elsewhere (then ack alone, in a thread). With one ack,
-        its error is raised.
+        handles), made together: per progress they acknowledge in (the group's; a broadcasting
+        member's own), each queue's lock is tried once for all of them. Each ack gets its
+        handles' outcomes, as :meth:`ack_many` made one ack after the other would give; None when
+        one of its queues' locks is held elsewhere (a receive in a thread reading that queue):
+        then ack alone, in a thread. An ack is answered by its own queues alone, so one held
+        queue sends to a thread only the acks that touch it.
 
         Why: an official client acknowledges one message per call, and a core process meets
         many such calls in one turn of its event loop; a pass's own work (the group's checks,
@@ -751,31 +754,33 @@ class Receiving(Subscribing):
         for n, (client_id, _) in enumerate(asks):
             by_progress.setdefault(self.progress_group(group, client_id), []).append(n)
         for ns in by_progress.values():
-            handles = [handle for n in ns for handle in asks[n][1]]
+            sorted_asks = [(n, *self._sorted_handles(group, topic, asks[n][1], asks[n][0])) for n in ns]
+            progress = {qid: prog for _, _, by_queue in sorted_asks for qid, (prog, _) in by_queue.items()}
+            free = {qid for qid, prog in progress.items() if prog.lock.acquire(blocking=False)}
+            acked = 0
             try:
-                outcomes = self._ack_many(group, topic, handles, asks[ns[0]][0], wait=False)
-            except Exception:
-                if len(asks) == 1:
-                    raise
-                continue  # made alone, each earns its own answer
-            if outcomes is None:
-                continue
-            at = 0
-            for n in ns:
-                count = len(asks[n][1])
-                shares[n] = outcomes[at : at + count]
-                at += count
+                for n, outcomes, by_queue in sorted_asks:
+                    if free.issuperset(by_queue):
+                        for prog, handles in by_queue.values():
+                            acked += _ack_queue(prog, handles, outcomes)
+                        shares[n] = outcomes
+            finally:
+                for qid in free:
+                    progress[qid].lock.release()
+            self._count_acks(group, topic, acked)
         return shares
 
-    def _ack_many(
-        self, group: str, topic: str, handle_texts: Sequence[str], client_id: str, *, wait: bool
-    ) -> list[BadRequestError | None] | None:
+    def _sorted_handles(
+        self, group: str, topic: str, handle_texts: Sequence[str], client_id: str
+    ) -> tuple[list[BadRequestError | None], dict[int, _QueueHandles]]:
+        """An ack's handles decoded and sorted by queue: the outcomes (those refused already
+        named) and, by queue id, the queue's progress and its (entry, handle) pairs."""
         try:
             check_group(group)
         except BadRequestError as exc:
-            return [exc] * len(handle_texts)
+            return [exc] * len(handle_texts), {}
         outcomes: list[BadRequestError | None] = [None] * len(handle_texts)
-        by_queue: dict[int, tuple[QueueProgress, list[tuple[int, ReceiptHandle]]]] = {}
+        by_queue: dict[int, _QueueHandles] = {}
         for n, text in enumerate(handle_texts):
             try:
                 handle = ReceiptHandle.decode(text)
@@ -787,25 +792,12 @@ class Receiving(Subscribing):
                 outcomes[n] = exc
                 continue
             mine[1].append((n, handle))
-        acked = 0
-        if wait:
-            for prog, handles in by_queue.values():
-                with prog.lock:
-                    acked += _ack_queue(prog, handles, outcomes)
-        else:
-            locks = [prog.lock for prog, _ in by_queue.values()]
-            if not _take_all(locks):
-                return None
-            try:
-                for prog, handles in by_queue.values():
-                    acked += _ack_queue(prog, handles, outcomes)
-            finally:
-                for lock in locks:
-                    lock.release()
+        return outcomes, by_queue
+
+    def _count_acks(self, group: str, topic: str, acked: int) -> None:
         if acked:
             self.consumers.mark_dirty()
             self.stats.count(self.stats.acks, (group, topic), acked)
-        return outcomes
 
     def change_invisible_duration(
         self, group: str, topic: str, handle_text: str, invisible_ms: int, *, client_id: str = ""
