@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from siftmq.broker import Broker, ProducedMessage, Subscription
-from siftmq.broker.client_state import client_progress_group
-from siftmq.broker.coalescing import MAX_COALESCED_RECEIVES, AckCoalescer, ReceiveCoalescer
+from siftmq.broker.coalescing import MAX_COALESCED_RECEIVES, ReceiveCoalescer
 from siftmq.broker.long_polling import ArrivalNotifier, receive_long_polling
 from siftmq.broker.receive import INLINE_BYTES
 from siftmq.errors import BadRequestError
@@ -274,102 +273,6 @@ def test_renewed_deliveries_are_kept_for_the_client_that_received_them(broker: B
     for client, got in zip(("c1", "c2"), answers, strict=True):
         for d in got:
             assert renewed_for[d.message.queue_offset] == client
-
-
-# ------------------------------------------------------------------------------------------- acks
-
-
-def ack_turn(broker: Broker, asks: list[tuple[str, list[str]]], topic: str = TOPIC) -> list[Any]:
-    """The ack coalescer's answers to ``asks`` (client id, handles) made in one turn of a loop."""
-
-    async def run() -> list[Any]:
-        coalescer = AckCoalescer(broker.try_ack_shared)
-        futures = [coalescer.try_ack(GROUP, topic, handles, client_id=c) for c, handles in asks]
-        return await asyncio.gather(*futures, return_exceptions=True)
-
-    return asyncio.run(run())
-
-
-def codes(outcomes: list[Any] | None) -> list[Any] | None:
-    return None if outcomes is None else [None if e is None else e.status for e in outcomes]
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    count=st.integers(1, 40),
-    asks=st.lists(
-        st.tuples(
-            st.sampled_from(["c1", "c2", "c3"]),
-            st.lists(st.one_of(st.integers(0, 39), st.sampled_from(["garbage", "other-topic"])), max_size=6),
-        ),
-        min_size=1,
-        max_size=10,
-    ),
-)
-def test_a_turn_of_acks_answers_what_the_same_acks_one_by_one_would(
-    tmp_path_factory: pytest.TempPathFactory, count: int, asks: list[tuple[str, list[int | str]]]
-) -> None:
-    """Two brokers fed alike, each with ``count`` messages in flight: one acknowledges a turn's
-    acks (of the group's members, with handles acked twice, unknown or of another topic) one after
-    the other (``ack_many``), the other in one turn through the coalescer: the same outcome for
-    every handle, and the same left in flight."""
-    brokers = [make_broker(tmp_path_factory.mktemp("b") / "d") for _ in range(2)]
-    try:
-        handles = []
-        for b in brokers:
-            steady(b)
-            send(b, ["A"] * count)
-            got = b.receive(GROUP, SUB, queue_id=0, batch_size=count, invisible_ms=60_000)
-            assert len(got) == count
-            by_id = {d.message_id: d.receipt_handle for d in got}
-            handles.append([by_id[i] for i in sorted(by_id)])
-
-        def texts(broker: int, picks: list[int | str]) -> list[str]:
-            other = handles[broker][0].replace(TOPIC, "Elsewhere")
-            named = {"garbage": "not a handle", "other-topic": other}
-            return [named[p] if isinstance(p, str) else handles[broker][p % count] for p in picks]
-
-        alone = [codes(brokers[0].ack_many(GROUP, TOPIC, texts(0, picks), client_id=c)) for c, picks in asks]
-        together = [codes(a) for a in ack_turn(brokers[1], [(c, texts(1, picks)) for c, picks in asks])]
-        assert together == alone
-        assert in_flight(brokers[0]) == in_flight(brokers[1])
-    finally:
-        for b in brokers:
-            b.close()
-
-
-def test_acks_of_broadcasting_members_are_made_each_in_its_own_progress(tmp_path: Path) -> None:
-    broker = make_broker(tmp_path / "d", broadcasting_groups=(GROUP,))
-    try:
-        for client in ("c1", "c2"):
-            assert broker.receive(GROUP, SUB, client_id=client, batch_size=32) == []
-        send(broker, ["A"] * 2)
-        got = {c: broker.receive(GROUP, SUB, client_id=c, batch_size=5) for c in ("c1", "c2")}
-        answers = ack_turn(broker, [(c, [d.receipt_handle for d in got[c]]) for c in ("c2", "c1")])
-        assert answers == [[None, None], [None, None]]
-        for c in ("c1", "c2"):  # nothing left in flight for either member
-            progress = [broker.consumers.get((client_progress_group(GROUP, c), TOPIC, q)) for q in range(4)]
-            assert [len(p.inflight) for p in progress if p is not None] == [0, 0, 0, 0]
-    finally:
-        broker.close()
-
-
-def test_only_the_acks_that_meet_a_lock_held_elsewhere_are_left_to_a_thread(broker: Broker) -> None:
-    steady(broker)
-    for n in range(8):  # one batch per send: spread over the 4 queues
-        send(broker, ["A"], start=n)
-    got = broker.receive(GROUP, SUB, queue_id=0, batch_size=8, invisible_ms=60_000)
-    assert len({d.message.queue_id for d in got}) == 4
-    held = got[-1].message.queue_id
-    prog = broker.consumers.get((GROUP, TOPIC, held))
-    assert prog is not None
-    with prog.lock:  # a receive reading the queue in a thread, say
-        answers = ack_turn(broker, [(f"c{n % 3}", [d.receipt_handle]) for n, d in enumerate(got)])
-    # nothing of the held queue acknowledged (each made alone, in a thread); the others at once
-    assert answers == [None if d.message.queue_id == held else [None] for d in got]
-    left = [d.receipt_handle for d in got if d.message.queue_id == held]
-    assert broker.ack_many(GROUP, TOPIC, left) == [None] * len(left)
-    assert in_flight(broker) == {q: [] for q in range(4)}
 
 
 # ------------------------------------------------------ what a pass checks before it records anything

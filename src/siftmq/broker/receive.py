@@ -41,8 +41,6 @@ from siftmq.store import (
 )
 
 _log = logging.getLogger(__name__)
-#: a queue's progress and an ack's (entry, handle) pairs of that queue
-_QueueHandles = tuple[QueueProgress, list[tuple[int, ReceiptHandle]]]
 _new_delivery: Final = functools.partial(tuple.__new__, Delivery)  # one per message received
 
 #: A dead-letter move that failed (a full disk, or anything else) is tried again this much later (ms).
@@ -90,6 +88,16 @@ def _renewing(prog: QueueProgress, handle: ReceiptHandle) -> bool:
     renewed when it comes due, so past its invisible time its handle still holds."""
     entry = prog.renew.get(handle.queue_offset)
     return entry is not None and entry[0] == handle.nonce
+
+
+def _take_all(locks: Sequence[threading.Lock]) -> bool:
+    """Acquire every lock without waiting, or none of them (False)."""
+    for n, lock in enumerate(locks):
+        if not lock.acquire(blocking=False):
+            for taken in locks[:n]:
+                taken.release()
+            return False
+    return True
 
 
 def _check_readable(topic: TopicConfig) -> None:
@@ -720,12 +728,8 @@ class Receiving(Subscribing):
     ) -> list[BadRequestError | None]:
         """Acknowledge many deliveries: one outcome per handle, in order (None: acknowledged), as
         :meth:`ack` one by one would give; each queue's lock is taken once for all its handles."""
-        outcomes, by_queue = self._sorted_handles(group, topic, handle_texts, client_id)
-        acked = 0
-        for prog, handles in by_queue.values():
-            with prog.lock:
-                acked += _ack_queue(prog, handles, outcomes)
-        self._count_acks(group, topic, acked)
+        outcomes = self._ack_many(group, topic, handle_texts, client_id, wait=True)
+        assert outcomes is not None
         return outcomes
 
     def try_ack_many(
@@ -733,54 +737,17 @@ class Receiving(Subscribing):
     ) -> list[BadRequestError | None] | None:
         """:meth:`ack_many` that never waits for a lock, so an event loop may call it: when a queue's
         lock is held elsewhere (a receive reading that queue) it acknowledges nothing: None."""
-        return self.try_ack_shared(group, topic, [(client_id, handle_texts)])[0]
+        return self._ack_many(group, topic, handle_texts, client_id, wait=False)
 
-    def try_ack_shared(
-        self, group: str, topic: str, asks: Sequence[tuple[str, Sequence[str]]]
-    ) -> list[list[BadRequestError | None] | None]:
-        """:meth:`try_ack_many` for several acks of ``group`` on ``topic``, each a (client id,
-        handles), made together: per progress they acknowledge in (the group's; a broadcasting
-        member's own), each queue's lock is tried once for all of them. Each ack gets its
-        handles' outcomes, as :meth:`ack_many` made one ack after the other would give; None when
-        one of its queues' locks is held elsewhere (a receive in a thread reading that queue):
-        then ack alone, in a thread. An ack is answered by its own queues alone, so one held
-        queue sends to a thread only the acks that touch it.
-
-        Why: an official client acknowledges one message per call, and a core process meets
-        many such calls in one turn of its event loop; a pass's own work (the group's checks,
-        each queue's lock, the counters) is more than an acknowledgement's."""
-        shares: list[list[BadRequestError | None] | None] = [None] * len(asks)
-        by_progress: dict[str, list[int]] = {}
-        for n, (client_id, _) in enumerate(asks):
-            by_progress.setdefault(self.progress_group(group, client_id), []).append(n)
-        for ns in by_progress.values():
-            sorted_asks = [(n, *self._sorted_handles(group, topic, asks[n][1], asks[n][0])) for n in ns]
-            progress = {qid: prog for _, _, by_queue in sorted_asks for qid, (prog, _) in by_queue.items()}
-            free = {qid for qid, prog in progress.items() if prog.lock.acquire(blocking=False)}
-            acked = 0
-            try:
-                for n, outcomes, by_queue in sorted_asks:
-                    if free.issuperset(by_queue):
-                        for prog, handles in by_queue.values():
-                            acked += _ack_queue(prog, handles, outcomes)
-                        shares[n] = outcomes
-            finally:
-                for qid in free:
-                    progress[qid].lock.release()
-            self._count_acks(group, topic, acked)
-        return shares
-
-    def _sorted_handles(
-        self, group: str, topic: str, handle_texts: Sequence[str], client_id: str
-    ) -> tuple[list[BadRequestError | None], dict[int, _QueueHandles]]:
-        """An ack's handles decoded and sorted by queue: the outcomes (those refused already
-        named) and, by queue id, the queue's progress and its (entry, handle) pairs."""
+    def _ack_many(
+        self, group: str, topic: str, handle_texts: Sequence[str], client_id: str, *, wait: bool
+    ) -> list[BadRequestError | None] | None:
         try:
             check_group(group)
         except BadRequestError as exc:
-            return [exc] * len(handle_texts), {}
+            return [exc] * len(handle_texts)
         outcomes: list[BadRequestError | None] = [None] * len(handle_texts)
-        by_queue: dict[int, _QueueHandles] = {}
+        by_queue: dict[int, tuple[QueueProgress, list[tuple[int, ReceiptHandle]]]] = {}
         for n, text in enumerate(handle_texts):
             try:
                 handle = ReceiptHandle.decode(text)
@@ -792,12 +759,25 @@ class Receiving(Subscribing):
                 outcomes[n] = exc
                 continue
             mine[1].append((n, handle))
-        return outcomes, by_queue
-
-    def _count_acks(self, group: str, topic: str, acked: int) -> None:
+        acked = 0
+        if wait:
+            for prog, handles in by_queue.values():
+                with prog.lock:
+                    acked += _ack_queue(prog, handles, outcomes)
+        else:
+            locks = [prog.lock for prog, _ in by_queue.values()]
+            if not _take_all(locks):
+                return None
+            try:
+                for prog, handles in by_queue.values():
+                    acked += _ack_queue(prog, handles, outcomes)
+            finally:
+                for lock in locks:
+                    lock.release()
         if acked:
             self.consumers.mark_dirty()
             self.stats.count(self.stats.acks, (group, topic), acked)
+        return outcomes
 
     def change_invisible_duration(
         self, group: str, topic: str, handle_text: str, invisible_ms: int, *, client_id: str = ""

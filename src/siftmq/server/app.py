@@ -214,7 +214,9 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
         broker.add_arrival_listener(notifier.on_arrival)
         # one bound both ways: the largest message, or the largest pull answer, plus room for the rest
         frame_limit = max(config.max_body_size, config.max_pull_bytes) + FRAME_OVERHEAD
-        service = MessagingService(broker, notifier, reads, sends, program_reads)
+        service = MessagingService(
+            broker, notifier, reads, sends, program_reads, share_receives=config.workers > 1
+        )
         if gate is not None and config.auto_create_topics:  # a call on a topic that does not exist creates it
             gate.missing_topic = lambda name: broker.topics.get(name) is None
         signals.gate = gate

@@ -23,7 +23,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from siftmq.broker.broker import Broker
-from siftmq.broker.coalescing import AckCoalescer, OneHop, ReceiveCoalescer, SendCoalescer
+from siftmq.broker.coalescing import OneHop, ReceiveCoalescer, SendCoalescer
 from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, receive_long_polling
 from siftmq.broker.model import Subscription
 from siftmq.broker.send import MAX_BATCH_MESSAGES
@@ -137,6 +137,8 @@ class MessagingService:
         read_executor: Executor | None = None,
         send_executor: Executor | None = None,
         program_executor: Executor | None = None,
+        *,
+        share_receives: bool = False,
     ) -> None:
         self.broker = broker
         self.notifier = notifier
@@ -153,8 +155,11 @@ class MessagingService:
         # ~15% of the broker's CPU per official-client send). Batches and sync flush keep the hop.
         self._inline_sends = broker.config.flush == "async"
         self._coalescer = SendCoalescer(functools.partial(broker.send_many, on_loop=True))
-        self._receives = ReceiveCoalescer(broker.try_receive_shared)
-        self._ack_passes = AckCoalescer(broker.try_ack_shared)
+        # Receives of one turn served by shared passes: where a turn brings many calls (a core
+        # process, whose front-ends' frames arrive many to a read). In one process gRPC hands the
+        # loop a few calls at a time, and a receive that waits a turn for others costs more than
+        # it shares (the floor bench, A/B 2026-11-27: ~8% more broker CPU per receive).
+        self._receives = ReceiveCoalescer(broker.try_receive_shared) if share_receives else None
         self._acks = OneHop()
 
     def _reads_for(self, group: str, topic: str) -> Executor | None:
@@ -463,25 +468,23 @@ class MessagingService:
             return status(StatusCode.BAD_REQUEST, "AckMessage has no entries"), []
         handles = [entry.receipt_handle for entry in request.entries]
 
-        def statuses(outcomes: Sequence[Exception | None]) -> list[pb.Status | None]:  # None: acked
+        def ack_all(wait: bool) -> list[pb.Status | None] | None:  # None (an entry's): acked
+            ack = self.broker.ack_many if wait else self.broker.try_ack_many
+            try:
+                outcomes = ack(group, topic, handles, client_id=client_id)
+            except Exception as exc:
+                failed = status_of(exc, call="AckMessage")
+                return [failed] * len(handles)
+            if outcomes is None:
+                return None
             return [None if e is None else status_of(e, call="AckMessage") for e in outcomes]
 
-        def ack_alone() -> list[pb.Status | None]:  # in a thread: waits for the queues' locks
-            try:
-                return statuses(self.broker.ack_many(group, topic, handles, client_id=client_id))
-            except Exception as exc:
-                return [status_of(exc, call="AckMessage")] * len(handles)
-
-        # On the event loop, with the other acks of this turn for the group and topic, while no
-        # receive holds their queues' locks (a hop to a thread and back costs ~75 us of CPU, more
-        # than most acks); else in one hop with the other acks of this turn that met a lock
-        errors: list[pb.Status | None]
-        try:
-            outcomes = await self._ack_passes.try_ack(group, topic, handles, client_id=client_id)
-        except Exception as exc:
-            errors = [status_of(exc, call="AckMessage")] * len(handles)
-        else:
-            errors = statuses(outcomes) if outcomes is not None else await self._acks.run(ack_alone)
+        # On the event loop while no receive holds the queues' locks (a hop to a thread and back
+        # costs ~75 us of CPU, more than most acks); else in one hop with the other acks of this turn
+        errors = ack_all(False)
+        if errors is None:
+            errors = await self._acks.run(functools.partial(ack_all, True))
+        assert errors is not None
         failed = [err for err in errors if err is not None]
         if not failed:
             return OK_FIELDS, None
