@@ -113,6 +113,40 @@ def metadata(client_id: str) -> tuple[tuple[str, str], ...]:
     )
 
 
+def send_request(topic: str, body: bytes) -> pb.SendMessageRequest:
+    """One message, as the official client sends it."""
+    msg = pb.Message(
+        topic=pb.Resource(name=topic),
+        body=body,
+        system_properties=pb.SystemProperties(
+            message_id=uuid.uuid4().hex.upper(),
+            tag="t",
+            message_type=pb.MessageType.NORMAL,
+            body_encoding=pb.Encoding.IDENTITY,
+        ),
+    )
+    return pb.SendMessageRequest(messages=[msg])
+
+
+def receive_request(group: str, topic: str, invisible_s: int) -> pb.ReceiveMessageRequest:
+    """A receive of one message of any tag from any queue, held up to 1 s."""
+    request = pb.ReceiveMessageRequest(
+        group=pb.Resource(name=group),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1),
+        filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
+        batch_size=1,
+        auto_renew=False,
+    )
+    request.invisible_duration.FromSeconds(invisible_s)
+    request.long_polling_timeout.FromSeconds(1)
+    return request
+
+
+def ack_request(group: str, topic: str, message_id: str, handle: str) -> pb.AckMessageRequest:
+    entry = pb.AckMessageEntry(message_id=message_id, receipt_handle=handle)
+    return pb.AckMessageRequest(group=pb.Resource(name=group), topic=pb.Resource(name=topic), entries=[entry])
+
+
 def calls(endpoint: str, kind: str, total: int, threads: int = 8) -> float:
     """``total`` calls of ``kind`` (send, receive, ack) from ``threads`` threads; seconds taken."""
     counter = iter(range(total))
@@ -139,27 +173,9 @@ def calls(endpoint: str, kind: str, total: int, threads: int = 8) -> float:
             )
             for _ in counter:
                 if kind == "send":
-                    msg = pb.Message(
-                        topic=pb.Resource(name=TOPIC),
-                        body=BODY,
-                        system_properties=pb.SystemProperties(
-                            message_id=uuid.uuid4().hex.upper(),
-                            tag="t",
-                            message_type=pb.MessageType.NORMAL,
-                            body_encoding=pb.Encoding.IDENTITY,
-                        ),
-                    )
-                    send(pb.SendMessageRequest(messages=[msg]), timeout=10, metadata=metadata(client_id))
+                    send(send_request(TOPIC, BODY), timeout=10, metadata=metadata(client_id))
                 elif kind == "receive":
-                    request = pb.ReceiveMessageRequest(
-                        group=pb.Resource(name=GROUP),
-                        message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=-1),
-                        filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
-                        batch_size=1,
-                        auto_renew=False,
-                    )
-                    request.invisible_duration.FromSeconds(60)
-                    request.long_polling_timeout.FromSeconds(1)
+                    request = receive_request(GROUP, TOPIC, 60)
                     for answer in receive(request, timeout=10, metadata=metadata(client_id)):
                         if answer.WhichOneof("content") == "message":
                             with lock:
@@ -174,14 +190,7 @@ def calls(endpoint: str, kind: str, total: int, threads: int = 8) -> float:
                         found = handles.pop() if handles else None
                     if found is None:
                         break
-                    entry = pb.AckMessageEntry(message_id=found[0], receipt_handle=found[1])
-                    ack(
-                        pb.AckMessageRequest(
-                            group=pb.Resource(name=GROUP), topic=pb.Resource(name=TOPIC), entries=[entry]
-                        ),
-                        timeout=10,
-                        metadata=metadata(client_id),
-                    )
+                    ack(ack_request(GROUP, TOPIC, *found), timeout=10, metadata=metadata(client_id))
 
     return run_threads(worker, threads)
 

@@ -135,10 +135,9 @@ def core_capacity(
     front-ends' token and socket are read from a front-end's /proc entry (same user): this is a
     measurement only. Returns the lowest core CPU per call of each kind."""
     import asyncio
-    import uuid
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_floor import metadata
+    from bench_floor import ack_request, metadata, receive_request, send_request
     from siftmq.frontend import frames
     from siftmq.frontend.edge import ALL_RPCS, TOKEN_ENV
     from siftmq.protocol import rocketmq_v2_pb2 as pb
@@ -160,33 +159,10 @@ def core_capacity(
 
             def request_of(kind: str) -> bytes:
                 if kind == "send":
-                    msg = pb.Message(
-                        topic=pb.Resource(name=TOPIC),
-                        body=body,
-                        system_properties=pb.SystemProperties(
-                            message_id=uuid.uuid4().hex.upper(),
-                            tag="t",
-                            message_type=pb.MessageType.NORMAL,
-                            body_encoding=pb.Encoding.IDENTITY,
-                        ),
-                    )
-                    return pb.SendMessageRequest(messages=[msg]).SerializeToString()
+                    return send_request(TOPIC, body).SerializeToString()
                 if kind == "receive":
-                    receive = pb.ReceiveMessageRequest(
-                        group=pb.Resource(name=group),
-                        message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=-1),
-                        filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
-                        batch_size=1,
-                        auto_renew=False,
-                    )
-                    receive.invisible_duration.FromSeconds(300)
-                    receive.long_polling_timeout.FromSeconds(1)
-                    return receive.SerializeToString()
-                message_id, handle = handles.pop()
-                entry = pb.AckMessageEntry(message_id=message_id, receipt_handle=handle)
-                return pb.AckMessageRequest(
-                    group=pb.Resource(name=group), topic=pb.Resource(name=TOPIC), entries=[entry]
-                ).SerializeToString()
+                    return receive_request(group, TOPIC, 300).SerializeToString()
+                return ack_request(group, TOPIC, *handles.pop()).SerializeToString()
 
             async def run(window: int, kind: str, calls: int) -> float:
                 loop = asyncio.get_running_loop()
