@@ -347,3 +347,12 @@ def test_receives_asking_an_illegal_invisible_time_record_nothing_of_their_clien
     answers = turn(broker, [ask(1, client_id=c, group="g2", invisible_ms=10) for c in ("c1", "c2", "c3")])
     assert isinstance(answers[0], BadRequestError) and answers[1:] == [None, None]
     assert {"c1", "c2"} <= broker.clients.live_ids(GROUP)  # still members of their group
+
+
+def test_a_request_with_two_faults_is_refused_for_the_first_a_receive_checks(broker: Broker) -> None:
+    """The group before the batch size, on the loop and in a thread, as before passes were shared."""
+    steady(broker)
+    for receive in (broker.try_receive, broker.receive):
+        with pytest.raises(BadRequestError) as refused:
+            receive("bad group!", SUB, batch_size=0)
+        assert "batch_size" not in str(refused.value) and "bad group!" in str(refused.value)

@@ -171,7 +171,7 @@ class Receiving(Subscribing):
             subscription,
             client_id=client_id,
             queue_id=queue_id,
-            batch_size=self._batch_cap(batch_size),
+            batch_size=batch_size,
             invisible_ms=invisible_ms,
             auto_renew=auto_renew,
             inline=False,
@@ -208,7 +208,7 @@ class Receiving(Subscribing):
             subscription,
             client_id=client_id,
             queue_id=queue_id,
-            batch_size=self._batch_cap(batch_size),
+            batch_size=batch_size,
             invisible_ms=invisible_ms,
             auto_renew=auto_renew,
             inline=True,
@@ -290,6 +290,7 @@ class Receiving(Subscribing):
                     inline=True,
                     topic=topic,
                     resolved=resolved,
+                    batch_capped=True,
                 )
             except Exception:
                 if len(asks) == 1:
@@ -334,11 +335,13 @@ class Receiving(Subscribing):
         inline: bool,
         topic: TopicConfig | None = None,
         resolved: Resolved | None = None,
+        batch_capped: bool = False,
     ) -> tuple[list[Delivery] | None, bool]:
         """The deliveries (inline: None, nothing delivered, when a thread must make it), and
         whether the pass read every queue through (it did not stop on a bound or an error).
-        ``topic`` and ``resolved``: what :meth:`_topic_on_the_loop` and :meth:`_resolve` answered
-        (a shared pass asked them)."""
+        ``topic`` and ``resolved``: what :meth:`_topic_on_the_loop` and :meth:`_resolve` answered,
+        and ``batch_capped``: ``batch_size`` is its receives' sizes each within the bound (a
+        shared pass checked them)."""
         if topic is None:
             if not inline:
                 check_group(group)
@@ -349,6 +352,8 @@ class Receiving(Subscribing):
                 if topic is None:
                     return None, False
         invisible = self._invisible_ms(invisible_ms)
+        if not batch_capped:
+            batch_size = self._batch_cap(batch_size)
         if resolved is None:
             resolved = self._resolve(group, client_id, subscription, held_only=inline)
         if resolved is None:
