@@ -17,7 +17,8 @@ from siftmq.broker import parts as parts_module
 from siftmq.broker.model import ProducedBatch
 from siftmq.broker.receipts import ReceiptHandle
 from siftmq.broker.receive import DLQ_RETRY_MS
-from siftmq.errors import BadRequestError, FilterError, UnsupportedError
+from siftmq.broker.topics import PERM_WRITE
+from siftmq.errors import BadRequestError, FilterError, StatusCode, UnsupportedError
 from siftmq.hashing import java_string_hash
 from siftmq.store import store as store_module
 from siftmq.testing import SteppedClock
@@ -802,3 +803,18 @@ def test_a_property_of_thousands_of_digits_does_not_stop_a_sql92_group(broker: B
     send(broker, a="0" * 5_000 + "7", n="leading zeros")
     send(broker, a="6", n="after")
     assert [props["n"] for _, props, _ in drain(broker, "g", sub)] == ["before", "leading zeros", "after"]
+
+
+def test_a_topic_without_read_permission_refuses_receives_and_pulls(broker: Broker) -> None:
+    broker.send_many([ProducedMessage(topic=TOPIC, body=b"x", message_id="01PERM")])
+    broker.topics.update(TOPIC, perm=PERM_WRITE)
+    sub = Subscription(TOPIC, "TAG", "*")
+    calls = [
+        lambda: broker.receive("g-perm", sub),
+        lambda: broker.try_receive("g-perm", sub),
+        lambda: broker.pull("g-perm", sub, 0, 0, 8),
+    ]
+    for call in calls:
+        with pytest.raises(BadRequestError) as refused:
+            call()
+        assert refused.value.status == StatusCode.FORBIDDEN and "not readable" in str(refused.value)

@@ -67,6 +67,13 @@ def check_queue(topic: TopicConfig, queue_id: int) -> TopicConfig:
     return topic
 
 
+def check_readable(topic: TopicConfig) -> TopicConfig:
+    """``topic``, after checking that it may be read (receives and pulls)."""
+    if not topic.readable:
+        raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
+    return topic
+
+
 class BrokerParts:
     """The state every request family works on; :class:`~siftmq.broker.broker.Broker` sets it up."""
 

@@ -11,7 +11,7 @@ from siftmq.broker.model import (
     PullResult,
     Subscription,
 )
-from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, _positive_batch, check_queue
+from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, _positive_batch, check_queue, check_readable
 from siftmq.broker.subscriptions import Subscribing
 from siftmq.broker.topics import TopicConfig
 from siftmq.broker.validation import (
@@ -52,9 +52,7 @@ class Pulling(Subscribing):
         the next pull starts.
         """
         check_group(group)
-        topic = self._queue(subscription.topic, queue_id)
-        if not topic.readable:
-            raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
+        topic = check_readable(self._queue(subscription.topic, queue_id))
         if offset < 0:
             raise BadRequestError(
                 f"offset must not be negative, got {offset}", status=StatusCode.ILLEGAL_OFFSET

@@ -20,7 +20,7 @@ from siftmq.broker.model import (
     Delivery,
     Subscription,
 )
-from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, NotOnTheLoop, _now_ms, _positive_batch
+from siftmq.broker.parts import MAX_SCAN_PER_RECEIVE, NotOnTheLoop, _now_ms, _positive_batch, check_readable
 from siftmq.broker.receipts import ReceiptHandle, encode_handle
 from siftmq.broker.subscriptions import Resolved, Subscribing
 from siftmq.broker.topics import TopicConfig
@@ -98,11 +98,6 @@ def _take_all(locks: Sequence[threading.Lock]) -> bool:
                 taken.release()
             return False
     return True
-
-
-def _check_readable(topic: TopicConfig) -> None:
-    if not topic.readable:
-        raise BadRequestError(f"topic {topic.name!r} is not readable", status=StatusCode.FORBIDDEN)
 
 
 def _handle_problem(
@@ -315,7 +310,7 @@ class Receiving(Subscribing):
         found = self.topics.get(subscription.topic)
         if found is None or subscription.kind != "TAG" or self.programs.holds(group, found.name):
             return None
-        _check_readable(found)
+        check_readable(found)
         return found
 
     def _batch_cap(self, batch_size: int) -> int:
@@ -346,7 +341,7 @@ class Receiving(Subscribing):
             if not inline:
                 check_group(group)
                 topic = self._readable_topic(subscription.topic)
-                _check_readable(topic)
+                check_readable(topic)
             else:
                 topic = self._topic_on_the_loop(group, subscription)
                 if topic is None:
