@@ -8,28 +8,23 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import loop_receive_helpers
+from loop_receive_helpers import make_broker
 from siftmq.broker import Broker, ProducedMessage, Subscription
 from siftmq.broker import parts as parts_module
 from siftmq.broker.consumer_state import DUE_SLACK
 from siftmq.broker.receive import INLINE_BYTES, INLINE_SCAN
-from siftmq.testing import SteppedClock, open_broker
+from siftmq.testing import SteppedClock
 
 TOPIC = "Inline"
 GROUP = "g-inline"
 _T = TypeVar("_T")
-
-
-def make_broker(data_dir: Path, **overrides: Any) -> Broker:
-    """A broker whose housekeeping saves no consumer progress during a test: the save takes the
-    queues' locks, which makes a receive on the loop decline (rightly, but not what is tested)."""
-    broker: Broker = open_broker(data_dir, consumer_state_flush_ms=10**6, **overrides)
-    return broker
 
 
 @pytest.fixture
@@ -61,14 +56,7 @@ def steady(broker: Broker, sub: Subscription | None = None) -> None:
 
 
 def in_flight(broker: Broker, group: str = GROUP, topic: str = TOPIC) -> dict[int, list[int]]:
-    queues = broker.topics.get(topic)
-    assert queues is not None
-    found = {}
-    for qid in range(queues.queue_nums):
-        prog = broker.consumers.get((group, topic, qid))
-        if prog is not None:
-            found[qid] = sorted(prog.inflight)
-    return found
+    return loop_receive_helpers.in_flight(broker, group, topic)
 
 
 def pop_offsets(broker: Broker, group: str = GROUP, topic: str = TOPIC) -> list[int | None]:

@@ -16,23 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import loop_receive_helpers
+from loop_receive_helpers import make_broker
 from siftmq.broker import Broker, ProducedMessage, Subscription
 from siftmq.broker.coalescing import MAX_COALESCED_RECEIVES, ReceiveCoalescer
 from siftmq.broker.long_polling import ArrivalNotifier, receive_long_polling
 from siftmq.broker.receive import INLINE_BYTES
 from siftmq.errors import BadRequestError
-from siftmq.testing import open_broker
 
 TOPIC = "Shared"
 GROUP = "g-shared"
 SUB = Subscription(TOPIC, "TAG", "A || C")
-
-
-def make_broker(data_dir: Path, **overrides: Any) -> Broker:
-    """No consumer progress saved by housekeeping during a test: the save takes the queues' locks,
-    which makes a pass on the loop decline (rightly, but not what is tested)."""
-    broker: Broker = open_broker(data_dir, consumer_state_flush_ms=10**6, **overrides)
-    return broker
 
 
 @pytest.fixture
@@ -88,13 +82,8 @@ def ids(deliveries: list[Any]) -> list[tuple[str, int]]:
     return [(d.message_id, d.delivery_attempt) for d in deliveries]
 
 
-def in_flight(broker: Broker) -> dict[int, list[int]]:
-    found = {}
-    for qid in range(4):
-        prog = broker.consumers.get((GROUP, TOPIC, qid))
-        if prog is not None:
-            found[qid] = sorted(prog.inflight)
-    return found
+def in_flight(broker: Broker, group: str = GROUP, topic: str = TOPIC) -> dict[int, list[int]]:
+    return loop_receive_helpers.in_flight(broker, group, topic)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
