@@ -433,10 +433,15 @@ spin = "def match(m):\\n    while True:\\n        pass\\n"
 args = (ProgramKey("g", "t", 1), spin, [row(topic="t")])
 threading.Thread(target=fs.evaluate, args=args, daemon=True).start()
 me = str(os.getpid())
+def parent(p):
+    try:
+        with open(f"/proc/{p}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[1]
+    except OSError:  # the process ended between the listing and the read
+        return None
 while True:
     time.sleep(0.2)
-    children = [p for p in os.listdir("/proc") if p.isdigit() and
-                open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == me]
+    children = [p for p in os.listdir("/proc") if p.isdigit() and parent(p) == me]
     if children:
         break
 time.sleep(1.0)  # its program is running
