@@ -27,6 +27,16 @@ MAX_STREAMS_PER_CONNECTION: Final = 1100
 #: few hostile connections cost others time (their calls wait their turn), not failures.
 MAX_PENDING_CALLS: Final = 5000
 MAX_PENDING_CALLS_HARD: Final = 10_000
+#: Metadata of one call, in HTTP/2's count (each entry's key and value and 32 bytes): gRPC's own
+#: default, made explicit because it is what the server advertises (SETTINGS_MAX_HEADER_LIST_SIZE)
+#: and enforces once the client has acknowledged that. The official clients send under 1 KiB.
+MAX_METADATA: Final = 16 * 1024
+#: gRPC core refuses metadata between its soft bound (default 8 KiB) and the hard one at random, in
+#: proportion to the size; before a client has acknowledged the server's settings the hard bound is
+#: HTTP/2's 16 MiB, so the same call was served or refused by chance. A soft bound above every hard
+#: one turns that off: refused exactly when past the hard bound (the bound above, or 16 MiB for a
+#: client that sent its headers first, whose call a front-end also refuses by size: frames.CALL_ROOM).
+_NO_RANDOM_REFUSAL: Final = 2**31 - 1
 #: Connections when the open-file limit cannot tell.
 _FALLBACK_CONNECTIONS: Final = 16_384
 
@@ -48,6 +58,8 @@ def server_options(frame_limit: int, max_connections: int, *, reuse_port: bool) 
         ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.max_receive_message_length", frame_limit),
         ("grpc.max_send_message_length", frame_limit),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA),
+        ("grpc.max_metadata_size", _NO_RANDOM_REFUSAL),
         ("grpc.max_allowed_incoming_connections", max_connections),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         # refuses a stream past the bound while reset ones are still counted (core's default, relied on)
