@@ -30,9 +30,11 @@ from siftmq.spark.jobs.backfill import run_backfill
 from siftmq.spark.jobs.common import plan_commitlog
 from siftmq.spark.jobs.registrations import RegistrationFile, RegistrationSpec
 from siftmq.spark.jobs.reindex import run_reindex, store_layout, write_queues
-from siftmq.store import CqExtUnit, Message, MessageStore, StoreConfig
+from siftmq.store import CqExtUnit, Message, MessageStore, StoreConfig, tags_code_of
+from siftmq.store import store as store_module
 from siftmq.store.bulk import iter_records, plan_scan
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, encode_entry_columns
+from siftmq.store.consumequeue_ext import CHECK_MARKER
 from siftmq.store.offline import (
     JOURNAL_FILE,
     STAGING_DIR,
@@ -334,8 +336,11 @@ def test_backfill_makes_the_bitmap_skip_cover_history(
 # --------------------------------------------------------------------------------- pieces, no broker
 
 
-def test_queue_writer_fills_gaps_refuses_duplicates_and_writes_consecutive_queues(tmp_path: Path) -> None:
-    layout = IndexLayout(entries_per_file=4, bitmap_size=14)
+@pytest.mark.parametrize("ext_checked", [True, False])  # a store's units with bitmap checks, or one older
+def test_queue_writer_fills_gaps_refuses_duplicates_and_writes_consecutive_queues(
+    tmp_path: Path, ext_checked: bool
+) -> None:
+    layout = IndexLayout(entries_per_file=4, bitmap_size=14, ext_checked=ext_checked)
 
     def entry(i: int) -> tuple[int, int, int, int, bytes | None]:
         return (1000 + 100 * i, 100, 7, 1_700_000_000_000 + i, None if i % 2 else bytes(14))
@@ -490,6 +495,35 @@ def test_reindex_passes_over_damaged_records_and_keeps_the_queue_offsets(spark: 
                 offset = res.next_begin_offset
         assert got == {k: v for k, v in expected.items() if k not in lost}  # every other offset unchanged
         assert store.damaged_reads == 2  # the two fillers, passed over and counted
+
+
+def test_reindex_keeps_a_stores_unit_format_and_gives_a_new_extension_tree_checked_units(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store made before the bitmap check: reindex rebuilds its units without checks (the queues
+    it carries over keep theirs); with its ``consumequeue_ext/`` removed first, the new tree gets
+    checked units and the marker, and the broker reads them so."""
+    data_dir = tmp_path / "data"
+    cfg = StoreConfig(data_dir=data_dir / "store")
+    ext_root = data_dir / "store" / "consumequeue_ext"
+    with monkeypatch.context() as old_version:
+        old_version.setattr(store_module, "units_checked", lambda root, mark_new: False)
+        with MessageStore.open(cfg) as store:
+            for i in range(40):
+                store.put_message(Message("T", f"m{i}".encode(), queue_id=i % 2, properties={"TAGS": "t"}))
+    for removed, checked in ((False, False), (True, True)):
+        if removed:
+            shutil.rmtree(ext_root)
+        assert run_reindex(spark, data_dir).records == 40
+        assert (ext_root / CHECK_MARKER).exists() is checked
+        with MessageStore.open(cfg) as store:
+            cq = store.find_consume_queue("T", 1)
+            assert cq is not None and cq.ext is not None and cq.ext.checked is checked
+            unit = cq.ext.get(19)
+            assert unit is not None and unit.tags_code == tags_code_of("t")
+            assert [m.body for m in store.get_messages("g", "T", 1, 0, 64).messages] == [
+                f"m{i}".encode() for i in range(1, 40, 2)
+            ]
 
 
 def test_reindex_keeps_the_offsets_the_groups_progress_went_past(spark: Any, tmp_path: Path) -> None:

@@ -8,9 +8,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from siftmq.store import CqExtUnit, DispatchRequest, MessageStore, StoreConfig, tags_code_of
+from siftmq.store import store as store_module
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE
+from siftmq.store.consumequeue_ext import CHECK_MARKER, ConsumeQueueExt
 from siftmq.store.recovery import Checkpoint
 from store_helpers import msg, small_config
 
@@ -174,27 +178,137 @@ def test_the_check_does_not_take_the_place_of_redispatch(
     assert "rebuilding them all" not in caplog.text
 
 
+# a unit: store timestamp (8 bytes), tags code (8), bitmap length (2), bitmap check (4), bitmap (14);
+# in a store made before the check: the same without it
+_CHECKED_UNIT = {"store timestamp": 0, "tags code": 8, "length": 16, "check": 18, "bitmap": 22, "size": 36}
+_OLD_UNIT = {"store timestamp": 0, "tags code": 8, "length": 16, "bitmap": 18, "size": 32}
+
+
 @pytest.mark.parametrize(
-    ("what", "at", "mask"),
+    ("what", "field", "at", "mask"),
     [
-        ("store timestamp", 5, 0x5A),
-        ("tags code", 8 + 7, 0x5A),
-        ("bitmap length shortened", 16 + 1, 0x0E ^ 0x06),
-        ("bitmap length past the size", 16, 0x80),
+        ("store timestamp", "store timestamp", 5, 0x5A),
+        ("tags code", "tags code", 7, 0x5A),
+        ("bitmap length shortened", "length", 1, 0x0E ^ 0x06),
+        ("bitmap length past the size", "length", 0, 0x80),
+        ("a bitmap bit cleared", "bitmap", 3, 0x04),
+        ("a bitmap byte damaged", "bitmap", 13, 0xA5),
+        ("the bitmap check", "check", 2, 0x10),
     ],
 )
-def test_a_damaged_extension_unit_loses_its_bitmap(tmp_path: Path, what: str, at: int, mask: int) -> None:
+def test_a_damaged_extension_unit_loses_its_bitmap(
+    tmp_path: Path, what: str, field: str, at: int, mask: int
+) -> None:
     cfg = small_config(tmp_path / "data")
     _write(cfg, bitmaps=True)
-    unit_size = 8 + 8 + 2 + 14
+    unit_size = _CHECKED_UNIT["size"]
     damaged = 41
     ext_file = cfg.data_dir / "consumequeue_ext" / "T" / "0" / f"{32 * unit_size:020d}"
-    _flip(ext_file, (damaged - 32) * unit_size + at, mask)
+    _flip(ext_file, (damaged - 32) * unit_size + _CHECKED_UNIT[field] + at, mask)
     with MessageStore.open(cfg, bitmap_dispatcher=OnesBitmaps()) as store:
         cq = store.find_consume_queue("T", 0)
-        assert cq is not None and cq.ext is not None
+        assert cq is not None and cq.ext is not None and cq.ext.unit_size == unit_size
         record = store.get_messages("g", "T", 0, damaged, 1).messages[0]
         assert cq.ext.get(damaged) == CqExtUnit(record.store_timestamp, tags_code_of("b"), None), what
         assert cq.ext.get(damaged + 1) == CqExtUnit(record.store_timestamp, tags_code_of("a"), b"\xff" * 14)
         assert store.index_repairs.ext_units == 1
         assert _read(store, "b") == _expected("b")
+
+
+def test_a_damaged_bitmap_reads_as_none_before_the_next_start(tmp_path: Path) -> None:
+    """Damage while the store runs: every read passes over the bitmap (the filter evaluates the
+    message exactly) until recovery rewrites the unit at the next start."""
+    cfg = small_config(tmp_path / "data")
+    unit_size, bitmap = _CHECKED_UNIT["size"], _CHECKED_UNIT["bitmap"]
+    with MessageStore.open(cfg, bitmap_dispatcher=OnesBitmaps()) as store:
+        store.put_messages([msg(body=f"m{i}".encode(), TAGS=_tag(i)) for i in range(20)])
+        store.wait_dispatched(20)
+        cq = store.find_consume_queue("T", 0)
+        assert cq is not None and cq.ext is not None
+        _flip(cq.ext.log.directory / f"{0:020d}", 7 * unit_size + bitmap + 5, 0x01)
+        expected = [0 if i == 7 else 14 for i in range(20)]
+        block, lazy = cq.ext.read_block(0, 20), cq.ext.lazy_block(0, 20)
+        assert block is not None and [int(n) for n in block.bitmap_lengths] == expected
+        assert lazy is not None and [int(n) for n in lazy.bitmap_lengths] == expected
+        assert [cq.ext.get(i) is not None for i in (7, 8)] == [True, True]
+        assert [cq.ext.get(i).filter_bitmap for i in (7, 8)] == [None, b"\xff" * 14]  # type: ignore[union-attr]
+
+
+def test_a_store_made_before_the_bitmap_check_keeps_its_units(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Units written without a check (as a store made before it has them) are read as before, the
+    store is not marked, and the checks it could make (a shortened length) still hold."""
+    cfg = small_config(tmp_path / "data")
+    with monkeypatch.context() as old_version:
+        old_version.setattr(store_module, "units_checked", lambda root, mark_new: False)
+        _write(cfg, bitmaps=True)
+    ext_root = cfg.data_dir / "consumequeue_ext"
+    assert not (ext_root / CHECK_MARKER).exists()
+    unit_size = _OLD_UNIT["size"]
+    damaged = 41
+    at = (damaged - 32) * unit_size + _OLD_UNIT["length"] + 1
+    _flip(ext_root / "T" / "0" / f"{32 * unit_size:020d}", at, 0x08)
+    with MessageStore.open(cfg, bitmap_dispatcher=OnesBitmaps()) as store:
+        cq = store.find_consume_queue("T", 0)
+        assert cq is not None and cq.ext is not None and cq.ext.unit_size == unit_size
+        record = store.get_messages("g", "T", 0, damaged, 1).messages[0]
+        assert cq.ext.get(damaged) == CqExtUnit(record.store_timestamp, tags_code_of("b"), None)
+        assert cq.ext.get(damaged + 1) == CqExtUnit(record.store_timestamp, tags_code_of("a"), b"\xff" * 14)
+        assert store.index_repairs.ext_units == 1
+        store.put_messages([msg(body=b"later", TAGS="a")])
+        store.wait_dispatched(N + 1)
+        later = cq.ext.get(N)
+        assert later is not None and later.filter_bitmap == b"\xff" * 14
+    assert not (ext_root / CHECK_MARKER).exists()
+
+
+def test_a_new_store_marks_its_extension_units_checked(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path / "data")
+    _write(cfg, bitmaps=True)
+    assert (cfg.data_dir / "consumequeue_ext" / CHECK_MARKER).exists()
+    with MessageStore.open(cfg) as store:  # and the marker is kept
+        cq = store.find_consume_queue("T", 0)
+        assert cq is not None and cq.ext is not None and cq.ext.checked
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bitmap=st.binary(min_size=0, max_size=14),
+    at=st.integers(min_value=16, max_value=35),
+    mask=st.integers(min_value=1, max_value=255),
+)
+def test_any_one_damaged_byte_of_a_bitmap_its_length_or_its_check_is_told(
+    tmp_path_factory: pytest.TempPathFactory, bitmap: bytes, at: int, mask: int
+) -> None:
+    ext = ConsumeQueueExt(tmp_path_factory.mktemp("ext"), 16, 14, checked=True)
+    ext.log.load()
+    try:
+        unit = bytearray(ext.encode(1_700_000_000_000, 7, bitmap))
+        assert len(unit) == ext.unit_size == 36
+        ext.put_units(0, [bytes(unit)])
+        assert ext.bitmap_intact(ext.read_units(0, 1)).tolist() == [True]
+        assert ext.bitmap_lengths_of(ext.read_units(0, 1)).tolist() == [len(bitmap)]
+        unit[at] ^= mask
+        ext.log.overwrite(0, bytes(unit))
+        assert ext.bitmap_intact(ext.read_units(0, 1)).tolist() == [False]
+        assert ext.bitmap_lengths_of(ext.read_units(0, 1)).tolist() == [0]
+    finally:
+        ext.log.close()
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    size=st.sampled_from([1, 14, 4096]),
+    data=st.data(),
+)
+def test_units_encoded_one_at_a_time_and_as_a_block_are_the_same_bytes(
+    tmp_path_factory: pytest.TempPathFactory, size: int, data: st.DataObject
+) -> None:
+    """The check computed for one unit (a big-endian number modulo the prime) and for a block
+    (numpy's weighted sum) agree, up to the largest bitmap."""
+    ext = ConsumeQueueExt(tmp_path_factory.mktemp("ext"), 16, size, checked=True)
+    bitmaps = data.draw(st.lists(st.none() | st.binary(min_size=0, max_size=size), min_size=40, max_size=40))
+    stamps, codes = list(range(1, 41)), [-(2**31)] * 40
+    block = ext.encode_columns(stamps, codes, bitmaps)
+    assert block == b"".join(map(ext.encode, stamps, codes, bitmaps))

@@ -6,8 +6,9 @@ from tag subscriptions, a wrong size or CommitLog offset makes reads pass over i
 wrong size in a queue's first entry (which then reads as a hole) or a deleted first file moves the
 queue's min offset past it. With the key index (the broker's default) recovery reads every record
 of the log at every start anyway, so :class:`IndexCheck` compares each record with its queue's
-entry (CommitLog offset, size, tags code) and extension unit (store timestamp, tags code, and a
-bitmap length that covers every nonzero bitmap byte), a batch at a time with numpy:
+entry (CommitLog offset, size, tags code) and extension unit (store timestamp, tags code, a
+bitmap length that covers every nonzero bitmap byte, and the bitmap's check where units keep one),
+a batch at a time with numpy:
 
 * an entry that disagrees is rewritten from the record;
 * an extension unit that disagrees is rewritten from the record without its bitmap: the bitmap was
@@ -17,8 +18,10 @@ bitmap length that covers every nonzero bitmap byte), a batch at a time with num
   (when the scan starts at the log's first record; otherwise every queue is rebuilt).
 
 What is found is logged (ERROR, one line per queue) and counted in :class:`IndexRepairs`. Damage
-that happens while the store runs is found at its next start. A flipped bit inside a bitmap whose
-unit is otherwise right cannot be told from a true one: the unit has no checksum.
+that happens while the store runs is found at its next start (a damaged bitmap is also passed over
+by every read meanwhile: see :mod:`siftmq.store.consumequeue_ext`). In a store made before the
+bitmap check, a flipped bit inside a bitmap whose unit is otherwise right cannot be told from a
+true one.
 """
 
 from __future__ import annotations
@@ -193,7 +196,12 @@ class IndexCheck:
         tags_codes = unit["tags_code"]
         lengths = unit["bitmap_length"]
         written = (stamps != 0) | (tags_codes != 0) | (lengths != 0)
-        bad = written & ((stamps != rec[3]) | (tags_codes != rec[2]) | (lengths > ext.bitmap_size))
+        bad = written & (
+            (stamps != rec[3])
+            | (tags_codes != rec[2])
+            | (lengths > ext.bitmap_size)
+            | ~ext.bitmap_intact(unit)
+        )
         # the bytes past a bitmap's length are zeros: a length damaged to a shorter one (which
         # would make a filter miss bits that are set) leaves nonzero bytes past it
         short = np.flatnonzero((lengths > 0) & (lengths < ext.bitmap_size))

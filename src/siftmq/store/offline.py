@@ -60,6 +60,8 @@ class IndexLayout:
 
     entries_per_file: int
     bitmap_size: int
+    #: the extension units hold bitmap checks (see :func:`~siftmq.store.consumequeue_ext.units_checked`)
+    ext_checked: bool
 
 
 def queue_path(kind: str, topic: str, queue_id: int) -> str:
@@ -83,6 +85,7 @@ def open_queue(
             root / queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id),
             layout.entries_per_file,
             layout.bitmap_size,
+            checked=layout.ext_checked,
         )
     cq = ConsumeQueue(
         topic,
@@ -98,7 +101,10 @@ def open_queue(
 def open_queue_ext(root: Path, topic: str, queue_id: int, layout: IndexLayout) -> ConsumeQueueExt:
     """The ConsumeQueueExt of one queue in the tree ``root`` alone, loaded (see :func:`open_queue`)."""
     ext = ConsumeQueueExt(
-        root / queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id), layout.entries_per_file, layout.bitmap_size
+        root / queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id),
+        layout.entries_per_file,
+        layout.bitmap_size,
+        checked=layout.ext_checked,
     )
     ext.log.load()
     return ext

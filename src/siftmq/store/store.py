@@ -65,7 +65,7 @@ from siftmq.store.codec import Message, StoredMessage
 from siftmq.store.commitlog import AppendedRecord, CommitLog
 from siftmq.store.config import StoreConfig
 from siftmq.store.consumequeue import ConsumeQueue
-from siftmq.store.consumequeue_ext import ConsumeQueueExt
+from siftmq.store.consumequeue_ext import ConsumeQueueExt, units_checked
 from siftmq.store.decoding import RawRecord
 from siftmq.store.disk import DiskGuard, DiskUsage
 from siftmq.store.dispatch import BitmapDispatcher, CommitLogDispatcher, Reput
@@ -117,6 +117,7 @@ class MessageStore:
         self._max_body_size = config.max_message_size
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._queues_lock = threading.Lock()
+        self._ext_checked = False  # the extension units hold bitmap checks (known at start)
         self._reput = Reput(self.find_or_create_consume_queue)
         self._reput.dispatchers.extend(dispatchers)
         self._reput.bitmap_dispatcher = bitmap_dispatcher
@@ -173,6 +174,8 @@ class MessageStore:
                 _log.warning("%s: the previous run did not close cleanly; recovering", self.data_dir)
             self.tombstones = self._reput.tombstones = Tombstones(self.data_dir)
             layout = settle(self.data_dir, self.config.commit_log_segment_size, self.config.max_record_size)
+            if self.config.enable_consume_queue_ext:  # before any unit is written
+                self._ext_checked = units_checked(self.data_dir / "consumequeue_ext", mark_new=True)
             self.commit_log.max_record_size = layout.max_record_size  # new messages: max_message_size
             self.commit_log.load()
             self._load_queues()
@@ -306,6 +309,7 @@ class MessageStore:
                 self.data_dir / "consumequeue_ext" / topic / str(queue_id),
                 cfg.consume_queue_entries_per_file,
                 cfg.bitmap_size,
+                checked=self._ext_checked,
             )
         return ConsumeQueue(
             topic,

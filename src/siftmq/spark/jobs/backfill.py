@@ -185,6 +185,7 @@ class _ExtWriter:
             staging_root / queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id),
             layout.entries_per_file,
             layout.bitmap_size,
+            checked=layout.ext_checked,
         )
         self.bitmap_size = layout.bitmap_size
         self.byte_index = np.array([p >> 3 for p in positions], dtype=np.intp)

@@ -83,6 +83,7 @@ from siftmq.store import StoreConfig, tags_code_of
 from siftmq.store.bulk import ByteRange, ScanPlan, data_after, plan_scan, read_range
 from siftmq.store.codec import check_topic_name
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE, ConsumeQueue, encode_entry_columns
+from siftmq.store.consumequeue_ext import mark_checked, units_checked
 from siftmq.store.offline import (
     CONSUME_QUEUE_DIR,
     CONSUME_QUEUE_EXT_DIR,
@@ -174,7 +175,10 @@ def store_layout(store_dir: Path) -> IndexLayout:
     Raises :class:`ConfigError` if existing ConsumeQueue files were written with another geometry.
     """
     layout = IndexLayout(
-        StoreConfig(data_dir=store_dir).consume_queue_entries_per_file, BloomFilter().bitmap_size
+        StoreConfig(data_dir=store_dir).consume_queue_entries_per_file,
+        BloomFilter().bitmap_size,
+        # the job holds the store: a tree without units yet is marked as the broker would mark it
+        units_checked(store_dir / CONSUME_QUEUE_EXT_DIR, mark_new=True),
     )
     segment_bytes = layout.entries_per_file * CQ_STORE_UNIT_SIZE
     for topic, queue_id in stored_queues(store_dir):
@@ -671,6 +675,8 @@ def run_reindex(
             tail_filled = keep_handed_out(staging, layout, taken, written, end_offset=plan.end_offset)
             for name in (CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR):
                 (staging.root / name).mkdir(exist_ok=True)
+            if layout.ext_checked:  # the new tree replaces the store's, marker and all
+                mark_checked(staging.root / CONSUME_QUEUE_EXT_DIR)
             if before_install is not None:
                 before_install(staging)
             install(
