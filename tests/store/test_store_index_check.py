@@ -312,3 +312,10 @@ def test_units_encoded_one_at_a_time_and_as_a_block_are_the_same_bytes(
     stamps, codes = list(range(1, 41)), [-(2**31)] * 40
     block = ext.encode_columns(stamps, codes, bitmaps)
     assert block == b"".join(map(ext.encode, stamps, codes, bitmaps))
+
+
+def test_a_checked_bitmap_larger_than_its_check_is_exact_for_is_refused(tmp_path: Path) -> None:
+    ConsumeQueueExt(tmp_path / "a", 16, 4096, checked=True)
+    ConsumeQueueExt(tmp_path / "b", 16, 4097, checked=False)  # no check: the old bound
+    with pytest.raises(ValueError, match="at most 4096 bytes"):
+        ConsumeQueueExt(tmp_path / "c", 16, 4097, checked=True)

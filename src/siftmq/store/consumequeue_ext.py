@@ -30,6 +30,7 @@ The bitmap size is fixed per store (default 14 bytes = 112 bits, RocketMQ's bloo
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ from siftmq.store.unitlog import UnitLog
 _FIXED = struct.Struct(">qqH")
 _FIXED_CHECKED = struct.Struct(">qqHI")
 _LENGTH = struct.Struct(">H")
+#: The largest bitmap a unit with a check may hold: the float64 sums of :meth:`ConsumeQueueExt._checks`
+#: are exact below 2**53, ~7,900 bytes (the store's configuration allows 4,096).
+MAX_CHECKED_BITMAP: Final = 4096
 #: Units encoded with numpy from this many on (fewer cost less one at a time).
 _BLOCK_ENCODE: Final = 32
 #: The largest prime below 2**32: the check's modulus (a check fits the unit's uint32).
@@ -84,11 +88,14 @@ def _holds_units(root: Path) -> bool:
     return False
 
 
-def _check_weights(bitmap_size: int) -> npt.NDArray[np.int64]:
+@functools.cache  # one per bitmap size, not per queue (4,097 modular powers at the largest)
+def _check_weights(bitmap_size: int) -> npt.NDArray[np.float64]:
     """The weights that make the check a weighted sum, for numpy: the length's (first), then each
     bitmap byte's: the powers of 256 modulo the prime that reading the bytes as one number gives."""
     powers = [pow(256, bitmap_size - 1 - i, _CHECK_PRIME) for i in range(bitmap_size)]
-    return np.array([pow(256, bitmap_size, _CHECK_PRIME), *powers], dtype=np.int64)
+    weights = np.array([pow(256, bitmap_size, _CHECK_PRIME), *powers], dtype=np.float64)
+    weights.flags.writeable = False  # shared by every queue of that size
+    return weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +143,13 @@ class LazyCqExtBlock(CqExtBlock):
     (retention) gives an empty block.
     """
 
-    __slots__ = ("_count", "_ext", "_present", "_queue_offset", "_units")
+    __slots__ = ("_count", "_ext", "_lengths", "_present", "_queue_offset", "_units")
     _ext: ConsumeQueueExt
     _queue_offset: int
     _count: int
     _units: npt.NDArray[np.void] | None
     _present: npt.NDArray[np.bool_] | None
+    _lengths: npt.NDArray[np.uint16] | None
 
     def __init__(self, ext: ConsumeQueueExt, queue_offset: int, count: int) -> None:
         _set_lazy_ext(self, ext)
@@ -149,6 +157,7 @@ class LazyCqExtBlock(CqExtBlock):
         _set_lazy_count(self, count)
         _set_lazy_units(self, None)
         _set_lazy_present(self, None)
+        _set_lazy_lengths(self, None)
 
     def _load(self) -> npt.NDArray[np.void]:
         units = self._units
@@ -167,7 +176,11 @@ class LazyCqExtBlock(CqExtBlock):
 
     @property
     def bitmap_lengths(self) -> npt.NDArray[np.uint16]:
-        return self._ext.bitmap_lengths_of(self._load())
+        lengths = self._lengths
+        if lengths is None:  # checked once per block: unit(i) in a loop reads it every time
+            lengths = self._ext.bitmap_lengths_of(self._load())
+            _set_lazy_lengths(self, lengths)
+        return lengths
 
     @property
     def bitmaps(self) -> npt.NDArray[np.uint8]:
@@ -182,9 +195,14 @@ class LazyCqExtBlock(CqExtBlock):
         return present
 
 
-_set_lazy_count, _set_lazy_ext, _set_lazy_present, _set_lazy_queue_offset, _set_lazy_units = (
-    getattr(LazyCqExtBlock, name).__set__ for name in LazyCqExtBlock.__slots__
-)
+(
+    _set_lazy_count,
+    _set_lazy_ext,
+    _set_lazy_lengths,
+    _set_lazy_present,
+    _set_lazy_queue_offset,
+    _set_lazy_units,
+) = (getattr(LazyCqExtBlock, name).__set__ for name in LazyCqExtBlock.__slots__)
 
 
 class ConsumeQueueExt:
@@ -194,13 +212,17 @@ class ConsumeQueueExt:
         """``checked``: the units hold a bitmap check (as :func:`units_checked` tells of the tree)."""
         if not 0 < bitmap_size <= 0xFFFF:
             raise ValueError("bitmap size must be in 1..65535 bytes")
+        if checked and bitmap_size > MAX_CHECKED_BITMAP:
+            raise ValueError(
+                f"a checked bitmap is at most {MAX_CHECKED_BITMAP} bytes (the check's sums are exact to it)"
+            )
         self.bitmap_size = bitmap_size
         self.checked = checked
         self.unit_size = (_FIXED_CHECKED if checked else _FIXED).size + bitmap_size
         self.log = UnitLog(directory, self.unit_size, units_per_segment)
         # a unit without bitmap: length 0 (and check 0, the check of no bitmap)
         self._no_bitmap = struct.Struct(f">qq{self.unit_size - 16}x")
-        self._weights = _check_weights(bitmap_size).astype(np.float64)
+        self._weights = _check_weights(bitmap_size) if checked else None
         fields: list[tuple[str, str] | tuple[str, str, tuple[int]]] = [
             ("store_timestamp", ">i8"),
             ("tags_code", ">i8"),
@@ -316,9 +338,9 @@ class ConsumeQueueExt:
         """The bitmap check each of the structured ``units`` should hold. Computed in float64 (a
         BLAS product, ~3 times faster than numpy's integer one): every product and sum stays below
         2**53 (2**32 * (255 * 4,096 + 65,535) at most), so it is exact."""
-        sums = (
-            units["bitmap"].astype(np.float64) @ self._weights[1:] + units["bitmap_length"] * self._weights[0]
-        )
+        weights = self._weights
+        assert weights is not None  # only units with checks are checked
+        sums = units["bitmap"].astype(np.float64) @ weights[1:] + units["bitmap_length"] * weights[0]
         checks: npt.NDArray[np.int64] = sums.astype(np.int64) % _CHECK_PRIME
         return checks
 

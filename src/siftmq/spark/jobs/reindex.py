@@ -34,7 +34,9 @@ Steps:
    before the first offset move to it). Progress of a deleted topic (a tombstone) counts only for
    queues the job finds otherwise: a deletion cut short by a crash can leave it behind.
 7. The new ``consumequeue/`` and ``consumequeue_ext/`` replace the old ones in one crash-safe install
-   (:func:`~siftmq.store.offline.install`), and the checkpoint is set to the end of the log.
+   (:func:`~siftmq.store.offline.install`), and the checkpoint is set to the end of the log. The
+   extension units keep the store's format: with a bitmap check when its tree has the marker, or
+   has no unit file (then the new tree gets the marker); without one in a store made before it.
 
 Bitmaps: the registrations in ``<data>/config/filters.json`` are evaluated with the evaluator live
 dispatch uses (``CompiledFilter.matches_batch`` over the property columns, an evaluation failure
