@@ -162,12 +162,11 @@ def test_a_cleared_bit_in_a_stored_bitmap_never_hides_a_matching_message(
             if broker.bloom.is_hit_positions(reg.positions, unit.filter_bitmap):
                 p = reg.positions[0]  # one of the group's bits, cleared on disk
                 at = i * ext.unit_size + ext.unit_size - ext.bitmap_size + (p >> 3)
-                path = ext.log.directory / f"{0:020d}"
-                data = bytearray(path.read_bytes())
-                data[at] &= ~(1 << (p & 7)) & 0xFF
-                with path.open("r+b") as f:
+                with (ext.log.directory / f"{0:020d}").open("r+b") as f:
                     f.seek(at)
-                    f.write(data[at : at + 1])
+                    byte = f.read(1)[0]
+                    f.seek(at)
+                    f.write(bytes([byte & ~(1 << (p & 7)) & 0xFF]))
                 cleared += 1
     assert cleared == 4
     got = drain(broker, "g", sub)
