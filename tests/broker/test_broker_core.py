@@ -23,6 +23,7 @@ from siftmq.hashing import java_string_hash
 from siftmq.store import store as store_module
 from siftmq.testing import SteppedClock
 from siftmq.testing import open_broker as make_broker
+from store_helpers import flip_byte
 
 TOPIC = "Orders"
 
@@ -162,11 +163,7 @@ def test_a_cleared_bit_in_a_stored_bitmap_never_hides_a_matching_message(
             if broker.bloom.is_hit_positions(reg.positions, unit.filter_bitmap):
                 p = reg.positions[0]  # one of the group's bits, cleared on disk
                 at = i * ext.unit_size + ext.unit_size - ext.bitmap_size + (p >> 3)
-                with (ext.log.directory / f"{0:020d}").open("r+b") as f:
-                    f.seek(at)
-                    byte = f.read(1)[0]
-                    f.seek(at)
-                    f.write(bytes([byte & ~(1 << (p & 7)) & 0xFF]))
+                flip_byte(ext.log.directory / f"{0:020d}", at, 1 << (p & 7))  # a set bit: cleared
                 cleared += 1
     assert cleared == 4
     got = drain(broker, "g", sub)

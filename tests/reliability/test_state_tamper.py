@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 
 from client_helpers import drain
 from siftmq.client import FilterExpression, Producer, SimpleConsumer
+from store_helpers import flip_byte
 
 pytestmark = pytest.mark.integration
 
@@ -78,12 +78,6 @@ def test_edited_progress_without_a_good_generation_stops_the_broker(start_broker
     assert "consumer_state.json" in str(refused.value) and "restore it from a backup" in str(refused.value)
 
 
-def _flip_a_bit(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
 async def _send_batches(endpoint: str, topic: str, batches: int) -> list[str]:
     """``batches`` batches of 5: each batch goes to the next queue, so every queue gets messages."""
     ids: list[str] = []
@@ -116,7 +110,8 @@ def test_a_damaged_topic_table_hides_no_queue_of_acknowledged_messages(start_bro
         sent = []
     sent += asyncio.run(_send_batches(broker.endpoint, "W", 8))
     assert broker.stop() == 0
-    _flip_a_bit(broker.data_dir / "config" / "topics.json")
+    topics = broker.data_dir / "config" / "topics.json"
+    flip_byte(topics, topics.stat().st_size // 2, 0x01)
 
     again = start_broker("data", config=config)
     assert asyncio.run(_drain_all(again.endpoint, "G", "W")) == set(sent)
@@ -142,7 +137,8 @@ def test_a_topic_deleted_since_the_older_generation_of_the_table_stays_deleted(s
     asyncio.run(_send_batches(broker.endpoint, "Gone", 2))
     assert httpx.delete(f"{admin}/topics/Gone").status_code == 204  # topics.json.prev still has it
     assert broker.stop() == 0
-    _flip_a_bit(broker.data_dir / "config" / "topics.json")
+    topics = broker.data_dir / "config" / "topics.json"
+    flip_byte(topics, topics.stat().st_size // 2, 0x01)
 
     again = start_broker("data", config={"default_queue_nums": 2})
     assert httpx.get(f"{again.admin_url}/topics/Gone").status_code == 404

@@ -49,6 +49,7 @@ from siftmq.store.offline import (
 from siftmq.store.recovery import Checkpoint
 from siftmq.store.statefile import read_json, write_json
 from siftmq.testing import BrokerProcess
+from store_helpers import flip_log_byte
 
 pytestmark = pytest.mark.integration
 
@@ -497,33 +498,44 @@ def test_reindex_passes_over_damaged_records_and_keeps_the_queue_offsets(spark: 
         assert store.damaged_reads == 2  # the two fillers, passed over and counted
 
 
-def test_reindex_keeps_a_stores_unit_format_and_gives_a_new_extension_tree_checked_units(
+def test_reindex_gives_a_store_made_before_the_bitmap_check_checked_units(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A store made before the bitmap check: reindex rebuilds its units without checks (the queues
-    it carries over keep theirs); with its ``consumequeue_ext/`` removed first, the new tree gets
-    checked units and the marker, and the broker reads them so."""
+    """A store made before the bitmap check: reindex rebuilds its units with checks and gives the
+    tree the marker, and the broker reads them so. A queue it carries over (every record of it lost
+    to damage) keeps its index; its old units, which describe no record, stay behind."""
     data_dir = tmp_path / "data"
-    cfg = StoreConfig(data_dir=data_dir / "store")
-    ext_root = data_dir / "store" / "consumequeue_ext"
+    store_dir = data_dir / "store"
+    cfg = StoreConfig(data_dir=store_dir)
+    ext_root = store_dir / "consumequeue_ext"
     with monkeypatch.context() as old_version:
         old_version.setattr(store_module, "units_checked", lambda root, mark_new: False)
         with MessageStore.open(cfg) as store:
+            u = [Message("U", b"u%d" % i * 50, properties={"TAGS": "u"}) for i in range(4)]
+            lost = [store.put_message(m) for m in u]
             for i in range(40):
                 store.put_message(Message("T", f"m{i}".encode(), queue_id=i % 2, properties={"TAGS": "t"}))
-    for removed, checked in ((False, False), (True, True)):
-        if removed:
-            shutil.rmtree(ext_root)
-        assert run_reindex(spark, data_dir).records == 40
-        assert (ext_root / CHECK_MARKER).exists() is checked
+    assert not (ext_root / CHECK_MARKER).exists() and (ext_root / "U" / "0").is_dir()
+    for r in lost:
+        flip_log_byte(store_dir, r.commit_log_offset + 120)  # the body: the CRC fails
+    for run in range(2):  # the second run finds a store with checked units
+        result = run_reindex(spark, data_dir)
+        assert (result.records, result.carried_over) == (40, 1)
+        assert (ext_root / CHECK_MARKER).exists()
+        if run == 0:
+            assert not (ext_root / "U").exists()
         with MessageStore.open(cfg) as store:
             cq = store.find_consume_queue("T", 1)
-            assert cq is not None and cq.ext is not None and cq.ext.checked is checked
+            assert cq is not None and cq.ext is not None and cq.ext.checked
             unit = cq.ext.get(19)
             assert unit is not None and unit.tags_code == tags_code_of("t")
             assert [m.body for m in store.get_messages("g", "T", 1, 0, 64).messages] == [
                 f"m{i}".encode() for i in range(1, 40, 2)
             ]
+            carried = store.find_consume_queue("U", 0)
+            assert carried is not None and carried.max_offset == 4
+            assert carried.ext is not None and carried.ext.get(0) is None
+            assert store.get_messages("g", "U", 0, 0, 64).messages == []
 
 
 def test_reindex_keeps_the_offsets_the_groups_progress_went_past(spark: Any, tmp_path: Path) -> None:
@@ -538,7 +550,7 @@ def test_reindex_keeps_the_offsets_the_groups_progress_went_past(spark: Any, tmp
     # queue 0 loses its last two records, queue 1 all ten; queue 2 (the log's last record) none
     lost = [r for r in placed if r.queue_id == 1 or (r.queue_id == 0 and r.queue_offset >= 8)]
     for r in lost:
-        flip_byte(store_dir, r.commit_log_offset + 120)  # the body: the CRC fails
+        flip_log_byte(store_dir, r.commit_log_offset + 120)  # the body: the CRC fails
     for kind in ("consumequeue", "consumequeue_ext"):
         for queue_id in (0, 1):
             shutil.rmtree(store_dir / kind / "T" / str(queue_id))
@@ -563,16 +575,6 @@ def test_reindex_keeps_the_offsets_the_groups_progress_went_past(spark: Any, tmp
 
 
 # --------------------------------------------------------------------------- backfill over damage
-
-
-def flip_byte(store: Path, commit_log_offset: int) -> None:
-    directory = store / "commitlog"
-    start = max(s for s in (int(p.name) for p in directory.iterdir()) if s <= commit_log_offset)
-    with open(directory / f"{start:020d}", "r+b") as f:
-        f.seek(commit_log_offset - start)
-        byte = f.read(1)[0]
-        f.seek(commit_log_offset - start)
-        f.write(bytes([byte ^ 0x5A]))
 
 
 def ext_units(store: Path, spots: list[tuple[int, int]]) -> list[bytes]:
@@ -620,7 +622,7 @@ def damaged_history(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
         "middle2": (mid2, 5),
     }
     for record, at in damaged.values():
-        flip_byte(store, record.commit_log_offset + at)
+        flip_log_byte(store, record.commit_log_offset + at)
     lost = {r.body for r, _ in damaged.values()}
     return data_dir, {
         "rows": [row for row in history + recent if row[0] not in lost],
@@ -823,7 +825,7 @@ def test_reindex_keeps_the_offsets_of_a_queue_whose_last_record_was_lost(
     last = max((r for r in records if r.queue_id == queue_id), key=lambda r: r.queue_offset)
     handed_out = last.queue_offset + 1
     assert handed_out == 1 + max(r.queue_offset for r in first if r.queue_id == queue_id)
-    flip_byte(store, last.commit_log_offset + last.store_size - 3)  # a property: the CRC fails
+    flip_log_byte(store, last.commit_log_offset + last.store_size - 3)  # a property: the CRC fails
     if index_files == "lost":  # only the groups' progress tells how far the queue went
         for kind in ("consumequeue", "consumequeue_ext"):
             shutil.rmtree(store / kind / TAIL / str(queue_id))

@@ -19,6 +19,7 @@ import pytest
 from siftmq.errors import CorruptRecordError, StoreError
 from siftmq.store import Message, MessageStore, StoreConfig, bulk, codec
 from siftmq.store.segment import list_segment_starts, segment_name
+from store_helpers import flip_byte
 
 TOPICS = ("Orders", "Payments", "Audit")
 
@@ -312,14 +313,6 @@ def test_planning_and_reading_race_a_writer(open_store: Callable[..., MessageSto
     assert seen > 0 and len(store.commit_log.segments()) > 2
 
 
-def flip_byte(path: Path, position: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(position)
-        value = f.read(1)[0]
-        f.seek(position)
-        f.write(bytes([value ^ 0x40]))
-
-
 @pytest.mark.parametrize("where", ["body", "properties", "queue_offset", "topic"])
 def test_a_damaged_record_is_passed_over_and_the_rest_read(
     tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
@@ -336,7 +329,7 @@ def test_a_damaged_record_is_passed_over_and_the_rest_read(
         "properties": rel + victim.store_size - 3,
         "queue_offset": rel + 30,
     }[where]
-    flip_byte(data_dir / "commitlog" / segment_name(seg_start), position)
+    flip_byte(data_dir / "commitlog" / segment_name(seg_start), position, 0x40)
     plan = bulk.plan_scan(data_dir, target_bytes=1 << 30)
     assert plan.records == len(records)  # the walk reads only sizes and magic codes
     expected = [as_reference(m) for m in records if m.commit_log_offset != victim.commit_log_offset]
@@ -358,7 +351,7 @@ def test_a_damaged_size_inside_a_planned_range_is_passed_over(tmp_path: Path) ->
     write_store(data_dir, 200)
     records = list(bulk.iter_records(data_dir))
     plan = bulk.plan_scan(data_dir, target_bytes=1 << 30)
-    flip_byte(data_dir / "commitlog" / segment_name(0), records[50].commit_log_offset + 5)  # the magic
+    flip_byte(data_dir / "commitlog" / segment_name(0), records[50].commit_log_offset + 5, 0x40)  # the magic
     rows = normalized(read_rows(list(plan.ranges)))
     assert rows == [as_reference(m) for i, m in enumerate(records) if i != 50]
 
@@ -439,7 +432,9 @@ def test_the_plan_passes_over_a_damaged_header_and_goes_on(tmp_path: Path) -> No
     victims = [records[50], next(m for m in records if m.commit_log_offset > starts[1] + 1000)]
     for victim in victims:
         seg_start = max(s for s in starts if s <= victim.commit_log_offset)
-        flip_byte(data_dir / "commitlog" / segment_name(seg_start), victim.commit_log_offset - seg_start + 5)
+        flip_byte(
+            data_dir / "commitlog" / segment_name(seg_start), victim.commit_log_offset - seg_start + 5, 0x40
+        )
     plan = bulk.plan_scan(data_dir, target_bytes=50_000)
     assert plan.stop_reason is None and plan.records == len(records) - 2
     assert [offset for offset, _ in plan.damaged] == [v.commit_log_offset for v in victims]
@@ -457,7 +452,9 @@ def test_intact_at_offsets_tells_records_from_damage_and_from_offsets_outside_th
     assert len(starts) >= 3
     victim = records[1000]
     seg_start = max(s for s in starts if s <= victim.commit_log_offset)
-    flip_byte(data_dir / "commitlog" / segment_name(seg_start), victim.commit_log_offset - seg_start + 40)
+    flip_byte(
+        data_dir / "commitlog" / segment_name(seg_start), victim.commit_log_offset - seg_start + 40, 0x40
+    )
     end = records[-1].commit_log_offset + records[-1].store_size
     offsets = [
         records[0].commit_log_offset,

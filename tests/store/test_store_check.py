@@ -11,7 +11,7 @@ import pytest
 from siftmq.errors import StoreLockedError
 from siftmq.store import MessageStore, StoreConfig
 from siftmq.store.check import check_store
-from store_helpers import msg, small_config
+from store_helpers import flip_log_byte, msg, small_config
 
 
 def _fill(cfg: StoreConfig, n: int) -> list[tuple[int, int, int]]:
@@ -29,16 +29,6 @@ def _digest(root: Path) -> dict[str, str]:
     }
 
 
-def _flip(cfg: StoreConfig, offset: int) -> None:
-    size = cfg.commit_log_segment_size
-    path = cfg.data_dir / "commitlog" / f"{offset - offset % size:020d}"
-    with open(path, "r+b") as f:
-        f.seek(offset % size)
-        b = f.read(1)
-        f.seek(offset % size)
-        f.write(bytes([b[0] ^ 0xFF]))
-
-
 def test_a_clean_store_checks_clean(tmp_path: Path) -> None:
     cfg = small_config(tmp_path)
     placed = _fill(cfg, 150)
@@ -53,7 +43,7 @@ def test_damage_is_reported_with_the_messages_it_costs_and_nothing_changes(tmp_p
     placed = _fill(cfg, 150)
     victims = [placed[10], placed[77], placed[120]]  # in three different segments
     for phy, _q, _o in victims:
-        _flip(cfg, phy + 300)
+        flip_log_byte(cfg.data_dir, phy + 300, 0xFF)
     before = _digest(tmp_path)
     report = check_store(tmp_path)
     assert not report.ok and report.records == 147
@@ -86,7 +76,7 @@ def test_a_running_broker_makes_the_check_refuse(tmp_path: Path) -> None:
 def test_fillers_left_by_recovery_are_counted(tmp_path: Path) -> None:
     cfg = small_config(tmp_path)
     placed = _fill(cfg, 40)
-    _flip(cfg, placed[4][0] + 300)
+    flip_log_byte(cfg.data_dir, placed[4][0] + 300, 0xFF)
     for p in (tmp_path / "consumequeue").rglob("*"):
         if p.is_file():
             p.unlink()

@@ -16,7 +16,7 @@ from siftmq.store import store as store_module
 from siftmq.store.consumequeue import CQ_STORE_UNIT_SIZE
 from siftmq.store.consumequeue_ext import CHECK_MARKER, ConsumeQueueExt
 from siftmq.store.recovery import Checkpoint
-from store_helpers import msg, small_config
+from store_helpers import flip_byte, msg, small_config
 
 N = 100  # messages in queue T:0, tags alternating "a", "b"; 16 entries a ConsumeQueue file
 
@@ -51,14 +51,6 @@ def _write(cfg: StoreConfig, *, bitmaps: bool = False) -> None:
     for start in range(0, N, 10):
         store.put_messages([msg(body=f"m{i}".encode(), TAGS=_tag(i)) for i in range(start, start + 10)])
     store.close()
-
-
-def _flip(path: Path, at: int, mask: int = 0x5A) -> None:
-    with path.open("r+b") as f:
-        f.seek(at)
-        byte = f.read(1)[0]
-        f.seek(at)
-        f.write(bytes([byte ^ mask]))
 
 
 def _entry_at(cfg: StoreConfig, queue_offset: int) -> tuple[Path, int]:
@@ -98,7 +90,7 @@ def test_a_damaged_entry_is_rewritten_from_its_record(
     _write(cfg)
     damaged = 40  # tag "a"
     path, pos = _entry_at(cfg, damaged)
-    _flip(path, pos + byte)
+    flip_byte(path, pos + byte)
     if crash:
         (cfg.data_dir / "abort").touch()
     with caplog.at_level(logging.ERROR), MessageStore.open(cfg) as store:
@@ -122,7 +114,7 @@ def test_damage_to_a_queues_first_entry_keeps_its_min_offset(tmp_path: Path, byt
     cfg = small_config(tmp_path / "data")
     _write(cfg)
     path, pos = _entry_at(cfg, 0)
-    _flip(path, pos + byte, 0x80)
+    flip_byte(path, pos + byte, 0x80)
     with MessageStore.open(cfg) as store:
         assert store.get_min_offset_in_queue("T", 0) == 0
         assert _read(store, "a") == _expected("a")
@@ -204,7 +196,7 @@ def test_a_damaged_extension_unit_loses_its_bitmap(
     unit_size = _CHECKED_UNIT["size"]
     damaged = 41
     ext_file = cfg.data_dir / "consumequeue_ext" / "T" / "0" / f"{32 * unit_size:020d}"
-    _flip(ext_file, (damaged - 32) * unit_size + _CHECKED_UNIT[field] + at, mask)
+    flip_byte(ext_file, (damaged - 32) * unit_size + _CHECKED_UNIT[field] + at, mask)
     with MessageStore.open(cfg, bitmap_dispatcher=OnesBitmaps()) as store:
         cq = store.find_consume_queue("T", 0)
         assert cq is not None and cq.ext is not None and cq.ext.unit_size == unit_size
@@ -225,7 +217,7 @@ def test_a_damaged_bitmap_reads_as_none_before_the_next_start(tmp_path: Path) ->
         store.wait_dispatched(20)
         cq = store.find_consume_queue("T", 0)
         assert cq is not None and cq.ext is not None
-        _flip(cq.ext.log.directory / f"{0:020d}", 7 * unit_size + bitmap + 5, 0x01)
+        flip_byte(cq.ext.log.directory / f"{0:020d}", 7 * unit_size + bitmap + 5, 0x01)
         expected = [0 if i == 7 else 14 for i in range(20)]
         block, lazy = cq.ext.read_block(0, 20), cq.ext.lazy_block(0, 20)
         assert block is not None and [int(n) for n in block.bitmap_lengths] == expected
@@ -248,7 +240,7 @@ def test_a_store_made_before_the_bitmap_check_keeps_its_units(
     unit_size = _OLD_UNIT["size"]
     damaged = 41
     at = (damaged - 32) * unit_size + _OLD_UNIT["length"] + 1
-    _flip(ext_root / "T" / "0" / f"{32 * unit_size:020d}", at, 0x08)
+    flip_byte(ext_root / "T" / "0" / f"{32 * unit_size:020d}", at, 0x08)
     with MessageStore.open(cfg, bitmap_dispatcher=OnesBitmaps()) as store:
         cq = store.find_consume_queue("T", 0)
         assert cq is not None and cq.ext is not None and cq.ext.unit_size == unit_size

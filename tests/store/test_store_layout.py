@@ -10,7 +10,7 @@ import pytest
 
 from siftmq.errors import ConfigError, MessageTooLargeError
 from siftmq.store import GetMessageStatus, MessageStore
-from store_helpers import msg, small_config
+from store_helpers import flip_byte, msg, small_config
 
 
 def _bodies(store: MessageStore) -> list[bytes]:
@@ -77,12 +77,6 @@ def test_a_lowered_max_message_size_limits_new_messages_only(tmp_path: Path) -> 
         assert store.put_message(msg(body=b"new")).queue_offset == 6
 
 
-def _flip_a_bit(path: Path, at: int | None) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2 if at is None else at] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
 @pytest.mark.parametrize("at", [30, None], ids=["in-data", "in-format"])
 @pytest.mark.parametrize("previous", [False, True], ids=["alone", "beside-prev"])
 def test_a_damaged_layout_file_is_refused_and_changes_nothing(
@@ -103,7 +97,8 @@ def test_a_damaged_layout_file_is_refused_and_changes_nothing(
     lowered = small_config(tmp_path, max_message_size=16 * 1024)
     with MessageStore.open(lowered):
         pass
-    _flip_a_bit(tmp_path / "layout.json", at)
+    layout = tmp_path / "layout.json"
+    flip_byte(layout, layout.stat().st_size // 2 if at is None else at, 0x01)
     before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file() and p.name != "lock"}
     refused = r"layout\.json (does not match its checksum|is not a whole).*backup"
     for _ in range(2):

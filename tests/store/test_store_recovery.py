@@ -19,7 +19,7 @@ from siftmq.store.check import check_store
 from siftmq.store.commitlog import AppendedRecord
 from siftmq.store.recovery import Checkpoint
 from siftmq.testing import SteppedClock
-from store_helpers import msg, small_config
+from store_helpers import flip_byte, msg, small_config
 
 
 def _write(cfg: StoreConfig, n: int, *, crash: bool, body_size: int = 3000) -> dict[int, bytes]:
@@ -81,14 +81,6 @@ def test_torn_tail_is_truncated(tmp_path: Path, crash: bool) -> None:
     )
 
 
-def _flip(path: Path, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x40]))
-
-
 @pytest.mark.parametrize("crash", [True, False])
 def test_a_corrupted_byte_costs_that_record_only(
     tmp_path: Path, crash: bool, caplog: pytest.LogCaptureFixture
@@ -98,7 +90,7 @@ def test_a_corrupted_byte_costs_that_record_only(
     offsets = sorted(bodies)
     victim, after = offsets[10], offsets[11]  # message 10: queue 0, offset 5
     end = offsets[-1] + len(bodies[offsets[-1]])  # (a lower bound: headers come on top)
-    _flip(_commitlog_files(tmp_path)[0], victim + 200)
+    flip_byte(_commitlog_files(tmp_path)[0], victim + 200, 0x40)
     with caplog.at_level("ERROR"), MessageStore.open(cfg) as store:
         assert store.max_commit_log_offset > end  # nothing truncated
         got = _read_all(store)
@@ -122,7 +114,7 @@ def test_records_lost_to_damage_keep_their_queue_offsets_when_the_queues_are_reb
     with MessageStore.open(cfg) as store:
         expected = _read_all(store)
     for i in (4, 6, 7):  # queue 0 offsets 2 and 3, queue 1 offset 3
-        _flip(_commitlog_files(tmp_path)[0], offsets[i] + 150)
+        flip_byte(_commitlog_files(tmp_path)[0], offsets[i] + 150, 0x40)
     shutil.rmtree(tmp_path / "consumequeue")
     (tmp_path / "abort").touch()
     with MessageStore.open(cfg) as store:
@@ -491,7 +483,7 @@ def test_filler_entries_do_not_make_every_start_rebuild(
     cfg = small_config(tmp_path)
     bodies = _write(cfg, 20, crash=False, body_size=100)
     offsets = sorted(bodies)
-    _flip(_commitlog_files(tmp_path)[0], offsets[4] + 80)  # queue 0, offset 2
+    flip_byte(_commitlog_files(tmp_path)[0], offsets[4] + 80, 0x40)  # queue 0, offset 2
     shutil.rmtree(tmp_path / "consumequeue" / "T" / "1")  # a lost index: one rebuild writes the filler
     with caplog.at_level("ERROR"), MessageStore.open(cfg) as store:
         first = _read_all(store)

@@ -35,8 +35,10 @@ Steps:
    queues the job finds otherwise: a deletion cut short by a crash can leave it behind.
 7. The new ``consumequeue/`` and ``consumequeue_ext/`` replace the old ones in one crash-safe install
    (:func:`~siftmq.store.offline.install`), and the checkpoint is set to the end of the log. The
-   extension units keep the store's format: with a bitmap check when its tree has the marker, or
-   has no unit file (then the new tree gets the marker); without one in a store made before it.
+   new extension units always hold a bitmap check, and the new tree has the marker, so a store made
+   before the check is moved to it here. A queue carried over (step 5) keeps its extension units
+   only when they hold checks already; older ones describe records the log no longer has and stay
+   behind (a read finds no unit there, as in a store whose ``consumequeue_ext/`` was removed).
 
 Bitmaps: the registrations in ``<data>/config/filters.json`` are evaluated with the evaluator live
 dispatch uses (``CompiledFilter.matches_batch`` over the property columns, an evaluation failure
@@ -61,7 +63,7 @@ import itertools
 import logging
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -648,6 +650,8 @@ def run_reindex(
     store_dir, config_dir = store_paths(data_dir)
     with open_offline(store_dir, what=f"the broker data dir {data_dir}") as offline:
         layout = store_layout(store_dir)
+        # the new tree's units always hold a bitmap check, whatever the store's held (its upgrade)
+        staged = replace(layout, ext_checked=True)
         registrations = RegistrationFile(config_dir).all()
         plan = checked_plan(spark, store_dir, plan, target_bytes, "reindex")
         staging = offline.new_staging()
@@ -657,7 +661,7 @@ def run_reindex(
                 on_progress,
                 ranges=plan.ranges,
                 registrations=registrations,
-                layout=layout,
+                layout=staged,
                 staging=staging,
             )
             bad = [r for r in reports if not r.ok]
@@ -673,12 +677,14 @@ def run_reindex(
             for topic, queue_id in stored_queues(store_dir):
                 if (topic, queue_id) not in written:
                     carried += staging.copy_from_store(queue_path(CONSUME_QUEUE_DIR, topic, queue_id))
-                    staging.copy_from_store(queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id))
-            tail_filled = keep_handed_out(staging, layout, taken, written, end_offset=plan.end_offset)
+                    if layout.ext_checked:
+                        # units without checks stay behind: they describe records the log no longer
+                        # holds, and a read finds no unit for them, as in a store whose tree was removed
+                        staging.copy_from_store(queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id))
+            tail_filled = keep_handed_out(staging, staged, taken, written, end_offset=plan.end_offset)
             for name in (CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR):
                 (staging.root / name).mkdir(exist_ok=True)
-            if layout.ext_checked:  # the new tree replaces the store's, marker and all
-                mark_checked(staging.root / CONSUME_QUEUE_EXT_DIR)
+            mark_checked(staging.root / CONSUME_QUEUE_EXT_DIR)  # replaces the store's tree, marker and all
             if before_install is not None:
                 before_install(staging)
             install(
