@@ -31,7 +31,8 @@ from typing import Any
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from siftmq.frontend.limits import connection_limit, server_options
+from siftmq.broker.config import BrokerConfig
+from siftmq.frontend.limits import connection_limit, server_options, streams_per_connection
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 from siftmq.protocol.service import RPCS, SERVICE_NAME
 from siftmq.testing import running_broker
@@ -44,7 +45,9 @@ HANDLES: dict[str, list[tuple[str, str]]] = {}
 BODY = os.urandom(1024)
 TOPIC, GROUP = "FloorBench", "floor-bench"
 OPTIONS = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]
-SERVER_OPTIONS = server_options(8 << 20, connection_limit(0), reuse_port=False)  # the broker's own
+SERVER_OPTIONS = server_options(  # the broker's own
+    8 << 20, connection_limit(0), streams_per_connection(BrokerConfig().max_queue_nums), reuse_port=False
+)
 
 
 # ------------------------------------------------------------------------------- the floor server

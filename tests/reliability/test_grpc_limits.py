@@ -188,3 +188,41 @@ def test_one_connection_resetting_calls_as_fast_as_it_opens_them_does_not_fail_o
             attacker.join(10)
     assert sent[0] > 5_000, sent  # the attack ran
     assert set(codes) == {grpc.StatusCode.OK}, codes
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_pull_of_every_queue_of_a_topic_larger_than_the_default_fits_one_connection(
+    start_broker: Any, workers: int
+) -> None:
+    """The calls a connection may hold at once follow ``max_queue_nums``: siftmq's PullConsumer
+    holds a pull on every queue of its topic, and with 1,400 queues (more than the default bound of
+    1,100 calls) every pull was refused past the bound. Topics are made with that many queues
+    through the admin API too, whose own bound was 1,024."""
+    import asyncio
+
+    import httpx
+
+    from siftmq.client import Producer, PullConsumer
+
+    queues = 1400
+    broker = start_broker("data", workers=workers, config={"max_queue_nums": 2048})
+    topics = f"{broker.admin_url}/topics"
+    made = httpx.post(topics, json={"name": "Wide", "queue_nums": queues}, timeout=30)
+    assert made.status_code == 201, made.text
+    too_many = httpx.post(topics, json={"name": "Wider", "queue_nums": 2049}, timeout=30)
+    assert too_many.status_code == 400 and "1..2048" in too_many.text
+
+    async def scenario() -> list[bytes]:
+        async with PullConsumer(broker.endpoint, "wide-pull", "Wide") as puller:
+            assert len(await puller.assignment()) == queues
+            assert await puller.poll(16, timeout=1.0) == []  # a pull held on every queue, none refused
+            async with Producer(broker.endpoint) as producer:
+                await producer.send("Wide", b"late", tag="t")
+            got: list[bytes] = []
+            for _ in range(20):
+                got += [m.body for m in await puller.poll(16, timeout=1.0)]
+                if got:
+                    break
+            return got
+
+    assert asyncio.run(scenario()) == [b"late"]

@@ -109,7 +109,7 @@ class BrokerConfig:
     # topics
     auto_create_topics: bool = True
     default_queue_nums: int = 8
-    max_queue_nums: int = 1024
+    max_queue_nums: int = 1024  # also sets the calls one gRPC connection may hold (+76: a pull of each)
     max_topics: int = 10_000  # every topic holds open files and memory: creating one more is refused
     # consumer groups (each costs memory and a share of every write of the groups and progress files)
     max_groups: int = 10_000

@@ -390,7 +390,9 @@ async def serve(args: argparse.Namespace) -> int:
     link = Link(max(max_call, frames.MAX_FROM_CORE), max_call)
     await link.connect(args.socket, os.environ.get(TOKEN_ENV, "").encode())
     # the front-ends share the port (SO_REUSEPORT); the core checked it was free
-    server = grpc.aio.server(options=server_options(args.frame_limit, args.max_connections, reuse_port=True))
+    server = grpc.aio.server(
+        options=server_options(args.frame_limit, args.max_connections, args.max_streams, reuse_port=True)
+    )
     server.add_generic_rpc_handlers(handlers(link, batch_extension=args.batch_extension))
     try:
         if args.tls_cert:
@@ -431,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", default="0")
     parser.add_argument("--frame-limit", type=int, required=True)
     parser.add_argument("--max-connections", type=int, required=True)
+    parser.add_argument("--max-streams", type=int, required=True)
     parser.add_argument("--tls-cert", default="")
     parser.add_argument("--tls-key", default="")
     parser.add_argument("--tls-client-ca", default="")

@@ -15,18 +15,16 @@ from typing import Final
 IDLE_CONNECTION_MS: Final = 5 * 60 * 1000
 #: A connection must finish its TLS and HTTP/2 handshake within this.
 HANDSHAKE_TIMEOUT_MS: Final = 20_000
-#: Calls open at once on one connection: beyond it a call is refused (REFUSED_STREAM), not queued.
-#: Room for a pull of every queue of the largest topic (1,024, the default ``max_queue_nums``; a
-#: larger one would need this raised) at once; not much more, as gRPC core counts a stream the
-#: client reset until the server has let it go (HTTP/2 rapid reset: see below).
-MAX_STREAMS_PER_CONNECTION: Final = 1100
+#: Calls a connection may open beyond a pull of every queue of the largest topic (its Telemetry
+#: stream, sends, acks): see :func:`streams_per_connection`.
+STREAM_HEADROOM: Final = 76
 #: Calls gRPC core holds for the server before the process takes them up, over every connection:
-#: past the soft bound it refuses new ones at random (CANCELLED), past the hard one all of them. At
-#: core's defaults (1,000 and 3,000) one connection resetting streams as fast as it opens them kept
-#: that queue full and 65% of other clients' calls failed; above what four connections can hold, a
-#: few hostile connections cost others time (their calls wait their turn), not failures.
-MAX_PENDING_CALLS: Final = 5000
-MAX_PENDING_CALLS_HARD: Final = 10_000
+#: past the soft bound it refuses new ones at random (CANCELLED), past the hard one (twice the soft)
+#: all of them. At core's defaults (1,000 and 3,000) one connection resetting streams as fast as it
+#: opens them kept that queue full and 65% of other clients' calls failed; above what four
+#: connections can hold, a few hostile connections cost others time (their calls wait their turn),
+#: not failures. The soft bound is this at least (at the default stream bound, 1,100).
+MIN_PENDING_CALLS: Final = 5000
 #: Metadata of one call, in HTTP/2's count (each entry's key and value and 32 bytes): gRPC's own
 #: default, made explicit because it is what the server advertises (SETTINGS_MAX_HEADER_LIST_SIZE)
 #: and enforces once the client has acknowledged that. The official clients send under 1 KiB.
@@ -52,8 +50,21 @@ def connection_limit(configured: int) -> int:
     return max(64, soft // 4)
 
 
-def server_options(frame_limit: int, max_connections: int, *, reuse_port: bool) -> list[tuple[str, int]]:
-    """The options of a gRPC server process; ``max_connections`` as :func:`connection_limit` gives it."""
+def streams_per_connection(max_queue_nums: int) -> int:
+    """Calls open at once on one connection: beyond it a call is refused (REFUSED_STREAM), not
+    queued. Room for a pull of every queue of the largest topic at once (siftmq's PullConsumer holds
+    one per queue) and the connection's other calls; not much more, as gRPC core counts a stream the
+    client reset until the server has let it go (HTTP/2 rapid reset: see :data:`MIN_PENDING_CALLS`).
+    1,100 at the default ``max_queue_nums`` (1,024)."""
+    return max_queue_nums + STREAM_HEADROOM
+
+
+def server_options(
+    frame_limit: int, max_connections: int, max_streams: int, *, reuse_port: bool
+) -> list[tuple[str, int]]:
+    """The options of a gRPC server process; ``max_connections`` as :func:`connection_limit` gives
+    it, ``max_streams`` as :func:`streams_per_connection` does."""
+    pending = max(MIN_PENDING_CALLS, 4 * max_streams + 600)
     return [
         ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.max_receive_message_length", frame_limit),
@@ -61,11 +72,11 @@ def server_options(frame_limit: int, max_connections: int, *, reuse_port: bool) 
         ("grpc.absolute_max_metadata_size", MAX_METADATA),
         ("grpc.max_metadata_size", _NO_RANDOM_REFUSAL),
         ("grpc.max_allowed_incoming_connections", max_connections),
-        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.max_concurrent_streams", max_streams),
         # refuses a stream past the bound while reset ones are still counted (core's default, relied on)
         ("grpc.http.overload_protection", 1),
-        ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
-        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS_HARD),
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
         ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
         ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
     ]

@@ -65,13 +65,13 @@ _HTTP_STATUS = {"PRECONDITION_FAILED": 409, "UNSUPPORTED": 501, "TOO_MANY_REQUES
 class TopicCreate(BaseModel):
     model_config = ConfigDict(strict=True)  # true is no queue count, nor "8" a number
     name: str = Field(min_length=1, max_length=127)
-    queue_nums: int = Field(default=8, ge=1, le=1024)
+    queue_nums: int = Field(default=8, ge=1)  # at most max_queue_nums: the broker says so
     perm: int = Field(default=PERM_READ_WRITE, ge=0, le=7)
 
 
 class TopicUpdate(BaseModel):
     model_config = ConfigDict(strict=True)
-    queue_nums: int | None = Field(default=None, ge=1, le=1024)
+    queue_nums: int | None = Field(default=None, ge=1)
     perm: int | None = Field(default=None, ge=0, le=7)
 
 

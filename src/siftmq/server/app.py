@@ -19,7 +19,7 @@ from siftmq.broker.config import BrokerConfig, parse_listen
 from siftmq.broker.long_polling import ArrivalNotifier
 from siftmq.errors import ConfigError, SiftError
 from siftmq.frontend.edge import tls_credentials
-from siftmq.frontend.limits import connection_limit, server_options
+from siftmq.frontend.limits import connection_limit, server_options, streams_per_connection
 from siftmq.process_tuning import tune_gc
 from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from siftmq.server import auth, decoding
@@ -231,7 +231,8 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
                 config, config.workers, behaviour_table(table), frame_limit, gate, max_connections=connections
             )
         else:
-            edge = _InProcessEdge(table, frame_limit, credentials, connections)
+            streams = streams_per_connection(config.max_queue_nums)
+            edge = _InProcessEdge(table, frame_limit, credentials, connections, streams)
         signals.on_stop.append(edge.stopping)
         if isinstance(edge, FrontEnds):
             edge.on_give_up = signals.stop_now
@@ -309,8 +310,10 @@ class _InProcessEdge:
         frame_limit: int,
         credentials: grpc.ServerCredentials | None,
         max_connections: int,
+        max_streams: int,
     ) -> None:
-        self._server = grpc.aio.server(options=server_options(frame_limit, max_connections, reuse_port=False))
+        options = server_options(frame_limit, max_connections, max_streams, reuse_port=False)
+        self._server = grpc.aio.server(options=options)
         self._server.add_generic_rpc_handlers(_handlers(table))
         self._credentials = credentials
         self._started = False

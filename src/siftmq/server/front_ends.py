@@ -35,6 +35,7 @@ from siftmq.broker.config import BrokerConfig
 from siftmq.errors import SiftError
 from siftmq.frontend import frames
 from siftmq.frontend.edge import EXIT_CANNOT_LISTEN, TOKEN_ENV
+from siftmq.frontend.limits import streams_per_connection
 from siftmq.server.auth import Gate
 from siftmq.server.core_link import Behaviour, CoreLink
 
@@ -211,6 +212,8 @@ class FrontEnds:
             str(self._frame_limit),
             "--max-connections",
             str(self._max_connections),
+            "--max-streams",
+            str(streams_per_connection(config.max_queue_nums)),
             "--batch-extension" if config.batch_extension else "--no-batch-extension",
         ]
         if config.tls_cert_file:

@@ -343,7 +343,7 @@ async function topicsPage(gen) {
   const list = h("div", {});
   const queuesBox = h("div", { id: "queues" });
   const name = h("input", { id: "new-topic", name: "name", required: true, maxlength: 127 });
-  const queues = h("input", { id: "new-queues", name: "queues", type: "number", min: 1, max: 1024, value: 8 });
+  const queues = h("input", { id: "new-queues", name: "queues", type: "number", min: 1, value: 8 });
   const form = h("form", { class: "row", onsubmit: async (ev) => { ev.preventDefault(); await guarded(gen, async () => { await api("/topics", { method: "POST", body: { name: name.value, queue_nums: Number(queues.value) } }); status("created ", iso(name.value)); await draw(); }); } },
     h("label", { for: "new-topic" }, "Name", name), h("label", { for: "new-queues" }, "Queues", queues), h("button", { type: "submit" }, "Create"));
   const showQueues = (t) => {
