@@ -34,6 +34,7 @@ BAD: list[tuple[str, Any, str]] = [
     ("disk_max_used_space_ratio", 1.5, "(0, 1]"),
     ("send_threads", -1, "must not be negative"),
     ("read_threads", 100_000, "at most 1024"),
+    ("max_queue_nums", 70_000, "at most 65536"),  # gRPC's bounds sized from it are C ints
     ("max_body_size", 1.5, "an integer"),
     ("workers", True, "an integer"),
     ("allow_anonymous", "false", "true or false"),

@@ -180,7 +180,7 @@ def test_front_ends_that_cannot_listen_stop_the_broker_once_none_has_listened_lo
     monkeypatch.setattr(front_ends, "UNSERVED_GIVE_UP_S", 0.3)
 
     async def scenario() -> None:
-        edges = front_ends.FrontEnds(BrokerConfig(), 2, [], 1 << 20, max_connections=64)
+        edges = front_ends.FrontEnds(BrokerConfig(), 2, [], 1 << 20, max_connections=64, max_streams=1100)
         edges.listen = "127.0.0.1:1"
         stopped: list[bool] = []
         edges.on_give_up = lambda: stopped.append(True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import select
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -197,7 +199,7 @@ def test_a_pull_of_every_queue_of_a_topic_larger_than_the_default_fits_one_conne
     """The calls a connection may hold at once follow ``max_queue_nums``: siftmq's PullConsumer
     holds a pull on every queue of its topic, and with 1,400 queues (more than the default bound of
     1,100 calls) every pull was refused past the bound. Topics are made with that many queues
-    through the admin API too, whose own bound was 1,024."""
+    through the admin API and the CLI too, whose own bounds were 1,024."""
     import asyncio
 
     import httpx
@@ -206,23 +208,35 @@ def test_a_pull_of_every_queue_of_a_topic_larger_than_the_default_fits_one_conne
 
     queues = 1400
     broker = start_broker("data", workers=workers, config={"max_queue_nums": 2048})
+    cli = [sys.executable, "-m", "siftmq", "admin", "create-topic", "Wide", "--queues", str(queues)]
+    made = subprocess.run(
+        [*cli, "--url", broker.admin_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert made.returncode == 0 and f"{queues} queues" in made.stdout, made.stdout + made.stderr
     topics = f"{broker.admin_url}/topics"
-    made = httpx.post(topics, json={"name": "Wide", "queue_nums": queues}, timeout=30)
-    assert made.status_code == 201, made.text
     too_many = httpx.post(topics, json={"name": "Wider", "queue_nums": 2049}, timeout=30)
     assert too_many.status_code == 400 and "1..2048" in too_many.text
 
-    async def scenario() -> list[bytes]:
-        async with PullConsumer(broker.endpoint, "wide-pull", "Wide") as puller:
+    async def scenario(endpoint: str, body: bytes) -> list[bytes]:
+        async with PullConsumer(endpoint, "wide-pull", "Wide") as puller:
             assert len(await puller.assignment()) == queues
             assert await puller.poll(16, timeout=1.0) == []  # a pull held on every queue, none refused
-            async with Producer(broker.endpoint) as producer:
-                await producer.send("Wide", b"late", tag="t")
+            async with Producer(endpoint) as producer:
+                await producer.send("Wide", body, tag="t")
             got: list[bytes] = []
             for _ in range(20):
                 got += [m.body for m in await puller.poll(16, timeout=1.0)]
                 if got:
                     break
+            await puller.commit()
             return got
 
-    assert asyncio.run(scenario()) == [b"late"]
+    assert asyncio.run(scenario(broker.endpoint, b"late")) == [b"late"]
+    # max_queue_nums lowered below the topic's count: the bound still covers the largest topic
+    assert broker.stop() == 0
+    again = start_broker("data", workers=workers)
+    assert asyncio.run(scenario(again.endpoint, b"later")) == [b"later"]

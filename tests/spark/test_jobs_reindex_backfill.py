@@ -503,7 +503,8 @@ def test_reindex_gives_a_store_made_before_the_bitmap_check_checked_units(
 ) -> None:
     """A store made before the bitmap check: reindex rebuilds its units with checks and gives the
     tree the marker, and the broker reads them so. A queue it carries over (every record of it lost
-    to damage) keeps its index; its old units, which describe no record, stay behind."""
+    to damage) keeps its index; its old units, which describe no record, go with the old tree. In a
+    store with checked units, a queue carried over keeps its units byte for byte."""
     data_dir = tmp_path / "data"
     store_dir = data_dir / "store"
     cfg = StoreConfig(data_dir=store_dir)
@@ -518,12 +519,8 @@ def test_reindex_gives_a_store_made_before_the_bitmap_check_checked_units(
     assert not (ext_root / CHECK_MARKER).exists() and (ext_root / "U" / "0").is_dir()
     for r in lost:
         flip_log_byte(store_dir, r.commit_log_offset + 120)  # the body: the CRC fails
-    for run in range(2):  # the second run finds a store with checked units
-        result = run_reindex(spark, data_dir)
-        assert (result.records, result.carried_over) == (40, 1)
-        assert (ext_root / CHECK_MARKER).exists()
-        if run == 0:
-            assert not (ext_root / "U").exists()
+
+    def reads_as_before() -> None:
         with MessageStore.open(cfg) as store:
             cq = store.find_consume_queue("T", 1)
             assert cq is not None and cq.ext is not None and cq.ext.checked
@@ -536,6 +533,22 @@ def test_reindex_gives_a_store_made_before_the_bitmap_check_checked_units(
             assert carried is not None and carried.max_offset == 4
             assert carried.ext is not None and carried.ext.get(0) is None
             assert store.get_messages("g", "U", 0, 0, 64).messages == []
+
+    result = run_reindex(spark, data_dir)
+    assert (result.records, result.carried_over) == (40, 1)
+    assert (ext_root / CHECK_MARKER).exists() and not (ext_root / "U").exists()
+    reads_as_before()
+
+    with MessageStore.open(cfg) as store:  # the store's units are checked now
+        gone = [store.put_message(Message("V", b"v%d" % i * 50, properties={"TAGS": "v"})) for i in range(3)]
+    units = tree_files(ext_root / "V")
+    assert units
+    for r in gone:
+        flip_log_byte(store_dir, r.commit_log_offset + 120)
+    result = run_reindex(spark, data_dir)
+    assert (result.records, result.carried_over) == (40, 2)
+    assert (ext_root / CHECK_MARKER).exists() and tree_files(ext_root / "V") == units
+    reads_as_before()
 
 
 def test_reindex_keeps_the_offsets_the_groups_progress_went_past(spark: Any, tmp_path: Path) -> None:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from siftmq.store import GetMessageStatus, MessageStore
+from siftmq.store.consumequeue import ConsumeQueue
+from siftmq.store.consumequeue_ext import ConsumeQueueExt
 from store_helpers import msg
 
 Opener = Callable[..., MessageStore]
@@ -92,3 +95,23 @@ def test_queue_offset_at_counts_a_queue_below_a_log_offset(open_store: Opener) -
     assert store.queue_offset_at("T", 0, 0) == 0
     assert store.queue_offset_at("T", 0, store.max_commit_log_offset) == store.get_max_offset_in_queue("T", 0)
     assert store.queue_offset_at("nope", 0, second) == 0
+
+
+def test_retention_keeps_an_extension_that_begins_after_its_queue_aligned(tmp_path: Path) -> None:
+    """A queue whose extension units begin later than its entries (they were lost, or left out by
+    reindex) deleted the extension's first segment with each of the queue's: the units of messages
+    still kept went too, and their filters lost the bitmaps. Only segments below the queue's go."""
+    ext = ConsumeQueueExt(tmp_path / "ext", 4, 14, checked=True)
+    cq = ConsumeQueue("U", 0, tmp_path / "cq", 4, ext)
+    cq.load()
+    cq.put_entries(0, [(100 + 10 * i, 10, 0) for i in range(6)], None)  # units left out
+    kept = range(6, 14)
+    units = [ext.encode(1000 + i, 0, b"\x01") for i in kept]
+    cq.put_entries(6, [(1000 + 10 * i, 10, 0) for i in kept], units)
+    assert cq.delete_expired(500) == 1  # the records of offsets 0..3 are gone
+    assert cq.min_offset == 6
+    for i in kept:
+        unit = ext.get(i)
+        assert unit is not None and unit.store_timestamp == 1000 + i and unit.filter_bitmap == b"\x01"
+    assert cq.delete_expired(1080) == 1  # 4..7 gone: the extension's first segment (4..7) with them
+    assert ext.log.first_segment_index == 8 and ext.get(8) is not None

@@ -109,7 +109,7 @@ class BrokerConfig:
     # topics
     auto_create_topics: bool = True
     default_queue_nums: int = 8
-    max_queue_nums: int = 1024  # also sets the calls one gRPC connection may hold (+76: a pull of each)
+    max_queue_nums: int = 1024  # the calls one gRPC connection may hold follow it (a pull of each queue)
     max_topics: int = 10_000  # every topic holds open files and memory: creating one more is refused
     # consumer groups (each costs memory and a share of every write of the groups and progress files)
     max_groups: int = 10_000
@@ -173,6 +173,8 @@ class BrokerConfig:
             parse_listen(self.admin_listen)
         if self.workers > MAX_WORKERS:
             raise ConfigError(f"workers must be at most {MAX_WORKERS}, not {self.workers}")
+        if self.max_queue_nums > MAX_QUEUE_NUMS:
+            raise ConfigError(f"max_queue_nums must be at most {MAX_QUEUE_NUMS}, not {self.max_queue_nums}")
         for name in ("read_threads", "send_threads"):
             if getattr(self, name) > MAX_THREADS:
                 raise ConfigError(f"{name} must be at most {MAX_THREADS}, not {getattr(self, name)}")
@@ -231,6 +233,9 @@ class BrokerConfig:
 
 #: Front-end processes at most: each holds its own gRPC server and connections to the core.
 MAX_WORKERS = 64
+#: Queues of one topic at most: each holds files and memory, and a connection may hold a pull of
+#: each (gRPC's bounds, sized from it, are C ints).
+MAX_QUEUE_NUMS: Final = 65_536
 #: Read or send threads at most: more only add GIL hand-offs (and a thread's stack each).
 MAX_THREADS: Final = 1024
 

@@ -111,7 +111,7 @@ def topic(name: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) 
 @admin_app.command("create-topic")
 def create_topic(
     name: str,
-    queues: Annotated[int, typer.Option("--queues", min=1, max=1024)] = 8,
+    queues: Annotated[int, typer.Option("--queues", min=1, help="at most the broker's max_queue_nums")] = 8,
     perm: Annotated[int, typer.Option("--perm", min=0, max=7, help="4 read, 2 write, 6 both")] = 6,
     url: UrlOption = DEFAULT_URL,
 ) -> None:

@@ -16,8 +16,9 @@ IDLE_CONNECTION_MS: Final = 5 * 60 * 1000
 #: A connection must finish its TLS and HTTP/2 handshake within this.
 HANDSHAKE_TIMEOUT_MS: Final = 20_000
 #: Calls a connection may open beyond a pull of every queue of the largest topic (its Telemetry
-#: stream, sends, acks): see :func:`streams_per_connection`.
+#: stream, sends, acks), and at least: see :func:`streams_per_connection`.
 STREAM_HEADROOM: Final = 76
+MIN_STREAMS: Final = 1100
 #: Calls gRPC core holds for the server before the process takes them up, over every connection:
 #: past the soft bound it refuses new ones at random (CANCELLED), past the hard one (twice the soft)
 #: all of them. At core's defaults (1,000 and 3,000) one connection resetting streams as fast as it
@@ -50,13 +51,14 @@ def connection_limit(configured: int) -> int:
     return max(64, soft // 4)
 
 
-def streams_per_connection(max_queue_nums: int) -> int:
+def streams_per_connection(queue_nums: int) -> int:
     """Calls open at once on one connection: beyond it a call is refused (REFUSED_STREAM), not
-    queued. Room for a pull of every queue of the largest topic at once (siftmq's PullConsumer holds
-    one per queue) and the connection's other calls; not much more, as gRPC core counts a stream the
-    client reset until the server has let it go (HTTP/2 rapid reset: see :data:`MIN_PENDING_CALLS`).
-    1,100 at the default ``max_queue_nums`` (1,024)."""
-    return max_queue_nums + STREAM_HEADROOM
+    queued. Room for a pull of every queue of the largest topic at once (``queue_nums``: siftmq's
+    PullConsumer holds one per queue) and the connection's other calls, 1,100 at least (a client's
+    long polls, sends and consumers share a connection whatever the topics' sizes); not much more,
+    as gRPC core counts a stream the client reset until the server has let it go (HTTP/2 rapid
+    reset: see :data:`MIN_PENDING_CALLS`)."""
+    return max(MIN_STREAMS, queue_nums + STREAM_HEADROOM)
 
 
 def server_options(

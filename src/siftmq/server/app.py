@@ -225,13 +225,21 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
         # index file), which the front-ends inherit
         raise_open_file_limit()
         connections = connection_limit(config.max_connections)
+        # a topic can hold more queues than max_queue_nums allows now (made before it was lowered)
+        largest = max([config.max_queue_nums, *(t.queue_nums for t in broker.topics.all())])
+        streams = streams_per_connection(largest)
         edge: _InProcessEdge | FrontEnds
         if config.workers > 1:
             edge = FrontEnds(
-                config, config.workers, behaviour_table(table), frame_limit, gate, max_connections=connections
+                config,
+                config.workers,
+                behaviour_table(table),
+                frame_limit,
+                gate,
+                max_connections=connections,
+                max_streams=streams,
             )
         else:
-            streams = streams_per_connection(config.max_queue_nums)
             edge = _InProcessEdge(table, frame_limit, credentials, connections, streams)
         signals.on_stop.append(edge.stopping)
         if isinstance(edge, FrontEnds):

@@ -35,7 +35,6 @@ from siftmq.broker.config import BrokerConfig
 from siftmq.errors import SiftError
 from siftmq.frontend import frames
 from siftmq.frontend.edge import EXIT_CANNOT_LISTEN, TOKEN_ENV
-from siftmq.frontend.limits import streams_per_connection
 from siftmq.server.auth import Gate
 from siftmq.server.core_link import Behaviour, CoreLink
 
@@ -144,11 +143,13 @@ class FrontEnds:
         gate: Gate | None = None,
         *,
         max_connections: int,
+        max_streams: int,
     ) -> None:
         self._config = config
         self._count = count
         self._frame_limit = frame_limit
         self._max_connections = max_connections  # each front-end's
+        self._max_streams = max_streams  # calls at once on one of its connections
         self._token = secrets.token_hex(32)
         self._link = CoreLink(behaviours, self._token.encode(), frame_limit + frames.CALL_ROOM, gate)
         _remove_stale_dirs()
@@ -213,7 +214,7 @@ class FrontEnds:
             "--max-connections",
             str(self._max_connections),
             "--max-streams",
-            str(streams_per_connection(config.max_queue_nums)),
+            str(self._max_streams),
             "--batch-extension" if config.batch_extension else "--no-batch-extension",
         ]
         if config.tls_cert_file:

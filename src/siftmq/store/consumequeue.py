@@ -208,8 +208,13 @@ class ConsumeQueue:
             if offset + size > commit_log_min_offset:
                 break
             self.log.delete_first_segment()
-            if self.ext is not None:
-                self.ext.log.delete_first_segment()
+            ext = self.ext
+            # segment i of both covers the same offsets, but the extension's may begin later (its
+            # units were lost, or left out by reindex): only those below the queue's first go
+            while ext is not None and ext.log.first_segment_index < self.log.first_segment_index:
+                if ext.log.segment_count() <= 1:
+                    break  # its last segment stays, as the queue's does
+                ext.log.delete_first_segment()
             deleted += 1
         self.correct_min_offset(commit_log_min_offset)
         return deleted

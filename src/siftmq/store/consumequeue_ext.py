@@ -20,7 +20,8 @@ largest prime below 2**32 (for a whole block with numpy: a sum of the bytes weig
 256 modulo the prime). Any one damaged byte always changes it (its change, below 256 in size, times
 a power of 256 is never a multiple of the prime); more damage escapes it about once in four billion.
 An extension tree made before the check has no marker file (:data:`CHECK_MARKER`) and keeps units
-without one, read as before; a tree is given the marker only while it holds no unit file.
+without one, read as before; a tree is given the marker only while it holds no unit file, or built
+whole with checked units (``siftmq spark reindex``, which installs it in place of the old one).
 
 An entry's unit is found in O(1) from its queue offset. RocketMQ instead stores a variable-size
 unit and keeps its address in the ConsumeQueue's tags code field; a fixed unit costs a few
@@ -71,7 +72,8 @@ def units_checked(root: Path, *, mark_new: bool) -> bool:
 
 
 def mark_checked(root: Path) -> None:
-    """Give the extension tree at ``root`` the marker of units with a bitmap check."""
+    """Give the extension tree at ``root`` the marker of units with a bitmap check (the caller sees
+    that every unit in it has one: a tree without units, or one it wrote whole)."""
     root.mkdir(parents=True, exist_ok=True)
     write_atomically(root / CHECK_MARKER, b"")
 

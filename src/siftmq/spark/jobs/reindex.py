@@ -20,8 +20,8 @@ Steps:
    staging tree with the store's own ConsumeQueue writers, checking that every queue's offsets are
    consecutive (a gap or a duplicate means a damaged log: it is reported and nothing is installed).
 5. Queues that have index files but no record left in the CommitLog (retention deleted them all,
-   or every record was lost to damage) are carried over unchanged, so their offsets continue where
-   they were.
+   or every record was lost to damage) are carried over, so their offsets continue where they were
+   (their extension units too, unless they are of a store made before the bitmap check: step 7).
 6. Every queue offset handed out before stays taken, as the broker's recovery keeps them: a queue
    whose last records were lost to damage (the log going on with other queues' records) would
    otherwise end before them, and the broker would give their offsets to new messages, which a
@@ -37,8 +37,9 @@ Steps:
    (:func:`~siftmq.store.offline.install`), and the checkpoint is set to the end of the log. The
    new extension units always hold a bitmap check, and the new tree has the marker, so a store made
    before the check is moved to it here. A queue carried over (step 5) keeps its extension units
-   only when they hold checks already; older ones describe records the log no longer has and stay
-   behind (a read finds no unit there, as in a store whose ``consumequeue_ext/`` was removed).
+   only when they hold checks already; older ones describe records the log no longer has and go
+   with the old tree (a read finds no unit there, as in a store whose ``consumequeue_ext/`` was
+   removed).
 
 Bitmaps: the registrations in ``<data>/config/filters.json`` are evaluated with the evaluator live
 dispatch uses (``CompiledFilter.matches_batch`` over the property columns, an evaluation failure
@@ -678,8 +679,8 @@ def run_reindex(
                 if (topic, queue_id) not in written:
                     carried += staging.copy_from_store(queue_path(CONSUME_QUEUE_DIR, topic, queue_id))
                     if layout.ext_checked:
-                        # units without checks stay behind: they describe records the log no longer
-                        # holds, and a read finds no unit for them, as in a store whose tree was removed
+                        # units without checks go with the old tree: they describe records the log no
+                        # longer holds, and a read finds no unit there, as in a store whose tree was removed
                         staging.copy_from_store(queue_path(CONSUME_QUEUE_EXT_DIR, topic, queue_id))
             tail_filled = keep_handed_out(staging, staged, taken, written, end_offset=plan.end_offset)
             for name in (CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR):
