@@ -74,3 +74,28 @@ def test_wake_at_wakes_the_waiters_of_a_topic_then_and_keeps_the_earliest_time()
         assert notifier.version("T") == seen + 1 and notifier.waiting("T") == 0
 
     asyncio.run(scenario())
+
+
+def test_a_wait_cancelled_in_the_turn_its_arrival_came_is_cancelled() -> None:
+    """Python 3.11's asyncio.wait_for returned instead of raising when the waiting call was
+    cancelled (its client gone) just after an arrival resolved the wait: the long poll went on to
+    receive messages for nobody."""
+
+    async def scenario() -> None:
+        notifier = ArrivalNotifier(asyncio.get_running_loop())
+        went_on = []
+
+        async def long_poll() -> None:
+            await notifier.wait("T", notifier.version("T"), timeout=30)
+            went_on.append(True)
+
+        task = asyncio.create_task(long_poll())
+        await asyncio.sleep(0.01)
+        notifier.on_arrival({"T"})  # as the dispatch thread reports (call_soon_threadsafe)
+        await asyncio.sleep(0)  # the arrival has resolved the wait; the task has not run yet
+        task.cancel()  # the client's cancel, read in the same turn
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled() and not went_on
+        assert notifier.waiting("T") == 0
+
+    asyncio.run(scenario())

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from siftmq.broker.broker import Broker
 from siftmq.broker.coalescing import ReceiveCoalescer
 from siftmq.broker.model import Delivery, PullResult, Subscription
+from siftmq.broker.receive import GIVE_BACK_MS
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 class ArrivalNotifier:
@@ -87,7 +90,11 @@ class ArrivalNotifier:
                 return
             self._waiters.setdefault(topic, set()).add(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
+            # not asyncio.wait_for: on Python 3.11 it returns instead of raising when the call is
+            # cancelled just after an arrival resolved ``fut``, and the receive would go on to take
+            # messages for a caller that is gone
+            async with asyncio.timeout(timeout):
+                await fut
         except TimeoutError:
             pass
         finally:
@@ -115,25 +122,34 @@ async def _long_poll(
     next_due_ms: Callable[[], int | None] | None = None,
     executor: Executor | None = None,
     try_inline: Callable[[], T | None] | None = None,
-    first: Awaitable[T | None] | None = None,
+    first: asyncio.Future[T | None] | None = None,
+    orphaned: Callable[[T], None] | None = None,
 ) -> T:
     """Run ``attempt`` (in ``executor``, else the loop's default) until ``done`` or ``hold_s`` has passed.
 
     With ``try_inline``, each attempt is first tried on the loop, and made in ``executor`` only
     when that answers None; ``first`` stands for the first such try (made with others). Between
     attempts it sleeps until a message arrives on ``topic`` or, with ``next_due_ms``, until the
-    earliest redelivery falls due.
+    earliest redelivery falls due. ``orphaned`` is given what an attempt got for a caller that was
+    cancelled meanwhile (on the loop): a receive's deliveries, which nobody would acknowledge.
     """
     deadline = time.monotonic() + max(hold_s, 0.0)
     loop = asyncio.get_running_loop()
     while True:
         seen = notifier.version(topic)
         if first is not None:
-            result, first = await first, None
+            shared, first = first, None
+            try:
+                result = await shared
+            except asyncio.CancelledError:
+                # cancelled after its share was taken (in the same turn): the share is nobody's
+                if orphaned is not None and shared.done():
+                    _hand_on(orphaned, shared)
+                raise
         else:
             result = try_inline() if try_inline is not None else None
         if result is None:
-            result = await loop.run_in_executor(executor, attempt)
+            result = await _in_thread(loop, executor, attempt, orphaned)
         remaining = deadline - time.monotonic()
         if done(result) or remaining <= 0:
             return result
@@ -142,6 +158,65 @@ async def _long_poll(
             if due is not None:
                 remaining = min(remaining, max(due - time.time() * 1000, 0) / 1000 + 0.005)
         await notifier.wait(topic, seen, max(remaining, 0.001))
+
+
+async def _in_thread(
+    loop: asyncio.AbstractEventLoop,
+    executor: Executor | None,
+    attempt: Callable[[], T],
+    orphaned: Callable[[T], None] | None,
+) -> T:
+    """``attempt`` in ``executor``; cancelled while it runs, what it gets goes to ``orphaned`` (a
+    thread cannot be stopped); cancelled before it starts, it takes nothing."""
+    if orphaned is None:
+        return await loop.run_in_executor(executor, attempt)
+    gone = threading.Event()
+    work = loop.run_in_executor(executor, functools.partial(_unless, gone, attempt))
+    try:
+        found = await asyncio.shield(work)
+    except asyncio.CancelledError:
+        gone.set()
+        work.add_done_callback(functools.partial(_hand_on, orphaned))
+        raise
+    assert found is not None  # None only once ``gone`` is set
+    return found
+
+
+def _unless(gone: threading.Event, attempt: Callable[[], T]) -> T | None:
+    return None if gone.is_set() else attempt()
+
+
+def _hand_on(orphaned: Callable[[T], None], work: asyncio.Future[T | None]) -> None:
+    if not work.cancelled() and work.exception() is None and (got := work.result()) is not None:
+        orphaned(got)
+
+
+def give_back_later(
+    broker: Broker,
+    notifier: ArrivalNotifier,
+    group: str,
+    topic: str,
+    deliveries: Sequence[Delivery],
+    *,
+    client_id: str,
+    executor: Executor | None,
+) -> None:
+    """:meth:`Broker.give_back` in ``executor`` (it takes the queues' locks), not awaited: its
+    caller is being cancelled. Call on the loop."""
+    if not deliveries:
+        return
+    give = functools.partial(broker.give_back, group, topic, list(deliveries), client_id=client_id)
+    try:
+        given = asyncio.get_running_loop().run_in_executor(executor, give)
+    except RuntimeError:  # no loop, or its executor shut down (the broker stopping): back in their time
+        return
+    given.add_done_callback(_log_failure)
+    notifier.wake_at(topic, GIVE_BACK_MS / 1000)  # receives waiting on the topic look again then
+
+
+def _log_failure(given: asyncio.Future[int]) -> None:
+    if not given.cancelled() and given.exception() is not None:
+        _log.error("giving back deliveries whose receiver was gone failed", exc_info=given.exception())
 
 
 async def receive_long_polling(
@@ -173,6 +248,15 @@ async def receive_long_polling(
     try_receive = functools.partial(broker.try_receive, group, subscription, **asked)
     next_due = functools.partial(broker.next_redelivery_ms, group, subscription.topic, client_id)
     first = None if coalescer is None else coalescer.try_receive(group, subscription, **asked)
+    orphaned = functools.partial(
+        give_back_later,
+        broker,
+        notifier,
+        group,
+        subscription.topic,
+        client_id=client_id,
+        executor=executor,
+    )
     deliveries = await _long_poll(
         notifier,
         subscription.topic,
@@ -183,6 +267,7 @@ async def receive_long_polling(
         executor=executor,
         try_inline=try_receive,
         first=first,
+        orphaned=orphaned,
     )
     if deliveries:  # other receives waiting on the topic look again when these come due
         notifier.wake_at(subscription.topic, min(d.invisible_ms for d in deliveries) / 1000)

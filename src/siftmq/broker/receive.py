@@ -50,6 +50,9 @@ DLQ_RETRY_MS: Final = 1000
 FAILURE_LOG_INTERVAL_S: Final = 10.0
 #: A receipt handle's nonce: 48 random bits.
 NONCE_BYTES: Final = 6
+#: How soon a delivery its receiver never got is visible again (ms): RocketMQ's proxy gives a
+#: message it could not write to its client's stream 1 s.
+GIVE_BACK_MS: Final = 1000
 #: Index entries after which :meth:`Receiving.try_receive` reads no more, over all queues (a read
 #: takes up to ~800 more: a TAG filter's index pass reads 16,000 bytes of index at least); also the
 #: largest due-heap it passes through. What bounds an event loop's wait for one receive.
@@ -810,6 +813,25 @@ class Receiving(Subscribing):
         finally:
             prog.lock.release()
         return ReceiptHandle(topic, handle.queue_id, handle.queue_offset, nonce).encode()
+
+    def give_back(
+        self, group: str, topic: str, deliveries: Sequence[Delivery], *, client_id: str = ""
+    ) -> int:
+        """Make ``deliveries`` that never reached their receiver (its call was cancelled, or the
+        stream of its answer broke) visible again in :data:`GIVE_BACK_MS`, as a nack does, instead
+        of in flight for nobody until their invisible time (renewed, for an auto-renewing receive,
+        while its client lives). One acknowledged, given back or redelivered since is passed over.
+        Returns how many were given back."""
+        given = 0
+        for delivery in deliveries:
+            try:
+                self.change_invisible_duration(
+                    group, topic, delivery.receipt_handle, GIVE_BACK_MS, client_id=client_id
+                )
+            except BadRequestError:
+                continue  # its handle is no longer the one in flight: nothing to give back
+            given += 1
+        return given
 
     def forward_to_dlq(self, group: str, topic: str, handle_text: str, *, client_id: str = "") -> None:
         """Move the delivered message to the group's dead-letter topic now."""

@@ -24,7 +24,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from siftmq.broker.broker import Broker
 from siftmq.broker.coalescing import OneHop, ReceiveCoalescer, SendCoalescer
-from siftmq.broker.long_polling import ArrivalNotifier, pull_long_polling, receive_long_polling
+from siftmq.broker.long_polling import (
+    ArrivalNotifier,
+    give_back_later,
+    pull_long_polling,
+    receive_long_polling,
+)
 from siftmq.broker.model import Subscription
 from siftmq.broker.send import MAX_BATCH_MESSAGES
 from siftmq.errors import BadRequestError, StatusCode
@@ -403,11 +408,31 @@ class MessagingService:
         self, request: pb.ReceiveMessageRequest, context: Any
     ) -> AsyncIterator[pb.ReceiveMessageResponse]:
         st, deliveries = await self._receive(request, context)
-        yield pb.ReceiveMessageResponse(status=st)
-        topic = request.message_queue.topic
-        for delivery in deliveries:
-            yield pb.ReceiveMessageResponse(message=convert.delivery_fields(delivery, topic))
-        yield pb.ReceiveMessageResponse(delivery_timestamp=_now())
+        sent = 0
+        try:
+            yield pb.ReceiveMessageResponse(status=st)
+            topic = request.message_queue.topic
+            for delivery in deliveries:
+                yield pb.ReceiveMessageResponse(message=convert.delivery_fields(delivery, topic))
+                sent += 1
+            yield pb.ReceiveMessageResponse(delivery_timestamp=_now())
+        except (asyncio.CancelledError, GeneratorExit):
+            # the stream broke (the client gone, its call cancelled): the messages not written,
+            # and the one being written, come back in a second, not at their invisible time
+            # (renewed while the client lives, for an auto-renewing receive), as RocketMQ's proxy does
+            if sent < len(deliveries):
+                group = convert.topic_name(request.group)
+                topic_name = convert.topic_name(request.message_queue.topic)
+                give_back_later(
+                    self.broker,
+                    self.notifier,
+                    group,
+                    topic_name,
+                    deliveries[sent:],
+                    client_id=convert.client_id_of(context),
+                    executor=self._reads_for(group, topic_name),
+                )
+            raise
 
     async def ReceiveMessages(
         self, request: pb.ReceiveMessageRequest, context: Any
