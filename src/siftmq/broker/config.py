@@ -137,7 +137,7 @@ class BrokerConfig:
     push_long_polling_s: float = 20.0
     max_batch_size: int = 64  # messages per receive (each one is then in flight)
     max_pull_batch_size: int = 1024  # messages per offset pull
-    max_pull_bytes: int = 8 * MIB  # stored bytes per offset pull (at least one message)
+    max_pull_bytes: int = 8 * MIB  # bytes per offset pull and per receive's answer (one message at least)
     # siftmq's batch extension (one frame per pull/receive answer); siftmq clients fall back to the
     # standard one-message-per-frame calls when it is off
     batch_extension: bool = True

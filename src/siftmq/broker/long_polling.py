@@ -210,13 +210,16 @@ def give_back_later(
         given = asyncio.get_running_loop().run_in_executor(executor, give)
     except RuntimeError:  # no loop, or its executor shut down (the broker stopping): back in their time
         return
-    given.add_done_callback(_log_failure)
-    notifier.wake_at(topic, GIVE_BACK_MS / 1000)  # receives waiting on the topic look again then
+    given.add_done_callback(functools.partial(_given_back, notifier, topic))
 
 
-def _log_failure(given: asyncio.Future[int]) -> None:
-    if not given.cancelled() and given.exception() is not None:
+def _given_back(notifier: ArrivalNotifier, topic: str, given: asyncio.Future[int]) -> None:
+    if given.cancelled():
+        return
+    if given.exception() is not None:
         _log.error("giving back deliveries whose receiver was gone failed", exc_info=given.exception())
+    elif given.result():  # receives waiting on the topic look again when they are visible
+        notifier.wake_at(topic, GIVE_BACK_MS / 1000)
 
 
 async def receive_long_polling(

@@ -367,6 +367,10 @@ class Receiving(Subscribing):
         rp = _ReceivePass(group, pgroup, topic.name, _now_ms(), invisible, batch_size, message_filter)
         if inline:
             rp.inline, rp.scan_left, rp.bytes_left = True, INLINE_SCAN, INLINE_BYTES
+        else:
+            # what one answer may hold: siftmq's batch calls answer in one gRPC message, whose bound
+            # is this plus room for the rest (the server's frame limit)
+            rp.bytes_left = max(self.config.max_pull_bytes, self.config.max_body_size)
         if auto_renew and client_id:
             rp.renew_for, rp.renew_ms = client_id, int(self.config.max_invisible_time_s * 1000)
         try:
@@ -378,7 +382,7 @@ class Receiving(Subscribing):
                     self._take_due(rp, qid, prog)
                 finally:
                     prog.lock.release()
-                if len(rp.out) >= batch_size:
+                if len(rp.out) >= batch_size or rp.full:
                     break
             else:
                 if inline and not self.store.catch_up_now():  # read-your-writes, without waiting
@@ -389,7 +393,7 @@ class Receiving(Subscribing):
                         self._take_new(rp, qid, prog)
                     finally:
                         prog.lock.release()
-                    if len(rp.out) >= batch_size or rp.scan_left <= 0:
+                    if len(rp.out) >= batch_size or rp.scan_left <= 0 or rp.full:
                         break
         except NotOnTheLoop:
             rp.stopped = True  # (inline only) what was delivered so far is the answer
@@ -402,7 +406,7 @@ class Receiving(Subscribing):
             _failures.warn(
                 "receive", group, topic.name, f"a receive of {group} on {topic.name} was cut short", exc
             )
-        read_through = not rp.stopped and rp.scan_left > 0
+        read_through = not rp.stopped and not rp.full and rp.scan_left > 0
         if inline and not rp.out and not read_through:
             return None, False
         if rp.out:
@@ -497,19 +501,18 @@ class Receiving(Subscribing):
         due = list(prog.pop_due(rp.now, limit))
         if prog.renew and due:
             due = self._renew(rp, prog, due)
-        left: list[InFlight] = []  # inline: due, but past what the loop copies
-        if rp.inline:
-            if any(item.attempt >= self.config.max_delivery_attempts for item in due):
-                for item in due:  # a dead-letter move appends to the store: left to a thread
-                    prog.put(item)
-                raise NotOnTheLoop
-            for n, item in enumerate(due):
-                if item.size > rp.bytes_left:
-                    due, left = due[:n], due[n:]
-                    break
-                rp.bytes_left -= item.size
-            for item in left:
+        left: list[InFlight] = []  # due, but past what the loop copies or the answer holds
+        if rp.inline and any(item.attempt >= self.config.max_delivery_attempts for item in due):
+            for item in due:  # a dead-letter move appends to the store: left to a thread
                 prog.put(item)
+            raise NotOnTheLoop
+        for n, item in enumerate(due):
+            if item.size > rp.bytes_left and (rp.inline or rp.out or n):  # (one message at least)
+                due, left = due[:n], due[n:]
+                break
+            rp.bytes_left -= item.size
+        for item in left:
+            prog.put(item)
         accept = rp.message_filter.is_matched_by_commit_log if rp.message_filter is not None else None
         for n, item in enumerate(due):
             try:
@@ -550,8 +553,9 @@ class Receiving(Subscribing):
                     if prog.inflight.get(rest.queue_offset) is rest:
                         prog.put(rest)
                 raise
-        if left:
+        if left and rp.inline:
             raise NotOnTheLoop  # what was taken is the answer; the rest is a thread's, or the next's
+        rp.full = bool(left)
 
     def _renew(self, rp: _ReceivePass, prog: QueueProgress, due: list[InFlight]) -> list[InFlight]:
         """``due`` without the deliveries kept invisible for their client (``auto_renew``, as the
@@ -582,6 +586,9 @@ class Receiving(Subscribing):
         limit = rp.batch_size - len(rp.out)
         max_scan = min(MAX_SCAN_PER_RECEIVE, rp.scan_left)
         while limit > 0 and scanned < max_scan:
+            if not rp.inline and rp.out and rp.bytes_left < self.config.max_body_size:
+                rp.full = True  # the next message might not fit the answer (a read holds one at least)
+                break
             result, delivered = self._read(
                 rp.group,
                 rp.topic,
@@ -590,7 +597,7 @@ class Receiving(Subscribing):
                 limit,
                 message_filter=rp.message_filter,
                 inline=rp.inline,
-                max_bytes=max(rp.bytes_left, 1) if rp.inline else None,
+                max_bytes=max(rp.bytes_left, 1),
             )
             if delivered is None:  # the group's program is held: nothing delivered, nothing passed
                 break
@@ -608,8 +615,7 @@ class Receiving(Subscribing):
                 self.consumers.mark_dirty()
             if delivered:
                 self._deliver_new(rp, qid, prog, delivered)
-                if rp.inline:
-                    rp.bytes_left -= sum(len(m.body) for m in delivered)
+                rp.bytes_left -= sum(len(m.body) for m in delivered)
             limit -= len(delivered)
             scanned += max(result.scanned, 1)
             rp.scan_left -= max(result.scanned, 1)
@@ -823,10 +829,11 @@ class Receiving(Subscribing):
         while its client lives). One acknowledged, given back or redelivered since is passed over.
         Returns how many were given back."""
         given = 0
+        back_ms = min(GIVE_BACK_MS, int(self.config.max_invisible_time_s * 1000))
         for delivery in deliveries:
             try:
                 self.change_invisible_duration(
-                    group, topic, delivery.receipt_handle, GIVE_BACK_MS, client_id=client_id
+                    group, topic, delivery.receipt_handle, back_ms, client_id=client_id
                 )
             except BadRequestError:
                 continue  # its handle is no longer the one in flight: nothing to give back
@@ -861,8 +868,9 @@ class _ReceivePass:
     out: list[Delivery] = field(default_factory=list)
     inline: bool = False  # on an event loop (Receiving.try_receive)
     scan_left: int = 1 << 62  # index entries it may still read (bounded inline only)
-    bytes_left: int = 1 << 62  # message bytes it may still copy (bounded inline only)
+    bytes_left: int = 1 << 62  # message bytes it may still copy (an answer's worth; less inline)
     stopped: bool = False  # it met what must be left to a thread (inline), or an error
+    full: bool = False  # (in a thread) its answer holds what one may: the rest is the next receive's
     renew_for: str = ""  # auto_renew: the client its deliveries are kept invisible for
     renew_ms: int = 0  # ... for at most this long after each delivery
     _nonces: list[int] = field(default_factory=list)  # drawn, not handed out yet

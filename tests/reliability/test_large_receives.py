@@ -1,0 +1,47 @@
+"""A receive answers at most what one gRPC message carries: siftmq's batch calls (ReceiveMessages,
+AckAndReceive) answer in one message, and a receive of many large messages took more than the
+server's frame limit holds. Its answer failed (RESOURCE_EXHAUSTED) and everything it took stayed in
+flight for nobody; asked again each time, those messages could reach the dead-letter queue without
+ever being delivered. A real broker, in one process and behind front-ends, and siftmq's client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+
+from siftmq.client import FilterExpression, Producer, SimpleConsumer
+
+pytestmark = pytest.mark.integration
+
+MESSAGES = 12
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_receive_of_large_messages_answers_what_fits_and_leaves_the_rest_for_the_next(
+    start_broker: Any, workers: int
+) -> None:
+    broker = start_broker("data", workers=workers)
+    bodies = [os.urandom(1 << 20) for _ in range(MESSAGES)]  # 12 MiB: more than the 12 MiB frame holds
+
+    async def scenario() -> list[int]:
+        async with Producer(broker.endpoint) as producer:
+            for body in bodies:
+                await producer.send("Large", body, tag="t")
+        sizes: list[int] = []
+        got: list[bytes] = []
+        async with SimpleConsumer(broker.endpoint, "g-large", {"Large": FilterExpression.tag()}) as consumer:
+            batch = await consumer.receive(MESSAGES, 60)
+            while batch or len(got) < MESSAGES:
+                sizes.append(len(batch))
+                got += [m.body for m in batch]
+                if len(sizes) > 2 * MESSAGES:
+                    break
+                batch = await consumer.receive(MESSAGES, 60, ack=batch, await_duration=1)
+        assert sorted(got) == sorted(bodies)  # each once, none lost in flight
+        return sizes
+
+    sizes = asyncio.run(scenario())
+    assert 1 <= sizes[0] < MESSAGES and sum(sizes) == MESSAGES, sizes
