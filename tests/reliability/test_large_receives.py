@@ -10,6 +10,7 @@ import asyncio
 import os
 from typing import Any
 
+import httpx
 import pytest
 
 from siftmq.client import FilterExpression, Producer, SimpleConsumer
@@ -19,11 +20,19 @@ pytestmark = pytest.mark.integration
 MESSAGES = 12
 
 
+@pytest.mark.parametrize("program", [False, True], ids=["store", "program"])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_receive_of_large_messages_answers_what_fits_and_leaves_the_rest_for_the_next(
-    start_broker: Any, workers: int
+    start_broker: Any, workers: int, program: bool
 ) -> None:
+    """Read as the store gives them, and through a filter program that keeps them all."""
     broker = start_broker("data", workers=workers)
+    if program:
+        made = httpx.post(f"{broker.admin_url}/topics", json={"name": "Large", "queue_nums": 8}, timeout=30)
+        assert made.status_code == 201, made.text
+        keep_all = {"source": "def match(message):\n    return True\n"}
+        put = httpx.put(f"{broker.admin_url}/groups/g-large/programs/Large", json=keep_all, timeout=60)
+        assert put.status_code in (200, 201), put.text
     bodies = [os.urandom(1 << 20) for _ in range(MESSAGES)]  # 12 MiB: more than the 12 MiB frame holds
 
     async def scenario() -> list[int]:

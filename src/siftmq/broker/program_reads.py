@@ -9,6 +9,7 @@ the group's progress moves past them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +24,7 @@ from siftmq.broker.programs import Program, check_sample, row_of
 from siftmq.broker.validation import check_group, check_topic
 from siftmq.filterserver.message import Row
 from siftmq.filterserver.wire import ERROR, MATCH
-from siftmq.store import GetMessageResult, Message, MessageFilter, StoredMessage
+from siftmq.store import GetMessageResult, Message, MessageFilter, RawRecord, StoredMessage
 
 _log = logging.getLogger(__name__)
 
@@ -73,9 +74,11 @@ class ProgramReads(BrokerParts):
             return result, None
         codes, errors = filtered.codes, filtered.errors
         kept = _positions(codes, MATCH, want + 1)
+        room = want if max_bytes is None else _fitting(records, kept, want, max_bytes)
         cut = len(codes)
-        if len(kept) > want:
-            cut = kept.pop()  # the first kept one left over: the next read starts there
+        if len(kept) > room:
+            cut = kept[room]  # the first kept one left over: the next read starts there
+            del kept[room:]
         elif cut < len(records):
             # the read's time ran out in a bisection: the failures it ended on wait (their verdicts
             # kept) for a read that gets past them, so a program failing every message is
@@ -157,6 +160,16 @@ class ProgramReads(BrokerParts):
             if found and (newest is None or found[0].store_timestamp > newest[7]):
                 newest = row_of(found[0], topic, qid)
         return [newest] if newest is not None else []
+
+
+def _fitting(records: Sequence[RawRecord], kept: list[int], want: int, max_bytes: int) -> int:
+    """How many of the first ``want`` ``kept`` records' bodies fit in ``max_bytes`` (one at least)."""
+    total = 0
+    for n, i in enumerate(kept[:want]):
+        total += len(records[i].body)
+        if n and total > max_bytes:
+            return n
+    return min(want, len(kept))
 
 
 def _positions(codes: bytes, code: int, limit: int) -> list[int]:
