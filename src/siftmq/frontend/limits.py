@@ -22,10 +22,11 @@ MIN_STREAMS: Final = 1100
 #: Calls gRPC core holds for the server before the process takes them up, over every connection:
 #: past the soft bound it refuses new ones at random (CANCELLED), past the hard one (twice the soft)
 #: all of them. At core's defaults (1,000 and 3,000) one connection resetting streams as fast as it
-#: opens them kept that queue full and 65% of other clients' calls failed; above what four
-#: connections can hold, a few hostile connections cost others time (their calls wait their turn),
-#: not failures. The soft bound is this at least (at the default stream bound, 1,100).
-MIN_PENDING_CALLS: Final = 5000
+#: opens them kept that queue full and 65% of other clients' calls failed; above what this many
+#: connections can hold (each up to its stream bound), and some, a few hostile connections cost
+#: others time (their calls wait their turn), not failures: 5,000 at the least stream bound.
+PENDING_CONNECTIONS: Final = 4
+PENDING_ROOM: Final = 600
 #: Metadata of one call, in HTTP/2's count (each entry's key and value and 32 bytes): gRPC's own
 #: default, made explicit because it is what the server advertises (SETTINGS_MAX_HEADER_LIST_SIZE)
 #: and enforces once the client has acknowledged that. The official clients send under 1 KiB.
@@ -57,7 +58,7 @@ def streams_per_connection(queue_nums: int) -> int:
     PullConsumer holds one per queue) and the connection's other calls, 1,100 at least (a client's
     long polls, sends and consumers share a connection whatever the topics' sizes); not much more,
     as gRPC core counts a stream the client reset until the server has let it go (HTTP/2 rapid
-    reset: see :data:`MIN_PENDING_CALLS`)."""
+    reset: see :data:`PENDING_CONNECTIONS`)."""
     return max(MIN_STREAMS, queue_nums + STREAM_HEADROOM)
 
 
@@ -66,7 +67,7 @@ def server_options(
 ) -> list[tuple[str, int]]:
     """The options of a gRPC server process; ``max_connections`` as :func:`connection_limit` gives
     it, ``max_streams`` as :func:`streams_per_connection` does."""
-    pending = max(MIN_PENDING_CALLS, 4 * max_streams + 600)
+    pending = PENDING_CONNECTIONS * max_streams + PENDING_ROOM
     return [
         ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.max_receive_message_length", frame_limit),
