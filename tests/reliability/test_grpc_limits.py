@@ -4,6 +4,7 @@ until the process ran out of file descriptors."""
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import subprocess
@@ -17,8 +18,10 @@ import grpc
 import h2.config
 import h2.connection
 import h2.errors
+import httpx
 import pytest
 
+from siftmq.client import Producer, PullConsumer
 from siftmq.protocol import rocketmq_v2_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -200,12 +203,6 @@ def test_a_pull_of_every_queue_of_a_topic_larger_than_the_default_fits_one_conne
     holds a pull on every queue of its topic, and with 1,400 queues (more than the default bound of
     1,100 calls) every pull was refused past the bound. Topics are made with that many queues
     through the admin API and the CLI too, whose own bounds were 1,024."""
-    import asyncio
-
-    import httpx
-
-    from siftmq.client import Producer, PullConsumer
-
     queues = 1400
     broker = start_broker("data", workers=workers, config={"max_queue_nums": 2048})
     cli = [sys.executable, "-m", "siftmq", "admin", "create-topic", "Wide", "--queues", str(queues)]
