@@ -72,7 +72,10 @@ def put(broker: Any, group: str, source: str, sample: Any = None) -> httpx.Respo
 def receive_all(endpoint: str, group: str, tag: str = "*", rounds: int = 8) -> set[int]:
     async def go() -> set[int]:
         got: set[int] = set()
-        async with SimpleConsumer(endpoint, group, {TOPIC: FilterExpression.tag(tag)}, await_duration=1) as c:
+        # a read that starts a slow program's worker waits for it: seconds on a loaded host
+        async with SimpleConsumer(
+            endpoint, group, {TOPIC: FilterExpression.tag(tag)}, await_duration=1, request_timeout=60
+        ) as c:
             empty = 0
             while empty < 2 and rounds:
                 batch = await c.receive(32, 30)

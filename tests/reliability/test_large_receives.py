@@ -20,8 +20,7 @@ pytestmark = pytest.mark.integration
 MESSAGES = 12
 
 
-@pytest.mark.parametrize("program", [False, True], ids=["store", "program"])
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("workers", "program"), [(1, False), (2, False), (1, True)])
 def test_a_receive_of_large_messages_answers_what_fits_and_leaves_the_rest_for_the_next(
     start_broker: Any, workers: int, program: bool
 ) -> None:
