@@ -1,13 +1,17 @@
-"""Helpers of the tests that consume through siftmq's own client against a real broker."""
+"""Helpers of the tests that consume through siftmq's own client against a real broker, or call its
+RPCs raw."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import grpc
 import pytest
 
 from siftmq.client import FilterExpression, ReceivedMessage, SimpleConsumer
 from siftmq.errors import RemoteError
+from siftmq.protocol.service import RPCS
 
 
 async def drain(
@@ -36,3 +40,11 @@ async def assert_all_acknowledged(consumer: SimpleConsumer, messages: Sequence[R
     # every entry failed: the answer's own status is theirs (some only: "k of n acknowledgements failed")
     assert again.value.status == "INVALID_RECEIPT_HANDLE" and "not in flight" in str(again.value)
     assert "acknowledgements failed" not in str(again.value)
+
+
+def rpc_stub(channel: grpc.Channel, name: str) -> Any:
+    """A stub of the broker's RPC ``name`` on ``channel``, of the call's own shape."""
+    rpc = next(r for r in RPCS if r.name == name)
+    make = {"unary_unary": channel.unary_unary, "unary_stream": channel.unary_stream}
+    make["stream_stream"] = channel.stream_stream
+    return make[rpc.shape](rpc.path, lambda m: m.SerializeToString(), rpc.response.FromString)

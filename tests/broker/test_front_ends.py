@@ -26,8 +26,8 @@ import pytest
 pytest.importorskip("rocketmq")
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 
+from client_helpers import rpc_stub
 from siftmq.protocol import rocketmq_v2_pb2 as pb
-from siftmq.protocol.service import RPCS
 from siftmq.testing import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -414,13 +414,6 @@ def test_the_core_killed_takes_the_front_ends_and_loses_nothing_acknowledged(bro
     assert not missing, f"{len(missing)} of {len(acked)} acknowledged sends lost"
 
 
-def _stub(channel: grpc.Channel, name: str) -> Any:
-    rpc = next(r for r in RPCS if r.name == name)
-    make = {"unary_unary": channel.unary_unary, "unary_stream": channel.unary_stream}
-    make["stream_stream"] = channel.stream_stream
-    return make[rpc.shape](rpc.path, lambda m: m.SerializeToString(), rpc.response.FromString)
-
-
 def test_a_long_poll_answers_before_the_clients_deadline_though_the_core_read_it_late(broker_of: Any) -> None:
     """The core is stopped for 1.5 s while a receive with a 5 s deadline reaches a front-end: the
     long poll still answers (empty) before the client gives up, as in one process."""
@@ -428,7 +421,7 @@ def test_a_long_poll_answers_before_the_clients_deadline_though_the_core_read_it
     assert broker.proc is not None
     wait_for(lambda: len(front_end_pids(broker.proc.pid)) == 2, what="2 front-ends")
     with grpc.insecure_channel(broker.endpoint) as channel:
-        _stub(channel, "QueryRoute")(pb.QueryRouteRequest(topic=pb.Resource(name=TOPIC)), timeout=10)
+        rpc_stub(channel, "QueryRoute")(pb.QueryRouteRequest(topic=pb.Resource(name=TOPIC)), timeout=10)
         request = pb.ReceiveMessageRequest(
             group=pb.Resource(name="g-late"),
             message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=-1),
@@ -441,7 +434,7 @@ def test_a_long_poll_answers_before_the_clients_deadline_though_the_core_read_it
 
         def receive() -> None:
             try:
-                outcome.extend(a.status.code for a in _stub(channel, "ReceiveMessage")(request, timeout=5))
+                outcome.extend(a.status.code for a in rpc_stub(channel, "ReceiveMessage")(request, timeout=5))
             except grpc.RpcError as exc:
                 outcome.append(exc.code())
 
@@ -482,7 +475,9 @@ def test_a_telemetry_client_that_does_not_read_holds_up_its_own_call(broker_of: 
     with grpc.insecure_channel(
         broker.endpoint, options=[("grpc.max_receive_message_length", 64 << 20)]
     ) as ch:
-        call = _stub(ch, "Telemetry")(commands(), timeout=60, metadata=(("x-mq-client-id", "never-reads"),))
+        call = rpc_stub(ch, "Telemetry")(
+            commands(), timeout=60, metadata=(("x-mq-client-id", "never-reads"),)
+        )
         try:
             deadline = time.monotonic() + 6
             last = -1

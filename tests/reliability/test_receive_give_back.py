@@ -12,12 +12,11 @@ from typing import Any
 import grpc
 import pytest
 
+from client_helpers import rpc_stub
 from siftmq.protocol import rocketmq_v2_pb2 as pb
-from siftmq.protocol.service import RPCS
 
 pytestmark = pytest.mark.integration
 
-RPC = {r.name: r for r in RPCS}
 TOPIC, GROUP = "GiveBack", "g-give-back"
 MESSAGES = 32
 BIG = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
@@ -57,16 +56,7 @@ def test_a_receive_whose_client_goes_mid_answer_gives_back_what_it_could_not_wri
     broker = start_broker("data", workers=workers)
     body = os.urandom(1 << 20)  # 32 MiB in all: more than gRPC's buffers take without a reader
     with grpc.insecure_channel(broker.endpoint, options=BIG) as channel:
-        send = channel.unary_unary(
-            RPC["SendMessage"].path,
-            pb.SendMessageRequest.SerializeToString,
-            pb.SendMessageResponse.FromString,
-        )
-        receive = channel.unary_stream(
-            RPC["ReceiveMessage"].path,
-            pb.ReceiveMessageRequest.SerializeToString,
-            pb.ReceiveMessageResponse.FromString,
-        )
+        send, receive = rpc_stub(channel, "SendMessage"), rpc_stub(channel, "ReceiveMessage")
         for _ in range(MESSAGES):
             sent = send(pb.SendMessageRequest(messages=[_message(body)]), metadata=_metadata("p"), timeout=30)
             assert sent.status.code == pb.Code.OK, sent.status
