@@ -548,6 +548,36 @@ def test_retention_deletes_old_segments_and_consumers_move_on(tmp_path: Path) ->
         broker.close()
 
 
+def test_a_receive_fills_its_answer_from_every_queue_when_a_message_may_be_as_large_as_an_answer(
+    tmp_path: Path,
+) -> None:
+    """With ``max_body_size`` at ``max_pull_bytes``, a receive stopped after its first queue's read
+    (the next message might not have fit): an answer of 16 small messages came from one queue."""
+    broker = make_broker(
+        tmp_path / "d", max_body_size=64 * 1024, max_pull_bytes=64 * 1024, commit_log_segment_size=256 * 1024
+    )
+    try:
+        small = [send(broker, "T") for _ in range(16)]  # 4 on each of the 4 queues
+        first = broker.receive("g", tag_sub("T"), batch_size=16, invisible_ms=60_000)
+        assert sorted(d.message_id for d in first) == sorted(small)
+        assert len({d.message.queue_id for d in first}) == 4
+        for d in first:
+            broker.ack("g", TOPIC, d.receipt_handle)
+        # large ones: each answer within the bound, one at least, every message once
+        for i in range(12):
+            body = b"L" * (40_000 if i % 3 == 0 else 9_000)
+            broker.send(ProducedMessage(topic=TOPIC, body=body, message_id=f"01BIG{i:04d}", tag="T"))
+        seen: list[str] = []
+        while batch := broker.receive("g", tag_sub("T"), batch_size=16, invisible_ms=60_000):
+            assert len(batch) == 1 or sum(len(d.message.body) for d in batch) <= 64 * 1024
+            seen += [d.message_id for d in batch]
+            for d in batch:
+                broker.ack("g", TOPIC, d.receipt_handle)
+        assert sorted(seen) == [f"01BIG{i:04d}" for i in range(12)]
+    finally:
+        broker.close()
+
+
 def test_a_failing_dlq_move_keeps_the_message_in_flight_and_serves_the_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -496,3 +496,24 @@ def test_a_slow_program_does_not_hold_up_other_groups_reads(broker: Any) -> None
     got, took = asyncio.run(pull())
     busy.join(120)
     assert got > 0 and took < 1.0, (got, took)
+
+
+def test_a_read_through_a_program_fills_its_answer_from_every_queue(start_broker: Any) -> None:
+    """With ``max_body_size`` at ``max_pull_bytes`` a message may be as large as an answer: a read
+    past the first still takes only what fits, and no longer stops after the first queue's read."""
+    config = {"max_body_size": 65_536, "max_pull_bytes": 65_536, "commit_log_segment_size": 262_144}
+    b = start_broker("data", config=config)
+    made = httpx.post(f"{b.admin_url}/topics", json={"name": TOPIC, "queue_nums": 4}, timeout=10)
+    assert made.status_code == 201, made.text
+    assert put(b, "g-all", "def match(message):\n    return True\n").status_code in (200, 201)
+
+    async def first_receive() -> set[int]:
+        async with Producer(b.endpoint) as producer:
+            for i in range(16):  # one at a time: 4 on each queue
+                await producer.send(TOPIC, json.dumps(order(i)).encode(), tag="t", properties={"i": str(i)})
+        async with SimpleConsumer(
+            b.endpoint, "g-all", {TOPIC: FilterExpression.tag()}, request_timeout=60
+        ) as consumer:
+            return {int(m.properties["i"]) for m in await consumer.receive(32, 30)}
+
+    assert asyncio.run(first_receive()) == set(range(16))

@@ -188,6 +188,22 @@ def test_batch_limits(open_store: Opener) -> None:
     assert len(res.messages) == 1  # one message is always returned
 
 
+def test_a_read_not_holding_one_stops_before_a_first_message_past_its_bytes(open_store: Opener) -> None:
+    """For a receive whose answer already holds messages: the next must fit what is left of it."""
+    store = open_store(consume_queue_entries_per_file=1000)
+    store.put_messages([msg(body=b"x" * 3000, TAGS="A") for _ in range(3)] + [msg(body=b"y" * 10, TAGS="B")])
+    size = store.get_messages("g", "T", 0, 0, 1).messages[0].store_size
+    none = store.get_messages("g", "T", 0, 0, 32, max_bytes=size - 1, hold_one=False)
+    assert (none.status, none.messages, none.next_begin_offset) == (S.NO_MATCHED_MESSAGE, [], 0)
+    assert none.scanned == 0
+    assert len(store.get_messages("g", "T", 0, 0, 32, max_bytes=size - 1).messages) == 1  # held
+    two = store.get_messages("g", "T", 0, 0, 32, max_bytes=2 * size + 1, hold_one=False)
+    assert (two.status, len(two.messages), two.next_begin_offset) == (S.FOUND, 2, 2)
+    # entries the filter passes over are passed over all the same, up to the first that does not fit
+    skipped = store.get_messages("g", "T", 0, 0, 32, TagFilter("B"), max_bytes=5, hold_one=False)
+    assert (skipped.status, skipped.messages, skipped.next_begin_offset) == (S.NO_MATCHED_MESSAGE, [], 3)
+
+
 class BloomishDispatcher:
     """A test bitmap dispatcher: bit (hash of the Region property) % 112 set in a 14-byte bitmap."""
 

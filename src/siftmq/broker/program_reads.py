@@ -43,6 +43,7 @@ class ProgramReads(BrokerParts):
         message_filter: MessageFilter | None,
         inline: bool = False,
         max_bytes: int | None = None,
+        hold_one: bool = True,
     ) -> tuple[GetMessageResult, list[StoredMessage] | None]:
         """``store.get_messages`` for up to ``want`` deliverable messages, through the group's
         program when it has one: (the read, the messages to deliver).
@@ -55,12 +56,21 @@ class ProgramReads(BrokerParts):
         failed), and the caller delivers nothing and keeps the group's progress where it was.
         ``inline`` (an event loop's read, once the index is caught up: ``catch_up_now``) reads
         without the store's waiting catch-up, and raises :class:`NotOnTheLoop` rather than run a
-        program. ``max_bytes`` bounds the read's bytes (it always holds one message).
+        program. ``max_bytes`` bounds the read's bytes (it holds one message at least, unless
+        ``hold_one`` is False: then a first message past it ends the read there, nothing read).
         """
         ask = self.programs.read_size(group, topic, want)
         if ask is None:  # no program
             result = self.store.get_messages(
-                group, topic, queue_id, offset, want, message_filter, catch_up=not inline, max_bytes=max_bytes
+                group,
+                topic,
+                queue_id,
+                offset,
+                want,
+                message_filter,
+                catch_up=not inline,
+                max_bytes=max_bytes,
+                hold_one=hold_one,
             )
             return result, result.messages
         if inline:
@@ -68,13 +78,15 @@ class ProgramReads(BrokerParts):
         result, records = self.store.get_records(topic, queue_id, offset, ask, message_filter)
         filtered = self.programs.apply(group, topic, queue_id, records)
         if filtered is None:  # removed meanwhile: read again without it
-            result = self.store.get_messages(group, topic, queue_id, offset, want, message_filter)
+            result = self.store.get_messages(
+                group, topic, queue_id, offset, want, message_filter, max_bytes=max_bytes, hold_one=hold_one
+            )
             return result, result.messages
         if filtered.held:
             return result, None
         codes, errors = filtered.codes, filtered.errors
         kept = _positions(codes, MATCH, want + 1)
-        room = want if max_bytes is None else _fitting(records, kept, want, max_bytes)
+        room = want if max_bytes is None else _fitting(records, kept, want, max_bytes, hold_one=hold_one)
         cut = len(codes)
         if len(kept) > room:
             cut = kept[room]  # the first kept one left over: the next read starts there
@@ -162,12 +174,15 @@ class ProgramReads(BrokerParts):
         return [newest] if newest is not None else []
 
 
-def _fitting(records: Sequence[RawRecord], kept: list[int], want: int, max_bytes: int) -> int:
-    """How many of the first ``want`` ``kept`` records' bodies fit in ``max_bytes`` (one at least)."""
+def _fitting(
+    records: Sequence[RawRecord], kept: list[int], want: int, max_bytes: int, *, hold_one: bool
+) -> int:
+    """How many of the first ``want`` ``kept`` records' bodies fit in ``max_bytes`` (one at least
+    with ``hold_one``)."""
     total = 0
     for n, i in enumerate(kept[:want]):
         total += len(records[i].body)
-        if n and total > max_bytes:
+        if (n or not hold_one) and total > max_bytes:
             return n
     return min(want, len(kept))
 

@@ -586,9 +586,8 @@ class Receiving(Subscribing):
         limit = rp.batch_size - len(rp.out)
         max_scan = min(MAX_SCAN_PER_RECEIVE, rp.scan_left)
         while limit > 0 and scanned < max_scan:
-            if not rp.inline and rp.out and rp.bytes_left < self.config.max_body_size:
-                rp.full = True  # the next message might not fit the answer (a read holds one at least)
-                break
+            # an answer holds one message at least; past that, only what fits in one (in a thread)
+            hold_one = rp.inline or not rp.out
             result, delivered = self._read(
                 rp.group,
                 rp.topic,
@@ -598,10 +597,14 @@ class Receiving(Subscribing):
                 message_filter=rp.message_filter,
                 inline=rp.inline,
                 max_bytes=max(rp.bytes_left, 1),
+                hold_one=hold_one,
             )
             if delivered is None:  # the group's program is held: nothing delivered, nothing passed
                 break
             moved = result.next_begin_offset != prog.pop_offset
+            if not (moved or delivered or hold_one) and result.status in (S.FOUND, S.NO_MATCHED_MESSAGE):
+                rp.full = True  # the queue's next message does not fit: the next receive's
+                break
             if result.status in (
                 S.FOUND,
                 S.NO_MATCHED_MESSAGE,

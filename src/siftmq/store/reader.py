@@ -69,6 +69,7 @@ class MessageReader:
         *,
         raw: bool = False,
         max_bytes: int | None = None,
+        hold_one: bool = True,
     ) -> GetMessageResult:
         """Up to ``max_count`` messages of ``cq`` from ``offset`` (see ``MessageStore.get_messages``);
         with ``raw``, the result's ``messages`` are :class:`~siftmq.store.decoding.RawRecord`
@@ -100,6 +101,7 @@ class MessageReader:
             bounds=(min_offset, max_offset),
             raw=raw,
             max_bytes=self.config.max_transfer_bytes if max_bytes is None else max_bytes,
+            strict=not hold_one,
         )
 
     def _scan(
@@ -113,9 +115,11 @@ class MessageReader:
         bounds: tuple[int, int],
         raw: bool,
         max_bytes: int,
+        strict: bool,
     ) -> GetMessageResult:
         """Read the records of the index candidates: each sliced from its segment's read map, or
-        (not mapped yet) runs of nearby ones with one pread each."""
+        (not mapped yet) runs of nearby ones with one pread each. ``strict``: even the first
+        message must fit ``max_bytes``."""
         min_offset, max_offset = bounds
         n = len(entries)
         candidates = self._index_candidates(cq, entries, offset, message_filter)
@@ -157,7 +161,7 @@ class MessageReader:
                 phy, size, _tags_code = chunk_rows[j]
                 if phy < next_phy_file_start:
                     continue
-                if messages and (len(messages) >= max_msgs or total + size > max_bytes):
+                if (messages or strict) and (len(messages) >= max_msgs or total + size > max_bytes):
                     scanned = idx
                     stop = True
                     break

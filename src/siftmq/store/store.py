@@ -638,6 +638,7 @@ class MessageStore:
         *,
         catch_up: bool = True,
         max_bytes: int | None = None,
+        hold_one: bool = True,
     ) -> GetMessageResult:
         """Pull up to ``max_count`` messages from ``offset`` (RocketMQ's getMessage).
 
@@ -645,7 +646,9 @@ class MessageStore:
         ``max(16000 bytes, max_count * 20)`` of index (and never past the end of the index segment)
         is scanned per call. A batch is full at ``max_count`` messages or at the configured
         transfer limits (``max_transfer_bytes``, or ``max_bytes`` when given; ``max_transfer_count``),
-        but always holds one.
+        but holds one at least, unless ``hold_one`` is False: then a first message past ``max_bytes``
+        ends the read before it (status ``NO_MATCHED_MESSAGE``, ``next_begin_offset`` at it, nothing
+        scanned), for a caller whose answer already holds messages.
         Every message whose ``put_message`` returned before the call is visible.
         A damaged record (or the filler entry of one lost to damage) is passed over and counted
         in :attr:`damaged_reads`. Without ``catch_up``, only what is indexed so far is seen
@@ -656,7 +659,9 @@ class MessageStore:
         if max_count < 1:
             raise ValueError("max_count must be at least 1")
         cq = self.find_consume_queue(topic, queue_id, catch_up=catch_up)
-        return self.reader.get_messages(cq, offset, max_count, message_filter, max_bytes=max_bytes)
+        return self.reader.get_messages(
+            cq, offset, max_count, message_filter, max_bytes=max_bytes, hold_one=hold_one
+        )
 
     def get_records(
         self,
