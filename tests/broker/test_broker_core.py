@@ -574,6 +574,18 @@ def test_a_receive_fills_its_answer_from_every_queue_when_a_message_may_be_as_la
             for d in batch:
                 broker.ack("g", TOPIC, d.receipt_handle)
         assert sorted(seen) == [f"01BIG{i:04d}" for i in range(12)]
+        # a queue whose next message does not fit what is left is passed, not the end of the read
+        sizes = [40_000, 40_000, 10, 10]
+        sent = [
+            broker.send(ProducedMessage(topic=TOPIC, body=b"s" * n, message_id=f"01FIT{i:04d}", tag="T"))
+            for i, n in enumerate(sizes)
+        ]
+        queues = [r.queue_id for r in sent]
+        assert queues == [(queues[0] + i) % 4 for i in range(4)]  # one after the other
+        first = broker.receive("g", tag_sub("T"), batch_size=16, invisible_ms=60_000, queue_id=queues[0])
+        assert sorted(d.message.queue_id for d in first) == sorted([queues[0], queues[2], queues[3]])
+        second = broker.receive("g", tag_sub("T"), batch_size=16, invisible_ms=60_000)
+        assert [d.message.queue_id for d in second] == [queues[1]]
     finally:
         broker.close()
 

@@ -204,6 +204,22 @@ def test_a_read_not_holding_one_stops_before_a_first_message_past_its_bytes(open
     assert (skipped.status, skipped.messages, skipped.next_begin_offset) == (S.NO_MATCHED_MESSAGE, [], 3)
 
 
+@pytest.mark.parametrize("bad_size", [0x7FFF_FFF0, 0, -5])
+def test_a_read_not_holding_one_passes_over_a_damaged_head(open_store: Opener, bad_size: int) -> None:
+    """An implausible size is damage, not a message that does not fit: taken for one, it stopped
+    every such read of the queue at the entry, and the queue behind it was never read."""
+    store = open_store()
+    recs = store.put_messages([msg(body=b"m" * 100) for _ in range(3)])
+    cq = store.find_consume_queue("T", 0)
+    assert cq is not None
+    cq.truncate(0)
+    entries = [(r.commit_log_offset, bad_size if i == 0 else r.size, 0) for i, r in enumerate(recs)]
+    cq.put_entries(0, entries, None)
+    res = store.get_messages("g", "T", 0, 0, 32, max_bytes=10_000, hold_one=False)
+    assert ([m.queue_offset for m in res.messages], res.next_begin_offset) == ([1, 2], 3)
+    assert store.damaged_reads == 1
+
+
 class BloomishDispatcher:
     """A test bitmap dispatcher: bit (hash of the Region property) % 112 set in a 14-byte bitmap."""
 

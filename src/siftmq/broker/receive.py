@@ -35,6 +35,7 @@ from siftmq.errors import (
     StatusCode,
 )
 from siftmq.store import (
+    MIN_RECORD_SIZE,
     GetMessageStatus,
     MessageFilter,
     StoredMessage,
@@ -588,6 +589,9 @@ class Receiving(Subscribing):
         while limit > 0 and scanned < max_scan:
             # an answer holds one message at least; past that, only what fits in one (in a thread)
             hold_one = rp.inline or not rp.out
+            if not hold_one and rp.bytes_left < MIN_RECORD_SIZE:
+                rp.full = True  # no message fits what is left
+                break
             result, delivered = self._read(
                 rp.group,
                 rp.topic,
@@ -603,8 +607,7 @@ class Receiving(Subscribing):
                 break
             moved = result.next_begin_offset != prog.pop_offset
             if not (moved or delivered or hold_one) and result.status in (S.FOUND, S.NO_MATCHED_MESSAGE):
-                rp.full = True  # the queue's next message does not fit: the next receive's
-                break
+                break  # the queue's next message does not fit what is left (another queue's may)
             if result.status in (
                 S.FOUND,
                 S.NO_MATCHED_MESSAGE,

@@ -7,6 +7,7 @@ Imports only ``siftmq.errors`` (never filter, broker, server, client or spark). 
 
 from siftmq.hashing import java_string_hash
 from siftmq.store.codec import (
+    MIN_RECORD_SIZE,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
@@ -28,6 +29,7 @@ from siftmq.store.retention import RetentionResult
 from siftmq.store.store import MessageStore
 
 __all__ = [
+    "MIN_RECORD_SIZE",
     "PROPERTY_KEYS",
     "PROPERTY_TAGS",
     "PROPERTY_UNIQ_KEY",

@@ -161,7 +161,10 @@ class MessageReader:
                 phy, size, _tags_code = chunk_rows[j]
                 if phy < next_phy_file_start:
                     continue
-                if (messages or strict) and (len(messages) >= max_msgs or total + size > max_bytes):
+                # (an implausible size is a damaged entry, passed over below, never one that does not fit)
+                if (messages or strict) and (
+                    len(messages) >= max_msgs or (total + size > max_bytes and 0 < size <= max_record_size)
+                ):
                     scanned = idx
                     stop = True
                     break
