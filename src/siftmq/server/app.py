@@ -25,7 +25,7 @@ from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVIC
 from siftmq.server import auth, decoding
 from siftmq.server.auth import Gate
 from siftmq.server.core_link import Behaviour, behaviour_table
-from siftmq.server.front_ends import BindError, FrontEnds
+from siftmq.server.front_ends import BindError, FrontEnds, check_port_free
 from siftmq.server.service import MessagingService
 from siftmq.store.filepool import raise_open_file_limit
 
@@ -328,6 +328,10 @@ class _InProcessEdge:
 
     async def start(self, host: str, port: int) -> int:
         listen = f"{host}:{port}"
+        if port:
+            # every address gRPC would listen on: finding [::] taken by an IPv6-only socket, gRPC
+            # would listen on IPv4 alone and leave that socket the IPv6 clients
+            check_port_free(host, port)
         try:
             if self._credentials is None:
                 bound = self._server.add_insecure_port(listen)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -61,60 +62,96 @@ class BindError(SiftError):
     code = "BIND_FAILED"
 
 
-def check_port_free(host: str, port: int) -> int:
-    """Bind ``host:port`` without ``SO_REUSEPORT`` and let go: fails while anything listens there
-    (another broker's front-ends included). Returns the port (a free one when ``port`` is 0)."""
-    bare = host.strip("[]")
-    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((bare, port))
-        except OSError as exc:
-            raise BindError(
-                f"cannot listen on {host}:{port}: {exc.strerror} (is another broker running there?)"
-            ) from exc
-        return int(probe.getsockname()[1])
-
-
 #: Listen hosts that mean every address of the machine.
 _WILDCARDS: Final = frozenset({"0.0.0.0", "::"})
+#: Bind errors meaning the host has no such address or family (IPv6 off): nothing can listen there,
+#: a front-end included, so there is nothing to check or hold. Any other error means taken.
+_ABSENT: Final = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT})
+#: Ports picked for port 0 before giving up, when the one picked is taken on another address.
+PICK_TRIES: Final = 8
+
+
+def _addresses(host: str, port: int) -> list[tuple[int, Any]]:
+    """The (family, address) pairs gRPC listens on for ``host:port``."""
+    bare = host.strip("[]")
+    if bare in _WILDCARDS:
+        # gRPC listens on a wildcard address as [::] taking IPv4 too (dual stack) wherever the host
+        # has IPv6: checked or held as 0.0.0.0 alone, [::] would be free for an IPv6-only socket of
+        # anyone's, and gRPC, finding it taken, would listen on IPv4 alone and leave it the IPv6 clients
+        return [(socket.AF_INET6, ("::", port, 0, 0)), (socket.AF_INET, ("0.0.0.0", port))]  # (no IPv6)
+    if bare == "localhost":  # gRPC listens on both loopbacks, whatever the hosts file says
+        return [(socket.AF_INET, ("127.0.0.1", port)), (socket.AF_INET6, ("::1", port, 0, 0))]
+    return [
+        (family, address)
+        for family, _, _, _, address in socket.getaddrinfo(
+            bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    ]
+
+
+def _bind(family: int, address: Any, *, reuse_port: bool) -> socket.socket | None:
+    """A socket bound to ``address`` (dual stack for [::]); None when the host has no such address.
+    Raises OSError when it is taken."""
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        if exc.errno in _ABSENT:
+            return None
+        raise
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT if reuse_port else socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and address[0] == "::":
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno in _ABSENT:
+            return None
+        raise
+    return sock
+
+
+def _bind_all(host: str, port: int, *, reuse_port: bool) -> list[socket.socket]:
+    """A socket bound to each address of ``host`` on ``port`` (one port free on all of them when
+    ``port`` is 0); BindError when one is taken or the host has none of them."""
+    for _ in range(PICK_TRIES):
+        bound: list[socket.socket] = []
+        chosen = port
+        try:
+            for family, address in _addresses(host, port):
+                sock = _bind(family, (address[0], chosen, *address[2:]), reuse_port=reuse_port)
+                if sock is not None:
+                    bound.append(sock)
+                    chosen = int(sock.getsockname()[1])
+        except OSError as exc:
+            for sock in bound:
+                sock.close()
+            if port == 0 and exc.errno == errno.EADDRINUSE:
+                continue  # the port picked on the first address is taken on another: pick again
+            hint = " (is another broker running there?)" if exc.errno == errno.EADDRINUSE else ""
+            raise BindError(f"cannot listen on {host}:{chosen}: {exc.strerror}{hint}") from exc
+        if not bound:
+            raise BindError(f"cannot listen on {host}:{port}: no such local address")
+        return bound
+    raise BindError(f"cannot listen on {host}:0: no port was free on every address in {PICK_TRIES} tries")
+
+
+def check_port_free(host: str, port: int) -> int:
+    """Bind every address ``host`` names on ``port`` without ``SO_REUSEPORT`` and let go: fails while
+    anything listens on any of them (another broker's front-ends included). Returns the port (one
+    free on every address when ``port`` is 0)."""
+    probes = _bind_all(host, port, reuse_port=False)
+    chosen = int(probes[0].getsockname()[1])
+    for probe in probes:
+        probe.close()
+    return chosen
 
 
 def hold_port(host: str, port: int) -> list[socket.socket]:
     """Bind every address ``host`` names on ``port`` with ``SO_REUSEPORT`` (and not ``SO_REUSEADDR``)
     and never listen: while these are open only this user's ``SO_REUSEPORT`` sockets (the
     front-ends) can bind the port, whether or not a front-end listens (see the module's note)."""
-    held: list[socket.socket] = []
-    failure: OSError | None = None
-    bare = host.strip("[]")
-    addresses: list[tuple[int, Any]] = [
-        (family, address)
-        for family, _, _, _, address in socket.getaddrinfo(
-            bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    ]
-    if bare in _WILDCARDS:
-        # gRPC listens on a wildcard address as [::] taking IPv4 too (dual stack) wherever the host
-        # has IPv6: held as 0.0.0.0 alone, [::] would be free for an IPv6-only socket of anyone's
-        dual = (socket.AF_INET6, ("::", port, 0, 0))
-        addresses = [dual, *(a for a in addresses if a != dual)]
-    for family, address in addresses:
-        hold = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6 and bare in _WILDCARDS:
-                hold.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            hold.bind(address)
-        except OSError as exc:  # e.g. ::1 on a host without IPv6: the front-ends cannot bind it either
-            hold.close()
-            failure = exc
-            continue
-        held.append(hold)
-    if not held:
-        strerror = failure.strerror if failure is not None else "no address"
-        raise BindError(f"cannot listen on {host}:{port}: {strerror}")
-    return held
+    return _bind_all(host, port, reuse_port=True)
 
 
 def claim_port(host: str, port: int) -> socket.socket:
