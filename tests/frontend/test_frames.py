@@ -100,6 +100,8 @@ def test_a_call_cut_short_is_a_frame_error() -> None:
     assert frames.decode_headers(binary.headers, binary.header_count) == (("x-id-bin", b"\x00\x01"),)
     with pytest.raises(frames.FrameError):
         frames.encode_call(3, 100, "", [("k", "v")] * (frames.MAX_HEADERS + 1), b"")
+    with pytest.raises(frames.FrameError, match="a metadata key of 70000 bytes"):  # (not struct.error)
+        frames.encode_call(3, 100, "", [("k" * 70_000, "v"), ("x-bin", b"\x00")], b"")
 
 
 class _Transport(asyncio.Transport):
@@ -226,7 +228,8 @@ def test_a_client_stream_is_bounded_by_its_credit() -> None:
 def test_the_largest_users_table_fits_in_a_frame_a_front_end_takes() -> None:
     """The most users a file may hold, each name and password of the most characters, each
     character one JSON escapes: the USERS frame stays under what a front-end reads from the core."""
-    secrets = {f"{i:05d}" + "\x01" * (MAX_USER_NAME - 5): "\x02" * MAX_PASSWORD for i in range(MAX_USERS)}
-    payload = frames.encode_users(7, 300.0, secrets)
-    assert len(payload) + frames.HEADER.size <= frames.MAX_FROM_CORE
-    assert frames.decode_users(payload) == (7, 300.0, False, secrets)
+    for char in ("\x01", "\U0001f600", "\ud800"):  # escaped; past the BMP; a lone surrogate
+        secrets = {f"{i:05d}" + char * (MAX_USER_NAME - 5): char * MAX_PASSWORD for i in range(MAX_USERS)}
+        payload = frames.encode_users(7, 300.0, secrets)
+        assert len(payload) + frames.HEADER.size <= frames.MAX_FROM_CORE, (repr(char), len(payload))
+        assert frames.decode_users(payload) == (7, 300.0, False, secrets)

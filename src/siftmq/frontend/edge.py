@@ -208,7 +208,7 @@ class Link:
                 signed_by=signed_by,
                 generation=self.generation if signed_by else 0,
             )
-        except frames.FrameError as exc:  # more metadata entries than a frame can count
+        except frames.FrameError as exc:  # more metadata entries, or a longer key, than a frame holds
             raise _TooLarge(str(exc)) from None
         if len(call) > self.max_call:
             raise _TooLarge(

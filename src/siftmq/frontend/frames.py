@@ -51,7 +51,7 @@ ANSWER_CREDIT_BYTES: Final = 1024 * 1024
 #: Bytes a CALL frame may add to the largest gRPC message (metadata, address, header).
 CALL_ROOM: Final = 64 * 1024
 #: The largest frame a front-end takes from the core: a USERS frame of the most users of the
-#: longest names and passwords, each character escaped (~20 MB), fits.
+#: longest names and passwords, each character escaped (6 bytes, ~20 MB), fits.
 MAX_FROM_CORE: Final = 32 * 1024 * 1024
 
 # method, deadline (ms on CLOCK_MONOTONIC, which every process of the host shares; -1: none),
@@ -62,6 +62,9 @@ _CALL_HEAD: Final = struct.Struct("<HqHHIHI")
 _LENGTH_PREFIXED: Final = 0x8000
 MAX_HEADERS: Final = _LENGTH_PREFIXED - 1
 _HEADER_LENGTHS: Final = struct.Struct("<HI")
+#: The longest metadata key a length-prefixed pair holds (gRPC's own bound is 16 KiB, but holds
+#: only once the client has acknowledged the server's settings).
+MAX_KEY_BYTES: Final = 0xFFFF
 _ABORT_HEAD: Final = struct.Struct("<B")
 #: Characters of a refused call's address, client id and reason a REFUSED frame carries at most.
 MAX_REFUSED_FIELD: Final = 512
@@ -112,6 +115,8 @@ def encode_call(
         parts: list[bytes] = []
         for key, value in metadata:
             key_bytes = key.encode()
+            if len(key_bytes) > MAX_KEY_BYTES:  # a client that sent its headers before the settings
+                raise FrameError(f"a metadata key of {len(key_bytes)} bytes exceeds {MAX_KEY_BYTES}")
             value_bytes = value if isinstance(value, bytes) else value.encode()
             parts += [_HEADER_LENGTHS.pack(len(key_bytes), len(value_bytes)), key_bytes, value_bytes]
         headers = b"".join(parts)
@@ -192,12 +197,15 @@ def encode_users(
     """A USERS payload: what a front-end needs to check signatures (the socket is the core's own,
     in a directory only its user can enter; the payload is never logged)."""
     users = {"generation": generation, "skew_s": skew_s, "local_time": local_time, "secrets": dict(secrets)}
-    return json.dumps(users).encode()
+    # UTF-8, not ASCII escapes: a character past the BMP escapes as a 12-byte surrogate pair, and the
+    # largest table of such names then exceeded MAX_FROM_CORE (a lone surrogate, which a JSON auth
+    # file can hold, passes through)
+    return json.dumps(users, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def decode_users(payload: bytes) -> tuple[int, float, bool, dict[str, str]]:
     try:
-        data = json.loads(payload)
+        data = json.loads(payload.decode("utf-8", "surrogatepass"))
         return (
             int(data["generation"]),
             float(data["skew_s"]),
