@@ -249,6 +249,28 @@ def test_sigterm_to_the_whole_process_group_stops_everything_once(tmp_path: Path
         assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
 
 
+def test_sigterm_to_the_process_group_while_the_front_ends_start_is_a_clean_stop(tmp_path: Path) -> None:
+    """The front-ends take SIGTERM as a stop only once they listen: those still starting die of it,
+    which the core took for a failure to listen (exit 1, "exited (-15) before listening")."""
+    cmd = [
+        sys.executable, "-m", "siftmq", "broker", "--data-dir", str(tmp_path / "data"),
+        "--listen", "127.0.0.1:0", "--admin-listen", "", "--workers", "2",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        wait_for(lambda: front_end_pids(proc.pid), what="a front-end started")  # (not yet listening)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert "ready on" not in out and "before listening" not in out
+    assert out.rstrip().endswith("siftmq broker stopped"), out
+
+
 def test_a_second_broker_on_the_same_port_fails_loudly(broker_of: Any, tmp_path: Path) -> None:
     first = broker_of(workers=2)
     for workers in (2, 1):

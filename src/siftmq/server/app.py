@@ -25,7 +25,7 @@ from siftmq.protocol.service import BATCH_RPCS, BATCH_SERVICE_NAME, RPCS, SERVIC
 from siftmq.server import auth, decoding
 from siftmq.server.auth import Gate
 from siftmq.server.core_link import Behaviour, behaviour_table
-from siftmq.server.front_ends import BindError, FrontEnds, check_port_free
+from siftmq.server.front_ends import BindError, FrontEnds, StoppedWhileStarting, check_port_free
 from siftmq.server.service import MessagingService
 from siftmq.store.filepool import raise_open_file_limit
 
@@ -245,18 +245,22 @@ async def _serve(config: BrokerConfig, signals: _Signals, ready: Any) -> None:
         if isinstance(edge, FrontEnds):
             edge.on_give_up = signals.stop_now
         try:
-            port = await edge.start(host, listen_port)
-            await _serve_until_stopped(
-                config,
-                broker,
-                gate,
-                warnings,
-                host=host,
-                port=port,
-                ready=ready,
-                stop=signals.stop,
-                front_ends=edge.counts if isinstance(edge, FrontEnds) else None,
-            )
+            try:
+                port = await edge.start(host, listen_port)
+            except StoppedWhileStarting:
+                _log.info("asked to stop while the front-ends were starting")
+            else:
+                await _serve_until_stopped(
+                    config,
+                    broker,
+                    gate,
+                    warnings,
+                    host=host,
+                    port=port,
+                    ready=ready,
+                    stop=signals.stop,
+                    front_ends=edge.counts if isinstance(edge, FrontEnds) else None,
+                )
         finally:
             await edge.stop()
         if isinstance(edge, FrontEnds) and edge.failure is not None:

@@ -62,6 +62,12 @@ class BindError(SiftError):
     code = "BIND_FAILED"
 
 
+class StoppedWhileStarting(Exception):
+    """The broker was asked to stop before every front-end listened (SIGTERM to the process group,
+    as ``systemctl stop`` sends it, also ends front-ends not yet ready): a clean stop, not a failed
+    start."""
+
+
 #: Listen hosts that mean every address of the machine.
 _WILDCARDS: Final = frozenset({"0.0.0.0", "::"})
 #: Bind errors meaning the host has no such address or family (IPv6 off): nothing can listen there,
@@ -222,6 +228,8 @@ class FrontEnds:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + READY_TIMEOUT_S
         while self._link.ready_count < self._count:
+            if self._stopping:
+                raise StoppedWhileStarting
             for index, proc in enumerate(self._procs):
                 if proc is not None and proc.returncode is not None:
                     raise BindError(
