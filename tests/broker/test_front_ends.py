@@ -217,16 +217,21 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_sigterm_to_the_whole_process_group_stops_everything_once(tmp_path: Path) -> None:
-    """As systemd stops a service: every process gets SIGTERM at once. The core must not start the
-    front-ends again that stop before it has stopped them."""
+def _in_a_process_group_of_its_own(tmp_path: Path) -> subprocess.Popen[str]:
+    """A ``--workers 2`` broker, its front-ends in its process group, as systemd runs a service."""
     cmd = [
         sys.executable, "-m", "siftmq", "broker", "--data-dir", str(tmp_path / "data"),
         "--listen", "127.0.0.1:0", "--admin-listen", "", "--workers", "2",
     ]  # fmt: skip
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
+
+
+def test_sigterm_to_the_whole_process_group_stops_everything_once(tmp_path: Path) -> None:
+    """As systemd stops a service: every process gets SIGTERM at once. The core must not start the
+    front-ends again that stop before it has stopped them."""
+    proc = _in_a_process_group_of_its_own(tmp_path)
     try:
         assert proc.stdout is not None
         lines = []
@@ -252,13 +257,7 @@ def test_sigterm_to_the_whole_process_group_stops_everything_once(tmp_path: Path
 def test_sigterm_to_the_process_group_while_the_front_ends_start_is_a_clean_stop(tmp_path: Path) -> None:
     """The front-ends take SIGTERM as a stop only once they listen: those still starting die of it,
     which the core took for a failure to listen (exit 1, "exited (-15) before listening")."""
-    cmd = [
-        sys.executable, "-m", "siftmq", "broker", "--data-dir", str(tmp_path / "data"),
-        "--listen", "127.0.0.1:0", "--admin-listen", "", "--workers", "2",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    proc = _in_a_process_group_of_its_own(tmp_path)
     try:
         wait_for(lambda: front_end_pids(proc.pid), what="a front-end started")  # (not yet listening)
         os.killpg(proc.pid, signal.SIGTERM)
