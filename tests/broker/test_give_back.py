@@ -155,6 +155,17 @@ def test_a_receive_cancelled_while_it_reads_in_a_thread_gives_back_what_the_thre
         assert not reading.is_set() and visible_in_s(broker) == []
 
 
+def _receive_request() -> pb.ReceiveMessageRequest:
+    request = pb.ReceiveMessageRequest(
+        group=pb.Resource(name=GROUP),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=0),
+        filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
+        batch_size=4,
+    )
+    request.invisible_duration.FromMilliseconds(HELD_MS)
+    return request
+
+
 class _Context:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("x-mq-client-id", "c1"),)
@@ -174,18 +185,42 @@ def test_a_receive_whose_stream_breaks_gives_back_what_it_did_not_write(broker: 
 
     async def run() -> None:
         service = MessagingService(broker, ArrivalNotifier(asyncio.get_running_loop()))
-        request = pb.ReceiveMessageRequest(
-            group=pb.Resource(name=GROUP),
-            message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=0),
-            filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
-            batch_size=4,
-        )
-        request.invisible_duration.FromMilliseconds(HELD_MS)
+        request = _receive_request()
         answers = service.ReceiveMessage(request, _Context())
         for _ in range(read):
             await answers.__anext__()
         await answers.aclose()  # as gRPC closes a handler's stream when its client goes
         written = read - 1  # the status first
         assert await given_back(broker, held=max(written - 1, 0), back=4 - max(written - 1, 0))
+
+    asyncio.run(run())
+
+
+class _FrontEndContext(_Context):
+    """A call through a front-end, which still holds the last ``held`` answers the core sent."""
+
+    def __init__(self, held: int) -> None:
+        self.held = held
+
+    def answers_not_taken(self) -> int:
+        return self.held
+
+
+@pytest.mark.parametrize(("not_taken", "delivered"), [(0, 2), (1, 1), (3, 0)])
+def test_a_receive_cut_short_behind_a_front_end_gives_back_what_the_front_end_held_too(
+    broker: Broker, not_taken: int, delivered: int
+) -> None:
+    """Status and three messages made, the third not yet sent: the messages of the answers the
+    front-end never let go (here the last ``not_taken``, the status among them at 3) come back too."""
+    send(broker, 4)
+
+    async def run() -> None:
+        service = MessagingService(broker, ArrivalNotifier(asyncio.get_running_loop()))
+        request = _receive_request()
+        answers = service.ReceiveMessage(request, _FrontEndContext(not_taken))
+        for _ in range(4):
+            await answers.__anext__()
+        await answers.aclose()
+        assert await given_back(broker, held=delivered, back=4 - delivered)
 
     asyncio.run(run())

@@ -101,6 +101,37 @@ def test_a_streams_answers_wait_for_the_front_end_to_let_earlier_ones_go() -> No
     asyncio.run(scenario())
 
 
+def test_a_stream_cancelled_tells_its_handler_how_many_answers_the_front_end_never_let_go() -> None:
+    """A receive cut short gives back what its client never got: with front-ends, that includes
+    the answers the front-end still held (sent, never TAKEN), not only those never sent."""
+
+    async def scenario() -> None:
+        seen: list[int] = []
+
+        async def many(request: bytes, context: Any) -> AsyncIterator[bytes]:
+            try:
+                for i in range(40):
+                    yield b"answer %d" % i
+            finally:
+                seen.append(context.answers_not_taken())
+
+        async with _front_end(_table(ReceiveMessage=many)) as (front, got):
+            front.send(frames.CALL, 7, _call("ReceiveMessage"))
+            first = await _frames_within(got, 0.5)
+            assert len(first) == frames.ANSWER_CREDIT
+            for _ in range(5):  # five handed to the client: five more sent, 16 held again
+                front.send(frames.TAKEN, 7)
+            assert len(await _frames_within(got, 0.5)) == 5
+            front.send(frames.CANCEL, 7)
+            for _ in range(50):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+        assert seen == [frames.ANSWER_CREDIT]
+
+    asyncio.run(scenario())
+
+
 def test_the_deadline_is_the_clients_instant_however_late_the_core_reads_the_call() -> None:
     async def scenario() -> None:
         async def time_left(request: bytes, context: Any) -> bytes:

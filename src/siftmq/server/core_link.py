@@ -56,7 +56,9 @@ class Aborted(Exception):
 class CallContext:
     """The parts of ``grpc.aio.ServicerContext`` the handlers use, from the CALL frame."""
 
-    __slots__ = ("_deadline", "_header_count", "_headers", "_metadata", "_peer", "signed_by")
+    __slots__ = (
+        "_deadline", "_header_count", "_headers", "_metadata", "_peer", "answers_not_taken", "signed_by",
+    )  # fmt: skip
 
     def __init__(self, call: frames.Call) -> None:
         # decoded when first asked for: a send's handlers never ask (with authentication on, the
@@ -69,6 +71,9 @@ class CallContext:
         self._deadline = None if call.deadline_ms < 0 else call.deadline_ms / 1000
         #: who signed the call and the users' generation the front-end checked it against
         self.signed_by = (call.signed_by, call.generation) if call.signed_by else None
+        #: (a stream) how many of its answers sent the front-end holds still, never handed to the
+        #: client: a receive cut short gives back their messages too (see ``ReceiveMessage``)
+        self.answers_not_taken: Callable[[], int] = _none
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         if self._metadata is None:
@@ -83,6 +88,10 @@ class CallContext:
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise Aborted(code, details)
+
+
+def _none() -> int:
+    return 0
 
 
 class _Requests:
@@ -130,6 +139,10 @@ class _AnswerCredit:
             await self._changed.wait()
         self._sizes.append(size)
         self._waiting += size
+
+    def waiting(self) -> int:
+        """Answers sent and not yet handed to the client."""
+        return len(self._sizes)
 
     def release(self) -> None:
         if not self._sizes:
@@ -229,6 +242,7 @@ class FrontEndConnection:
 
     async def _stream(self, call_id: int, behaviour: Behaviour, request: Any, context: CallContext) -> None:
         credit = self._answer_credit[call_id] = _AnswerCredit()
+        context.answers_not_taken = credit.waiting
         try:
             async for answer in behaviour.run(request, context):
                 payload = behaviour.serialize(answer)

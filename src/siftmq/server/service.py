@@ -419,7 +419,11 @@ class MessagingService:
         except (asyncio.CancelledError, GeneratorExit):
             # the stream broke (the client gone, its call cancelled): the messages not written,
             # and the one being written, come back in a second, not at their invisible time
-            # (renewed while the client lives, for an auto-renewing receive), as RocketMQ's proxy does
+            # (renewed while the client lives, for an auto-renewing receive), as RocketMQ's proxy does;
+            # so do those a front-end still held, never written (the last ones sent: after the status)
+            not_taken = getattr(context, "answers_not_taken", None)
+            if not_taken is not None:
+                sent -= min(not_taken(), sent)
             if sent < len(deliveries):
                 group = convert.topic_name(request.group)
                 topic_name = convert.topic_name(request.message_queue.topic)
