@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -201,6 +202,45 @@ def test_concurrent_appends(open_store: Opener, flush_mode: str) -> None:
         assert v == sorted(v)
     if flush_mode == "sync":
         assert store.commit_log.flushed_offset == store.max_commit_log_offset
+
+
+def test_a_sync_put_is_synced_whenever_another_flush_runs_during_its_write(
+    open_store: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush in another thread (the flush loop, another send's group commit) run between any two
+    lines of the segment's write: the put is answered only once its record is synced. With the
+    length grown before the segment was marked dirty, a flush between the two synced nothing yet
+    counted the record durable, and the put was answered with nothing synced."""
+    store = open_store(flush_mode="sync", flush_interval_ms=60_000)
+    store.put_message(msg(body=b"first"))
+    code = Segment.write.__code__
+    lines = sorted({n for _, _, n in code.co_lines() if n is not None and n > code.co_firstlineno})
+    synced: list[int] = []
+    real_sync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real_sync(fd))[1])
+    for at in lines:
+        fired: list[int] = []
+
+        def trace_write(frame: Any, event: str, arg: Any, at: int = at, fired: list[int] = fired) -> Any:
+            if event == "line" and frame.f_lineno == at and not fired:
+                fired.append(at)
+                other = threading.Thread(target=store.commit_log.flush)
+                other.start()
+                other.join()
+            return trace_write
+
+        def trace(frame: Any, event: str, arg: Any) -> Any:
+            return trace_write if frame.f_code is code else None
+
+        before = len(synced)
+        sys.settrace(trace)
+        try:
+            put = store.put_message(msg(body=b"x" * 100))
+        finally:
+            sys.settrace(None)
+        segment = store.commit_log.segments()[-1]
+        assert store.commit_log.flushed_offset >= put.commit_log_offset + put.size
+        assert len(synced) > before and not segment.dirty, f"a flush at line {at} of Segment.write"
 
 
 def test_data_dir_lock(tmp_path: Path) -> None:

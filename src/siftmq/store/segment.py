@@ -199,8 +199,12 @@ class Segment:
             else:  # fills whole pages without the map's page faults
                 _pwrite_all(self.fd, view[8:], pos + 8)
                 _pwrite_all(self.fd, view[:8], pos)
-        self.length = end
+        # dirty before the length grows: a flush in another thread that reads the new length (the
+        # commit log's target) then finds the segment dirty and syncs it. The other way round, a
+        # flush between the two lines synced nothing and counted the write as durable, and a sync
+        # send was answered with nothing on disk.
         self.dirty = True
+        self.length = end
 
     def overwrite(self, pos: int, data: bytes) -> None:
         """Write ``data`` over bytes already written at ``pos`` (recovery's repair of an index
@@ -220,8 +224,8 @@ class Segment:
             self.write_map[length : self.length] = bytes(self.length - length)
         else:
             os.ftruncate(self.fd, length)
-        self.length = length
         self.dirty = True
+        self.length = length
 
     def read(self, pos: int, size: int) -> bytes:
         """Up to ``size`` bytes at file position ``pos`` (short only at the end of valid data)."""
