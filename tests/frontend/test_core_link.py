@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from siftmq.auth.acl import parse_auth_file
 from siftmq.broker.config import BrokerConfig
 from siftmq.frontend import frames
 from siftmq.frontend.edge import ALL_RPCS, EXIT_CANNOT_LISTEN
 from siftmq.server import front_ends
+from siftmq.server.auth import Gate
 from siftmq.server.core_link import Behaviour, CoreLink, FrontEndConnection
 
 TOKEN = b"token"
@@ -128,6 +132,57 @@ def test_a_stream_cancelled_tells_its_handler_how_many_answers_the_front_end_nev
                     break
                 await asyncio.sleep(0.01)
         assert seen == [frames.ANSWER_CREDIT]
+
+    asyncio.run(scenario())
+
+
+def test_a_front_end_that_does_not_read_gets_the_users_table_in_force_not_every_one(tmp_path: Path) -> None:
+    """Each change of the users sent a whole table (up to ~20 MB) to every front-end: one stopped
+    (or its loop blocked) had them pile up in the core's memory, one per change."""
+    names = [f"user{i:04d}" for i in range(400)]
+
+    def table(version: int) -> dict[str, Any]:
+        users = [{"username": n, "password": f"{version}-" + "p" * 200, "userType": "Normal"} for n in names]
+        return {"users": users, "acls": []}
+
+    auth_file = tmp_path / "auth.json"
+    auth_file.write_text(json.dumps(table(0)))
+    auth_file.chmod(0o600)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        gate = Gate.load(auth_file, authenticate=True, authorize=False, skew_s=900.0)
+        links = CoreLink(_table(), TOKEN, 1 << 26, gate)
+        connection = FrontEndConnection(_table(), TOKEN, 1 << 26, links)
+        core_end, front_end = socket.socketpair()
+        core_transport, _ = await loop.connect_accepted_socket(lambda: connection.protocol, core_end)
+        got: asyncio.Queue[Frame] = asyncio.Queue()
+        front_transport, front = await loop.connect_accepted_socket(
+            lambda: frames.FrameProtocol(lambda *frame: got.put_nowait(frame), lambda exc: None, 1 << 26),
+            front_end,
+        )
+        try:
+            front.send(frames.HELLO, 0, TOKEN)
+            await asyncio.sleep(0.1)
+            front_transport.pause_reading()  # the front-end stops reading
+            one = len(links._users())
+            for version in range(1, 21):
+                gate.change(parse_auth_file(json.dumps(table(version))))
+                await asyncio.sleep(0)
+            assert core_transport.get_write_buffer_size() < 3 * one  # not 20 tables
+            front_transport.resume_reading()
+            tables = []
+            while not tables or tables[-1][0] != gate.generation:
+                kind, _, payload = await asyncio.wait_for(got.get(), 10)
+                if kind == frames.USERS:
+                    generation, _, _, secrets = frames.decode_users(payload)
+                    tables.append((generation, secrets["user0000"]))
+            assert tables[-1] == (gate.generation, "20-" + "p" * 200)  # the one in force, at last
+            assert len(tables) < 10  # (the first; those the socket took before it was full; the last)
+        finally:
+            front_transport.close()
+            core_transport.close()
+            await asyncio.sleep(0.05)
 
     asyncio.run(scenario())
 

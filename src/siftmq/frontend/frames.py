@@ -269,6 +269,18 @@ class FrameProtocol(asyncio.Protocol):
         self._flush_scheduled = False
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
+        #: the other side reads slower than this side writes (the transport's buffer is full)
+        self.writing_paused = False
+        #: called once the transport takes writes again
+        self.on_resumed: Callable[[], None] | None = None
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.on_resumed is not None:
+            self.on_resumed()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)

@@ -167,6 +167,7 @@ class FrontEndConnection:
         self._answer_credit: dict[int, _AnswerCredit] = {}  # per streaming call
         self.users_generation = 0  # the users table this front-end said it checks against
         self.protocol = frames.FrameProtocol(self._on_frame, self._on_lost, max_frame)
+        self.protocol.on_resumed = functools.partial(links.resumed, self)
 
     def _on_frame(self, kind: int, call_id: int, payload: bytes) -> None:
         if not self._hello:
@@ -307,6 +308,7 @@ class CoreLink:
         # with authentication on, the front-ends check signatures against the users in force
         self._gate = gate if gate is not None and gate.authenticate else None
         self._users_news = asyncio.Event()  # a front-end confirmed a users table, or left
+        self._users_owed: set[FrontEndConnection] = set()  # not reading when the table changed
         if self._gate is not None:
             self._gate.on_change.append(self._users_changed)
             self._gate.delivered = self.users_delivered
@@ -324,6 +326,7 @@ class CoreLink:
 
     def left(self, connection: FrontEndConnection) -> None:
         self._connections.discard(connection)
+        self._users_owed.discard(connection)
         self._users_news.set()  # a change waiting for it waits no more
 
     def _users(self) -> bytes:
@@ -334,7 +337,18 @@ class CoreLink:
     def _users_changed(self) -> None:
         payload = self._users()
         for connection in self._connections:
-            connection.protocol.send(frames.USERS, 0, payload)
+            if connection.protocol.writing_paused:
+                # a front-end that does not read (stopped, or its loop blocked) gets the table in
+                # force once it does, not every one made meanwhile (up to ~20 MB each)
+                self._users_owed.add(connection)
+            else:
+                connection.protocol.send(frames.USERS, 0, payload)
+
+    def resumed(self, connection: FrontEndConnection) -> None:
+        """``connection`` takes writes again: the users table it missed, if any."""
+        if connection in self._users_owed:
+            self._users_owed.discard(connection)
+            connection.protocol.send(frames.USERS, 0, self._users())
 
     def users_taken(self) -> None:
         self._users_news.set()
