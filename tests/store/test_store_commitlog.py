@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from siftmq.errors import ConfigError, MessageTooLargeError, SiftError, StoreClosedError, StoreLockedError
+from siftmq.errors import (
+    ConfigError,
+    MessageTooLargeError,
+    SiftError,
+    StoreClosedError,
+    StoreError,
+    StoreLockedError,
+)
 from siftmq.store import MessageStore, bulk, codec, decoding
 from siftmq.store.segment import Segment
 from store_helpers import msg, small_config
@@ -241,6 +248,42 @@ def test_a_sync_put_is_synced_whenever_another_flush_runs_during_its_write(
         segment = store.commit_log.segments()[-1]
         assert store.commit_log.flushed_offset >= put.commit_log_offset + put.size
         assert len(synced) > before and not segment.dirty, f"a flush at line {at} of Segment.write"
+
+
+def test_a_failed_sync_refuses_appends_and_indexes_nothing_past_it_until_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed fsync may drop the pages it could not write, and the next one then succeeds: the
+    records past the last good sync are not known to be on disk. Before, the next sync (the flush
+    loop's) made them readable, and the sender's retry, its failed copy not in the key index,
+    was stored a second time beside it."""
+    store = MessageStore.open(small_config(tmp_path / "data", flush_mode="sync", flush_interval_ms=20))
+    real_sync = os.fdatasync
+    failures = [OSError(errno.EIO, "Input/output error")]
+
+    def sync(fd: int) -> None:
+        if failures:
+            raise failures.pop()
+        real_sync(fd)
+
+    try:
+        store.put_message(msg(body=b"kept", UNIQ_KEY="K1"))
+        monkeypatch.setattr(os, "fdatasync", sync)
+        with pytest.raises(StoreError, match="Input/output error"):
+            store.put_message(msg(body=b"unsure", UNIQ_KEY="K2"))
+        store.flush()  # syncs again, and succeeds
+        with pytest.raises(StoreError, match="restart the broker"):
+            store.put_message(msg(body=b"unsure", UNIQ_KEY="K2"))  # the sender's retry
+        assert [m.body for m in store.get_messages("g", "T", 0, 0, 32).messages] == [b"kept"]
+    finally:
+        store.close()
+    monkeypatch.undo()
+    store = MessageStore.open(small_config(tmp_path / "data", flush_mode="sync"))
+    try:  # recovery keeps what the disk holds (here the record made it): once, its id known
+        assert [m.body for m in store.get_messages("g", "T", 0, 0, 32).messages] == [b"kept", b"unsure"]
+        assert store.query_message_by_uniq_key("K2") is not None
+    finally:
+        store.close()
 
 
 def test_data_dir_lock(tmp_path: Path) -> None:

@@ -137,6 +137,11 @@ class MessageStore:
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flush_error: StoreError | None = None
+        #: (sync flush) a group commit's sync failed: the commit log's durable end then, and why.
+        #: What was written past it is not known to be on disk (a failed fsync may drop the pages
+        #: it could not write, and the next one then succeeds): nothing past it is indexed, and
+        #: appends are refused, until a restart's recovery finds what the disk holds.
+        self._sync_lost: tuple[int, StoreError] | None = None
         self._checkpoint_lock = threading.Lock()
 
     # ---------------------------------------------------------------------------------- lifecycle
@@ -214,6 +219,7 @@ class MessageStore:
         self._running = True
         self._stop.clear()
         self._flush_error = None
+        self._sync_lost = None
         self.reput_service.start(self.commit_log.max_offset)
         self._flusher = threading.Thread(target=self._flush_loop, name="siftmq-store-flush", daemon=True)
         self._flusher.start()
@@ -506,6 +512,13 @@ class MessageStore:
         with self._append_lock:
             if not self._running:
                 raise StoreClosedError("the message store is closed")
+            if self._sync_lost is not None:
+                durable, why = self._sync_lost
+                raise StoreError(
+                    f"the store could not sync its commit log ({why}); what was written past offset "
+                    f"{durable} is not known to be on disk: restart the broker (recovery keeps what the "
+                    "disk holds)"
+                ) from why
             if self._flush_error is not None:
                 raise StoreError(f"the store cannot flush: {self._flush_error}") from self._flush_error
             if self.reput_service.error is not None:
@@ -554,6 +567,16 @@ class MessageStore:
                 return
         try:
             self.commit_log.flush()
+        except (OSError, StoreError) as exc:
+            if self._sync_lost is None:
+                self._sync_lost = (self.commit_log.flushed_offset, as_store_error(exc))
+                _log.error(
+                    "the commit log could not be synced: %s; appends are refused until the broker is "
+                    "restarted (what was written past offset %d may not be on disk)",
+                    exc,
+                    self.commit_log.flushed_offset,
+                )
+            raise
         finally:
             with self._commit_cond:
                 self._commit_leader = False
@@ -564,7 +587,11 @@ class MessageStore:
 
     def _dispatch_limit(self) -> int | None:
         """Records ending at or before this offset may be dispatched (None: all)."""
-        return self.commit_log.flushed_offset if self._sync else None
+        if not self._sync:
+            return None
+        if self._sync_lost is not None:  # a later sync that succeeds does not prove these written
+            return min(self.commit_log.flushed_offset, self._sync_lost[0])
+        return self.commit_log.flushed_offset
 
     def wait_dispatched(self, timeout: float | None = None) -> bool:
         """Make everything appended before the call readable now; False if ``timeout`` ran out.
@@ -605,6 +632,8 @@ class MessageStore:
                         if self._queues.get((cq.topic, cq.queue_id)) is cq:
                             raise
             flushed = self.commit_log.flushed_offset
+            if self._sync_lost is not None:  # not proven on disk past it (see _sync_lost)
+                flushed = min(flushed, self._sync_lost[0])
             # read after the offsets: covers every record below them (recovery scans the rest)
             latest = self._max_store_timestamp
             Checkpoint(flushed, dispatched, latest).save(self.data_dir / "checkpoint")
