@@ -259,7 +259,7 @@ def test_sigterm_to_the_process_group_while_the_front_ends_start_is_a_clean_stop
     which the core took for a failure to listen (exit 1, "exited (-15) before listening")."""
     proc = _in_a_process_group_of_its_own(tmp_path)
     try:
-        wait_for(lambda: front_end_pids(proc.pid), what="a front-end started")  # (not yet listening)
+        pids = wait_for(lambda: front_end_pids(proc.pid), what="a front-end started")  # (not yet listening)
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -268,6 +268,8 @@ def test_sigterm_to_the_process_group_while_the_front_ends_start_is_a_clean_stop
     assert proc.returncode == 0, out
     assert "ready on" not in out and "before listening" not in out
     assert out.rstrip().endswith("siftmq broker stopped"), out
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
 
 
 def test_a_second_broker_on_the_same_port_fails_loudly(broker_of: Any, tmp_path: Path) -> None:

@@ -11,10 +11,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from siftmq.server.front_ends import BindError, check_port_free, hold_port
+from siftmq.server.front_ends import BindError, check_port_free, hold_address, hold_port
 
 
 def _has_ipv6() -> bool:
@@ -77,6 +78,40 @@ def test_a_free_port_is_held_on_every_address_and_port_0_picks_one_free_on_all()
     assert wildcard[0].family == socket.AF_INET6  # [::], dual stack, held first
 
 
+def _closing_connections_on(host: str) -> int:
+    """A port an earlier server without SO_REUSEPORT served: it closed a connection first, which
+    stays in TIME_WAIT for a minute. A listener may share the port (SO_REUSEADDR), a hold not."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((host, 0))
+        server.listen()
+        port = int(server.getsockname()[1])
+        with socket.create_connection((host, port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server closes first
+            client.recv(1)
+    return port
+
+
+def test_a_port_an_earlier_server_still_closes_connections_on_is_held_later() -> None:
+    """Refused before: a broker with --workers could not start for a minute after a one-process
+    broker on the same port ("Address already in use (is another broker running there?)")."""
+    port = _closing_connections_on("127.0.0.1")
+    assert check_port_free("127.0.0.1", port) == port  # a listener can have it
+    with pytest.raises(BindError, match="Address already in use"):
+        hold_port("127.0.0.1", port)
+    later: list[tuple[int, Any]] = []
+    assert hold_port("127.0.0.1", port, later=later) == []
+    assert later == [(socket.AF_INET, ("127.0.0.1", port))]
+    assert hold_address(*later[0]) is None  # not yet
+    free = check_port_free("127.0.0.1", 0)
+    hold = hold_address(socket.AF_INET, ("127.0.0.1", free))
+    assert hold is not None
+    hold.close()
+    with _listening("::1") as taken, pytest.raises(BindError):  # a listener is never put aside
+        hold_port("localhost", taken, later=later)
+
+
 def test_an_address_the_host_does_not_have_is_named() -> None:
     with pytest.raises(BindError, match="no such local address"):
         check_port_free("192.0.2.1", 0)  # TEST-NET-1: never a local address
@@ -93,3 +128,22 @@ def test_a_broker_does_not_start_where_another_program_listens_for_ipv6(tmp_path
     assert done.returncode != 0, done.stdout
     assert f"cannot listen on 0.0.0.0:{port}: Address already in use" in done.stderr, done.stderr
     assert "ready on" not in done.stdout
+
+
+@pytest.mark.integration
+def test_front_ends_start_where_an_earlier_server_still_closes_connections(tmp_path: Path) -> None:
+    port = _closing_connections_on("127.0.0.1")
+    cmd = [sys.executable, "-m", "siftmq", "broker", "--data-dir", str(tmp_path / "data"),
+           "--listen", f"127.0.0.1:{port}", "--admin-listen", "", "--workers", "2"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        assert "ready on" in ready, ready
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # served
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "still closing on port" in err

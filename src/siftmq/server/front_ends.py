@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -75,6 +76,10 @@ _WILDCARDS: Final = frozenset({"0.0.0.0", "::"})
 _ABSENT: Final = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT})
 #: Ports picked for port 0 before giving up, when the one picked is taken on another address.
 PICK_TRIES: Final = 8
+#: Seconds between tries to hold an address another server's closing connections still use.
+HOLD_RETRY_S: Final = 2.0
+#: Seconds a front-end ended by SIGTERM during the start waits for the core's own stop to show.
+SIGTERM_GRACE_S: Final = 1.0
 
 
 def _addresses(host: str, port: int) -> list[tuple[int, Any]]:
@@ -117,15 +122,25 @@ def _bind(family: int, address: Any, *, reuse_port: bool) -> socket.socket | Non
     return sock
 
 
-def _bind_all(host: str, port: int, *, reuse_port: bool) -> list[socket.socket]:
+def _bind_all(
+    host: str, port: int, *, reuse_port: bool, later: list[tuple[int, Any]] | None = None
+) -> list[socket.socket]:
     """A socket bound to each address of ``host`` on ``port`` (one port free on all of them when
-    ``port`` is 0); BindError when one is taken or the host has none of them."""
+    ``port`` is 0); BindError when one is taken or the host has none of them. With ``later``, an
+    address whose port only another server's closing connections still use is added to it instead."""
     for _ in range(PICK_TRIES):
         bound: list[socket.socket] = []
         chosen = port
         try:
             for family, address in _addresses(host, port):
-                sock = _bind(family, (address[0], chosen, *address[2:]), reuse_port=reuse_port)
+                at = (address[0], chosen, *address[2:])
+                try:
+                    sock = _bind(family, at, reuse_port=reuse_port)
+                except OSError as exc:
+                    if later is None or exc.errno != errno.EADDRINUSE or not _only_closing(family, at):
+                        raise
+                    later.append((family, at))
+                    continue
                 if sock is not None:
                     bound.append(sock)
                     chosen = int(sock.getsockname()[1])
@@ -136,7 +151,7 @@ def _bind_all(host: str, port: int, *, reuse_port: bool) -> list[socket.socket]:
                 continue  # the port picked on the first address is taken on another: pick again
             hint = " (is another broker running there?)" if exc.errno == errno.EADDRINUSE else ""
             raise BindError(f"cannot listen on {host}:{chosen}: {exc.strerror}{hint}") from exc
-        if not bound:
+        if not bound and not later:
             raise BindError(f"cannot listen on {host}:{port}: no such local address")
         return bound
     raise BindError(f"cannot listen on {host}:0: no port was free on every address in {PICK_TRIES} tries")
@@ -153,11 +168,36 @@ def check_port_free(host: str, port: int) -> int:
     return chosen
 
 
-def hold_port(host: str, port: int) -> list[socket.socket]:
+def hold_port(host: str, port: int, later: list[tuple[int, Any]] | None = None) -> list[socket.socket]:
     """Bind every address ``host`` names on ``port`` with ``SO_REUSEPORT`` (and not ``SO_REUSEADDR``)
     and never listen: while these are open only this user's ``SO_REUSEPORT`` sockets (the
-    front-ends) can bind the port, whether or not a front-end listens (see the module's note)."""
-    return _bind_all(host, port, reuse_port=True)
+    front-ends) can bind the port, whether or not a front-end listens (see the module's note).
+
+    A port whose earlier server (one without ``SO_REUSEPORT``: a one-process broker) closed
+    connections keeps them in TIME_WAIT for up to a minute, which a listener may share
+    (``SO_REUSEADDR``) and the hold may not: with ``later``, such an address is put there for
+    :func:`hold_address` to take once they are gone, instead of refusing the start."""
+    return _bind_all(host, port, reuse_port=True, later=later)
+
+
+def hold_address(family: int, address: Any) -> socket.socket | None:
+    """The hold of one address put aside by :func:`hold_port`; None while it cannot be had yet."""
+    try:
+        return _bind(family, address, reuse_port=True)
+    except OSError:
+        return None
+
+
+def _only_closing(family: int, address: Any) -> bool:
+    """Whether nothing listens on ``address`` though a hold cannot bind it: only sockets a listener
+    may share (TIME_WAIT) are there, as a bind with ``SO_REUSEADDR`` succeeds."""
+    try:
+        probe = _bind(family, address, reuse_port=False)
+    except OSError:
+        return False
+    if probe is not None:
+        probe.close()
+    return True
 
 
 def claim_port(host: str, port: int) -> socket.socket:
@@ -205,6 +245,8 @@ class FrontEnds:
         self.restarts = 0  # front-ends started again after they died
         self._claim: socket.socket | None = None
         self._holds: list[socket.socket] = []
+        self._to_hold: list[tuple[int, Any]] = []  # addresses the port could not be held on yet
+        self._holding: asyncio.Task[None] | None = None
         # since when no front-end has listened, and the count of READY frames then
         self._unserved: tuple[float, int] | None = None
         #: why the broker stops on its own (set before it asks to stop: see on_give_up)
@@ -217,8 +259,16 @@ class FrontEnds:
         port = check_port_free(host, port)
         self._claim = claim_port(host, port)
         port = check_port_free(host, port)  # taken by anything else meanwhile
-        self._holds = hold_port(host, port)
+        self._holds = hold_port(host, port, later=self._to_hold)
         self.listen = f"{host}:{port}"
+        if self._to_hold:
+            _log.warning(
+                "%s: connections an earlier server closed are still closing on port %d; the port is "
+                "held for the front-ends once they are gone (about a minute at most)",
+                ", ".join(str(address[0]) for _, address in self._to_hold),
+                port,
+            )
+            self._holding = asyncio.get_running_loop().create_task(self._hold_later())
         try:
             await self._link.start(self._socket)
         except OSError as exc:  # e.g. a TMPDIR so long that the socket's path does not fit
@@ -227,15 +277,21 @@ class FrontEnds:
             self._procs[index] = await self._spawn(index)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + READY_TIMEOUT_S
+        terminated_at: float | None = None  # when a front-end was first seen ended by SIGTERM
         while self._link.ready_count < self._count:
-            if self._stopping:
-                raise StoppedWhileStarting
             for index, proc in enumerate(self._procs):
-                if proc is not None and proc.returncode is not None:
+                if proc is not None and proc.returncode is not None and proc.returncode != -signal.SIGTERM:
                     raise BindError(
                         f"front-end {index} exited ({proc.returncode}) before listening on {self.listen}; "
                         "its error is above"
                     )
+            if self._stopping:  # (a front-end that died of the same SIGTERM is no failure)
+                raise StoppedWhileStarting
+            if any(proc is not None and proc.returncode is not None for proc in self._procs):
+                # SIGTERM to the process group reaches this process too: a moment for it to tell
+                terminated_at = loop.time() if terminated_at is None else terminated_at
+                if loop.time() - terminated_at > SIGTERM_GRACE_S:
+                    raise BindError(f"a front-end was stopped (SIGTERM) before listening on {self.listen}")
             if loop.time() > deadline:
                 raise BindError(f"the front-ends did not listen on {self.listen} in {READY_TIMEOUT_S:.0f} s")
             with contextlib.suppress(TimeoutError):
@@ -367,9 +423,23 @@ class FrontEnds:
         SIGTERM to the whole process group reaches them before the core stops them)."""
         self._stopping = True
 
+    async def _hold_later(self) -> None:
+        """Hold the addresses put aside at the start, once the connections closing there are gone."""
+        while self._to_hold and not self._stopping:
+            await asyncio.sleep(HOLD_RETRY_S)
+            for family, address in list(self._to_hold):
+                hold = hold_address(family, address)
+                if hold is not None:
+                    self._holds.append(hold)
+                    self._to_hold.remove((family, address))
+        if not self._to_hold:
+            _log.info("port %s held for the front-ends on every address", self.listen)
+
     async def stop(self) -> None:
         """SIGTERM to every front-end (they finish their calls in flight), then SIGKILL to the late."""
         self._stopping = True
+        if self._holding is not None:
+            self._holding.cancel()
         for watcher in self._watchers:
             watcher.cancel()
         if self._watchers:  # one starting a front-end records the process first
