@@ -161,14 +161,17 @@ class Worker:
         if kind != wire.LOADED:
             self.kill()
             raise WorkerDied("the worker answered its load with something else")
+        self._pause()
         self._cpu_after_last = self._cpu_seconds()  # its start is not idle time
 
     def evaluate(self, rows: Sequence[Row]) -> wire.Result:
         budget = min(self.limits.timeout_ms * len(rows), self.limits.batch_timeout_ms) / 1000
         deadline = time.monotonic() + max(budget, 0.01)
         try:
+            self._signal(signal.SIGCONT)
             wire.send(self._to_worker, wire.frame(wire.BATCH, marshal.dumps(list(rows))), deadline)
             kind, payload = wire.receive(self._from_worker, deadline)
+            self._pause()
             if kind != wire.RESULT:
                 raise wire.WireError("the worker answered a batch with something else")
             result = wire.parse_result(payload, len(rows))
@@ -176,6 +179,19 @@ class Worker:
             raise WorkerDied(self._death(exc), timed_out=exc.timed_out) from exc
         self._cpu_after_last = self._cpu_seconds()
         return result
+
+    def _pause(self) -> None:
+        """Stop the worker until its next batch: a program that answered (it may write the answer
+        itself) and went on computing would otherwise burn a core for as long as no batch comes
+        (seen only at the next one, by :attr:`spun_idle`). SIGCONT lets it go on."""
+        self._signal(signal.SIGSTOP)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        # send_signal polls first: a worker reaped already is not signalled (its pid may be reused)
+        try:
+            self.process.send_signal(sig)
+        except ProcessLookupError:  # dead, not yet reaped: the pipes say so next
+            pass
 
     @property
     def spun_idle(self) -> bool:
