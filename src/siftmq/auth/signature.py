@@ -12,6 +12,7 @@ window around the broker's local and UTC clocks both. The signature is compared 
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import hashlib
 import hmac
@@ -34,8 +35,16 @@ SIGNED_CACHE_S: Final = 1.0
 SIGNED_CACHE_SIZE: Final = 4096  # remembered signatures (cleared when full)
 
 
+#: Wrong signatures for one access key from one address within :data:`GUESS_WINDOW_S`, at most:
+#: past them that key's calls from that address are refused unchecked until the oldest leaves the
+#: window. A password is the secret key: unbounded, 8 characters were open to ~800 guesses a
+#: second. (The admin API's logins are bounded alike, per address.)
+GUESSES: Final = 10
+GUESS_WINDOW_S: Final = 60.0
+MAX_GUESSERS: Final = 4096  # (address, access key) pairs followed (forgotten all when full)
+
 #: The reasons a call is not authenticated (the labels of the failure metric).
-REASONS: Final = frozenset({"unsigned", "malformed", "invalid", "skew"})
+REASONS: Final = frozenset({"unsigned", "malformed", "invalid", "skew", "throttled"})
 
 
 class SignatureError(ValueError):
@@ -132,24 +141,62 @@ class Verifier:
         self.skew_s = skew_s
         self.local_time = local_time  # see verify()
         self._signed: dict[tuple[str, str], tuple[str, float]] = {}
+        self._wrong: dict[tuple[str, str], collections.deque[float]] = {}  # see GUESSES
 
-    def who(self, authorization: str | None, date_time: str | None) -> str:
-        """The name of the user who signed; raises :class:`SignatureError`."""
+    def who(self, authorization: str | None, date_time: str | None, peer: str = "") -> str:
+        """The name of the user who signed; raises :class:`SignatureError`. ``peer``: the caller's
+        address (without its port), whose wrong signatures are bounded per access key."""
         key = (authorization or "", date_time or "")
         now = time.monotonic()
         hit = self._signed.get(key)
         if hit is not None and hit[1] > now:
             return hit[0]
         request = parse(authorization, date_time)
+        guesser = (peer, request.access_key)
+        wait = self._wait_s(guesser, now)
+        if wait > 0:
+            raise SignatureError(
+                f"too many wrong signatures for this credential from {peer or 'this address'}: "
+                f"try again in {wait:.0f} s",
+                "throttled",
+            )
         secret = self._secrets.get(request.access_key)
-        if secret is None:
-            sign(UNKNOWN_USER_SECRET, request.date_time)
-            raise SignatureError(INVALID, "invalid")
-        verify(request, secret, now=dt.datetime.now(dt.UTC), skew_s=self.skew_s, local_time=self.local_time)
+        try:
+            if secret is None:
+                sign(UNKNOWN_USER_SECRET, request.date_time)
+                raise SignatureError(INVALID, "invalid")
+            now_utc = dt.datetime.now(dt.UTC)
+            verify(request, secret, now=now_utc, skew_s=self.skew_s, local_time=self.local_time)
+        except SignatureError as exc:
+            if exc.reason == "invalid":  # a guess (a clock off, or a header malformed, is none)
+                self._guessed(guesser, now)
+            raise
         if len(self._signed) >= SIGNED_CACHE_SIZE:
             self._signed.clear()
         self._signed[key] = (request.access_key, now + SIGNED_CACHE_S)
         return request.access_key
+
+    def _wait_s(self, guesser: tuple[str, str], now: float) -> float:
+        wrong = self._wrong.get(guesser)
+        if wrong is None:
+            return 0.0
+        while wrong and wrong[0] <= now - GUESS_WINDOW_S:
+            wrong.popleft()
+        return wrong[0] + GUESS_WINDOW_S - now if len(wrong) >= GUESSES else 0.0
+
+    def _guessed(self, guesser: tuple[str, str], now: float) -> None:
+        if len(self._wrong) >= MAX_GUESSERS and guesser not in self._wrong:
+            self._wrong.clear()  # bounded: a flood from many addresses forgets, it does not grow
+        self._wrong.setdefault(guesser, collections.deque(maxlen=GUESSES)).append(now)
+
+
+def peer_address(peer: str) -> str:
+    """The address of a gRPC peer (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``), without its port."""
+    if peer.startswith("ipv4:"):
+        return peer[5:].rsplit(":", 1)[0]
+    if peer.startswith("ipv6:"):
+        return peer[5:].rsplit(":", 1)[0].strip("[]")
+    return peer
 
 
 def signature_headers(metadata: Iterable[tuple[str, str | bytes]] | None) -> tuple[str | None, str | None]:

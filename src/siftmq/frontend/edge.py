@@ -26,7 +26,7 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
-from siftmq.auth.signature import SignatureError, Verifier, signature_headers
+from siftmq.auth.signature import SignatureError, Verifier, peer_address, signature_headers
 from siftmq.frontend import frames
 from siftmq.frontend.limits import server_options
 from siftmq.process_tuning import tune_gc
@@ -131,7 +131,7 @@ class Link:
         if self.verifier is None:
             return ""
         try:
-            return self.verifier.who(*signature_headers(metadata))
+            return self.verifier.who(*signature_headers(metadata), peer_address(str(context.peer() or "")))
         except SignatureError as exc:
             client = next((str(v) for k, v in metadata if k == "x-mq-client-id"), "-")[:MAX_CLIENT_ID]
             self._refused((method, exc.reason, client, str(exc)), str(context.peer() or ""))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from siftmq.auth.acl import Action, AuthTable, User, dump_auth_file, parse_auth_file
-from siftmq.auth.signature import SignatureError, Verifier, signature_headers
+from siftmq.auth.signature import SignatureError, Verifier, peer_address, signature_headers
 from siftmq.durable import write_atomically
 from siftmq.errors import BadRequestError, ConfigError, StatusCode, UnsupportedError
 from siftmq.protocol.service import Rpc
@@ -239,7 +239,7 @@ class Gate:
             user = self.table.users.get(claim[0])
             if user is not None:
                 return user
-        name = self.verifier.who(*signature_headers(context.invocation_metadata()))
+        name = self.verifier.who(*signature_headers(context.invocation_metadata()), _peer_ip(context))
         return self.table.users[name]
 
     def allowed(self, user: User, resource: str, action: Action, peer: str | None) -> bool:
@@ -395,12 +395,7 @@ def _client(context: Any) -> str:
 
 
 def _peer_ip(context: Any) -> str:
-    peer = _peer(context)
-    if peer.startswith("ipv4:"):
-        return peer[5:].rsplit(":", 1)[0]
-    if peer.startswith("ipv6:"):
-        return peer[5:].rsplit(":", 1)[0].strip("[]")
-    return peer
+    return peer_address(_peer(context))
 
 
 def guard(behaviour: Any, rpc: Rpc, gate: Gate) -> Any:

@@ -131,6 +131,8 @@ def _bind_all(
     for _ in range(PICK_TRIES):
         bound: list[socket.socket] = []
         chosen = port
+        if later is not None:
+            later.clear()  # (a port picked again: what the last one put aside is not this one's)
         try:
             for family, address in _addresses(host, port):
                 at = (address[0], chosen, *address[2:])
