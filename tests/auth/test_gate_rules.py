@@ -177,6 +177,7 @@ class _FrontEnd:
         self.users_generation = 0
         self.sent: list[int] = []
         self.protocol = self
+        self.writing_paused = False
 
     def send(self, kind: int, call_id: int, payload: bytes = b"") -> None:
         self.sent.append(kind)
@@ -226,6 +227,19 @@ def test_a_client_id_cannot_forge_audit_lines(caplog: Any) -> None:
         assert g.authorized(nobody.users["eve"], "SendMessage", send, Forging()) is not None
     lines = "\n".join(r.getMessage() for r in caplog.records)
     assert "denied SendMessage" in lines and "\n" not in lines and "c1)?WARNING" in lines
+
+
+def test_a_resource_named_by_a_client_cannot_forge_audit_lines(caplog: Any) -> None:
+    """A denial's line names the topic as the client sent it: a line break (or a terminal escape,
+    U+2028, U+0085) in it wrote a line of its own, such as a user created by admin."""
+    g = gate()  # (every topic new: alice may not Create)
+    forged = "x\n2026-11-27 09:40:00,000 INFO siftmq.server.admin_users: user eve created\x1b[0m\u2028\x85"
+    send = pb.SendMessageRequest(messages=[pb.Message(topic=pb.Resource(name=forged))])
+    with caplog.at_level("WARNING"):
+        assert g.authorized(TABLE.users["alice"], "SendMessage", send, Context()) is not None
+    lines = "\n".join(r.getMessage() for r in caplog.records)
+    assert "denied SendMessage" in lines and "\n" not in lines and "x?2026-11-27" in lines
+    assert not any(c in lines for c in "\x1b\u2028\x85")
 
 
 def test_a_namespace_goes_after_a_system_topics_prefix() -> None:

@@ -32,6 +32,7 @@ _log = logging.getLogger(__name__)
 
 #: One audit line per this many seconds at most (the rest are counted into the next line).
 AUDIT_INTERVAL_S: Final = 10.0
+AUDIT_FIELD: Final = 512  # characters of one text an audit line shows at most
 #: Generations of the users table count 1 to this and round again (a frame holds 32 bits).
 MAX_GENERATION: Final = 2**32 - 1
 CACHE_SIZE: Final = 4096  # remembered decisions (cleared when full)
@@ -347,7 +348,9 @@ class Gate:
             return
         more = unwritten + count - 1  # held back since the last line, and this line's alike
         self._audited[kind] = (now, 0)
-        _log.warning(message + (f" (+{more} more since the last line)" if more else ""), *args)
+        # every text filled in may come from a client (a topic, a path, a name): none may break the line
+        shown = [printable(a, AUDIT_FIELD) if isinstance(a, str) else a for a in args]
+        _log.warning(message + (f" (+{more} more since the last line)" if more else ""), *shown)
 
 
 def _read_table(path: Path) -> AuthTable:
