@@ -142,6 +142,7 @@ def _result(codes: bytes, errors: object, count: int | None = None) -> bytes:
         _result(b"\x01\x02\x01", [[9, "x"]]),
         _result(b"\x01\x02\x01", {"1": "x"}),
         _result(b"\x01\x02\x01", [[1, 5]]),
+        _result(b"\x01\x02\x01", [[True, "x"]]),  # a bool is no index (True == 1)
         struct.pack(">I", 3) + b"\x01\x01\x01" + b"\xff\xfe",
         struct.pack(">I", 3) + b"\x01\x02\x01" + b"[" * 5000,  # nested past the parser's recursion
         _result(b"\x01\x02\x01", [[1, "x" * 500]] + [[1, "y"]] * 2000),  # longer than one error may be

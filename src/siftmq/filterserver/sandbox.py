@@ -8,7 +8,9 @@ through ``pyseccomp``, which also sets ``no_new_privs``) that allows only :data:
 what a running interpreter needs to compute, allocate memory, tell the time and use its pipes.
 Anything else — opening a file, a socket, exec, fork or clone (threads), kill, ptrace — fails with
 ``EPERM``, which Python raises as an exception the worker reports; executable mappings are refused
-the same way, so native code cannot be brought in.
+the same way, so no new machine code can be brought in. The native code already loaded can still be
+called (``ctypes`` is imported here, and a program that gets out of Python's restrictions reaches
+it), and it reads and writes the worker's own memory: the seccomp filter is the boundary.
 
 Linux only: elsewhere :func:`check_supported` says why, and the broker runs no program.
 """

@@ -126,7 +126,7 @@ def parse_result(payload: bytes, expected: int) -> Result:
         raise WireError("error texts that are not a list")
     for item in listed:
         if (
-            not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int)
+            not isinstance(item, list) or len(item) != 2 or type(item[0]) is not int  # (not a bool)
             or not isinstance(item[1], str) or not 0 <= item[0] < n or codes[item[0]] != ERROR
         ):  # fmt: skip
             raise WireError("an error text for a message that did not fail")
