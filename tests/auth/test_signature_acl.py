@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from siftmq.auth.acl import Action, parse_auth_file
-from siftmq.auth.signature import INVALID, SignatureError, parse, sign, verify
+from siftmq.auth.signature import GUESSES, INVALID, SignatureError, Verifier, parse, sign, verify
 from siftmq.errors import ConfigError
 
 NOW = dt.datetime(2026, 11, 25, 10, 15, 0, tzinfo=dt.UTC)
@@ -45,6 +45,27 @@ def test_bad_signatures_are_refused_with_a_reason(
 ) -> None:
     with pytest.raises(SignatureError, match=message):
         verify(parse(authorization, date), secret, now=NOW, skew_s=300)
+
+
+def test_wrong_signatures_are_bounded_per_credential_and_address_a_replaced_password_no_guess() -> None:
+    """Past GUESSES wrong signatures a minute, a credential's calls from that address are refused
+    unchecked, the right one too; other addresses and credentials are served. A client still
+    signing with the password the last change replaced is refused but not counted: the updated
+    clients at its address go on being served while the change is rolled out."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    right = header("alice", sign("N3w-pw", now))
+    verifier = Verifier({"alice": "N3w-pw", "bob": "B0b-pw"}, 300, stale={"alice": "0ld-pw"})
+    for _ in range(3 * GUESSES):  # the old password, again and again, from one address
+        with pytest.raises(SignatureError, match="not valid"):
+            verifier.who(header("alice", sign("0ld-pw", now)), now, "10.0.0.1")
+    for i in range(GUESSES):  # guesses from another
+        with pytest.raises(SignatureError, match="not valid"):
+            verifier.who(header("alice", sign(f"guess-{i}", now)), now, "10.0.0.2")
+    with pytest.raises(SignatureError, match="too many wrong signatures") as refused:
+        verifier.who(right, now, "10.0.0.2")
+    assert refused.value.reason == "throttled"
+    assert verifier.who(header("bob", sign("B0b-pw", now)), now, "10.0.0.2") == "bob"
+    assert verifier.who(right, now, "10.0.0.1") == "alice"
 
 
 @pytest.fixture

@@ -175,8 +175,8 @@ def test_a_front_end_that_does_not_read_gets_the_users_table_in_force_not_every_
             while not tables or tables[-1][0] != gate.generation:
                 kind, _, payload = await asyncio.wait_for(got.get(), 10)
                 if kind == frames.USERS:
-                    generation, _, _, secrets = frames.decode_users(payload)
-                    tables.append((generation, secrets["user0000"]))
+                    users = frames.decode_users(payload)
+                    tables.append((users.generation, users.secrets["user0000"]))
             assert tables[-1] == (gate.generation, "20-" + "p" * 200)  # the one in force, at last
             assert len(tables) < 10  # (the first; those the socket took before it was full; the last)
         finally:

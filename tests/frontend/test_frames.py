@@ -50,8 +50,9 @@ def test_a_call_round_trips(
 
 
 def test_users_and_refusals_round_trip_and_bad_ones_are_frame_errors() -> None:
-    payload = frames.encode_users(7, 900.0, {"alice": "s3cret", "bob": "x"}, local_time=True)
-    assert frames.decode_users(payload) == (7, 900.0, True, {"alice": "s3cret", "bob": "x"})
+    secrets, stale = {"alice": "s3cret", "bob": "x"}, {"bob": "y"}
+    payload = frames.encode_users(7, 900.0, secrets, local_time=True, stale=stale)
+    assert frames.decode_users(payload) == (7, 900.0, True, secrets, stale)
     many = [(4, "invalid", "ipv4:1.2.3.4:5", f"client-{i}", "x" * 5000, 3) for i in range(100)]
     refused = frames.decode_refused(frames.encode_refused(many))
     assert len(refused) == frames.MAX_REFUSED_ENTRIES  # bounded: the caller sends the rest apart
@@ -230,6 +231,8 @@ def test_the_largest_users_table_fits_in_a_frame_a_front_end_takes() -> None:
     character one JSON escapes: the USERS frame stays under what a front-end reads from the core."""
     for char in ("\x01", "\U0001f600", "\ud800"):  # escaped; past the BMP; a lone surrogate
         secrets = {f"{i:05d}" + char * (MAX_USER_NAME - 5): char * MAX_PASSWORD for i in range(MAX_USERS)}
-        payload = frames.encode_users(7, 300.0, secrets)
+        # every password just changed: the replaced ones cross too
+        stale = {name: secret[:-1] + "x" for name, secret in secrets.items()}
+        payload = frames.encode_users(7, 300.0, secrets, stale=stale)
         assert len(payload) + frames.HEADER.size <= frames.MAX_FROM_CORE, (repr(char), len(payload))
-        assert frames.decode_users(payload) == (7, 300.0, False, secrets)
+        assert frames.decode_users(payload) == (7, 300.0, False, secrets, stale)

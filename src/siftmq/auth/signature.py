@@ -42,6 +42,10 @@ SIGNED_CACHE_SIZE: Final = 4096  # remembered signatures (cleared when full)
 GUESSES: Final = 10
 GUESS_WINDOW_S: Final = 60.0
 MAX_GUESSERS: Final = 4096  # (address, access key) pairs followed (forgotten all when full)
+#: For this long after a change of the users, a signature made with a secret the change replaced is
+#: no guess: clients not yet given the new password would otherwise have the user's calls from their
+#: address refused, the updated clients' too, for as long as they kept trying.
+STALE_S: Final = 600.0
 
 #: The reasons a call is not authenticated (the labels of the failure metric).
 REASONS: Final = frozenset({"unsigned", "malformed", "invalid", "skew", "throttled"})
@@ -136,12 +140,22 @@ class Verifier:
     (which refuse a bad signature before the call costs the core anything).
     """
 
-    def __init__(self, secrets: Mapping[str, str], skew_s: float, *, local_time: bool = False) -> None:
+    def __init__(
+        self,
+        secrets: Mapping[str, str],
+        skew_s: float,
+        *,
+        local_time: bool = False,
+        stale: Mapping[str, str] | None = None,
+    ) -> None:
         self._secrets = secrets
         self.skew_s = skew_s
         self.local_time = local_time  # see verify()
         self._signed: dict[tuple[str, str], tuple[str, float]] = {}
         self._wrong: dict[tuple[str, str], collections.deque[float]] = {}  # see GUESSES
+        #: the secrets the last change of the users replaced (see STALE_S), and until when
+        self._stale = stale or {}
+        self._stale_until = time.monotonic() + STALE_S
 
     def who(self, authorization: str | None, date_time: str | None, peer: str = "") -> str:
         """The name of the user who signed; raises :class:`SignatureError`. ``peer``: the caller's
@@ -168,13 +182,21 @@ class Verifier:
             now_utc = dt.datetime.now(dt.UTC)
             verify(request, secret, now=now_utc, skew_s=self.skew_s, local_time=self.local_time)
         except SignatureError as exc:
-            if exc.reason == "invalid":  # a guess (a clock off, or a header malformed, is none)
+            # a guess: not a clock off or a header malformed, nor a client's password before a change
+            if exc.reason == "invalid" and not self._replaced(request, now):
                 self._guessed(guesser, now)
             raise
         if len(self._signed) >= SIGNED_CACHE_SIZE:
             self._signed.clear()
         self._signed[key] = (request.access_key, now + SIGNED_CACHE_S)
         return request.access_key
+
+    def _replaced(self, request: SignedRequest, now: float) -> bool:
+        """Whether ``request`` is signed with the secret its user had before the last change."""
+        old = self._stale.get(request.access_key)
+        if old is None or now >= self._stale_until:
+            return False
+        return hmac.compare_digest(sign(old, request.date_time), request.signature)
 
     def _wait_s(self, guesser: tuple[str, str], now: float) -> float:
         wrong = self._wrong.get(guesser)

@@ -105,8 +105,11 @@ class Link:
 
     def _on_frame(self, kind: int, call_id: int, payload: bytes) -> None:
         if kind == frames.USERS:
-            self.generation, skew_s, local_time, secrets = frames.decode_users(payload)
-            self.verifier = Verifier(secrets, skew_s, local_time=local_time)
+            users = frames.decode_users(payload)
+            self.generation = users.generation
+            self.verifier = Verifier(
+                users.secrets, users.skew_s, local_time=users.local_time, stale=users.stale
+            )
             self.send(frames.USERS_TAKEN, self.generation)  # a live change answers after this
             return
         if kind == frames.CREDIT:

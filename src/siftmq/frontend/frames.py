@@ -51,8 +51,9 @@ ANSWER_CREDIT_BYTES: Final = 1024 * 1024
 #: Bytes a CALL frame may add to the largest gRPC message (metadata, address, header).
 CALL_ROOM: Final = 64 * 1024
 #: The largest frame a front-end takes from the core: a USERS frame of the most users of the
-#: longest names and passwords, each character escaped (6 bytes, ~20 MB), fits.
-MAX_FROM_CORE: Final = 32 * 1024 * 1024
+#: longest names and passwords, each character escaped (6 bytes), each password replaced by the
+#: last change (~40 MB), fits.
+MAX_FROM_CORE: Final = 64 * 1024 * 1024
 
 # method, deadline (ms on CLOCK_MONOTONIC, which every process of the host shares; -1: none),
 # peer length, headers, users' generation, signer's name length, the headers' bytes (so that the
@@ -192,25 +193,46 @@ def decode_headers(block: bytes, count: int) -> tuple[tuple[str, str | bytes], .
 
 
 def encode_users(
-    generation: int, skew_s: float, secrets: Mapping[str, str], *, local_time: bool = False
+    generation: int,
+    skew_s: float,
+    secrets: Mapping[str, str],
+    *,
+    local_time: bool = False,
+    stale: Mapping[str, str] | None = None,
 ) -> bytes:
-    """A USERS payload: what a front-end needs to check signatures (the socket is the core's own,
-    in a directory only its user can enter; the payload is never logged)."""
-    users = {"generation": generation, "skew_s": skew_s, "local_time": local_time, "secrets": dict(secrets)}
+    """A USERS payload: what a front-end needs to check signatures, and the secrets the last change
+    replaced (a client still signing with one is not guessing). The socket is the core's own, in a
+    directory only its user can enter; the payload is never logged."""
+    users = {
+        "generation": generation,
+        "skew_s": skew_s,
+        "local_time": local_time,
+        "secrets": dict(secrets),
+        "stale": dict(stale or {}),
+    }
     # UTF-8, not ASCII escapes: a character past the BMP escapes as a 12-byte surrogate pair, and the
     # largest table of such names then exceeded MAX_FROM_CORE (a lone surrogate, which a JSON auth
     # file can hold, passes through)
     return json.dumps(users, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
-def decode_users(payload: bytes) -> tuple[int, float, bool, dict[str, str]]:
+class Users(NamedTuple):
+    generation: int
+    skew_s: float
+    local_time: bool
+    secrets: dict[str, str]
+    stale: dict[str, str]
+
+
+def decode_users(payload: bytes) -> Users:
     try:
         data = json.loads(payload.decode("utf-8", "surrogatepass"))
-        return (
+        return Users(
             int(data["generation"]),
             float(data["skew_s"]),
             bool(data["local_time"]),
             {str(k): str(v) for k, v in data["secrets"].items()},
+            {str(k): str(v) for k, v in data["stale"].items()},
         )
     except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         raise FrameError(f"a USERS frame is malformed: {type(exc).__name__}") from exc

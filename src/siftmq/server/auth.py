@@ -150,6 +150,8 @@ class Gate:
     #: accept dates stamped in the broker's local time as well as UTC (see signature.verify)
     local_time: bool = False
     verifier: Verifier = field(init=False, repr=False)
+    #: the secrets the last change of the users replaced (see signature.STALE_S); never logged
+    stale: dict[str, str] = field(init=False, repr=False)
     #: client id -> the user who first used it (see session_refusal), oldest first
     _owners: collections.OrderedDict[str, str] = field(default_factory=collections.OrderedDict)
 
@@ -209,8 +211,14 @@ class Gate:
         self._install(table)
 
     def _install(self, table: AuthTable) -> None:
+        # the secrets this change replaces: a client still signing with one is not guessing
+        self.stale = {
+            name: user.secret
+            for name, user in self.table.users.items()
+            if (now := table.users.get(name)) is None or now.secret != user.secret
+        }
         self.table = table
-        self.verifier = Verifier(self.secrets(), self.skew_s, local_time=self.local_time)
+        self.verifier = Verifier(self.secrets(), self.skew_s, local_time=self.local_time, stale=self.stale)
         self._decided.clear()
         self.generation = self.generation % MAX_GENERATION + 1
         for listener in list(self.on_change):

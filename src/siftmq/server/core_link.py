@@ -332,7 +332,9 @@ class CoreLink:
     def _users(self) -> bytes:
         assert self._gate is not None
         gate = self._gate
-        return frames.encode_users(gate.generation, gate.skew_s, gate.secrets(), local_time=gate.local_time)
+        return frames.encode_users(
+            gate.generation, gate.skew_s, gate.secrets(), local_time=gate.local_time, stale=gate.stale
+        )
 
     def _users_changed(self) -> None:
         payload = self._users()

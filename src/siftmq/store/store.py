@@ -587,11 +587,13 @@ class MessageStore:
 
     def _dispatch_limit(self) -> int | None:
         """Records ending at or before this offset may be dispatched (None: all)."""
-        if not self._sync:
-            return None
-        if self._sync_lost is not None:  # a later sync that succeeds does not prove these written
-            return min(self.commit_log.flushed_offset, self._sync_lost[0])
-        return self.commit_log.flushed_offset
+        return self._durable_end() if self._sync else None
+
+    def _durable_end(self) -> int:
+        """The commit log's end known to be on disk: what was flushed, but not past a failed sync
+        (a later sync that succeeds does not prove those pages written: see ``_sync_lost``)."""
+        flushed = self.commit_log.flushed_offset
+        return flushed if self._sync_lost is None else min(flushed, self._sync_lost[0])
 
     def wait_dispatched(self, timeout: float | None = None) -> bool:
         """Make everything appended before the call readable now; False if ``timeout`` ran out.
@@ -631,9 +633,7 @@ class MessageStore:
                     with self._queues_lock:
                         if self._queues.get((cq.topic, cq.queue_id)) is cq:
                             raise
-            flushed = self.commit_log.flushed_offset
-            if self._sync_lost is not None:  # not proven on disk past it (see _sync_lost)
-                flushed = min(flushed, self._sync_lost[0])
+            flushed = self._durable_end()
             # read after the offsets: covers every record below them (recovery scans the rest)
             latest = self._max_store_timestamp
             Checkpoint(flushed, dispatched, latest).save(self.data_dir / "checkpoint")
