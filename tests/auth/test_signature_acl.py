@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from siftmq.auth.acl import Action, parse_auth_file
-from siftmq.auth.signature import GUESSES, INVALID, SignatureError, Verifier, parse, sign, verify
+from siftmq.auth.signature import INVALID, SignatureError, Verifier, parse, sign, verify
+from siftmq.auth.throttle import FAILURES as GUESSES
 from siftmq.errors import ConfigError
 
 NOW = dt.datetime(2026, 11, 25, 10, 15, 0, tzinfo=dt.UTC)

@@ -718,7 +718,7 @@ def test_another_sites_page_cannot_lock_the_operator_out(browser: Any, tmp_path:
     import socketserver
     import threading
 
-    from siftmq.server.admin_auth import LOGIN_FAILURES
+    from siftmq.auth.throttle import FAILURES as LOGIN_FAILURES
 
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps(auth_file([])))

@@ -163,7 +163,7 @@ def test_a_loopback_admin_api_answers_to_loopback_names_only(start_broker: Any) 
 def test_failed_logins_from_one_address_are_throttled(start_broker: Any, tmp_path: Path) -> None:
     """Password guesses are throttled per address; a request carrying no credentials, or a valid
     token, neither counts nor is held back."""
-    from siftmq.server.admin_auth import LOGIN_FAILURES
+    from siftmq.auth.throttle import FAILURES as LOGIN_FAILURES
 
     path = tmp_path / "auth.json"
     path.write_text(json.dumps(auth_file([])))

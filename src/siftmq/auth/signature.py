@@ -12,7 +12,6 @@ window around the broker's local and UTC clocks both. The signature is compared 
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import hashlib
 import hmac
@@ -21,6 +20,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
+
+from siftmq.auth.throttle import FailureThrottle
 
 SCHEME: Final = "MQv2-HMAC-SHA1"
 DATE_HEADER: Final = "x-mq-date-time"
@@ -35,13 +36,6 @@ SIGNED_CACHE_S: Final = 1.0
 SIGNED_CACHE_SIZE: Final = 4096  # remembered signatures (cleared when full)
 
 
-#: Wrong signatures for one access key from one address within :data:`GUESS_WINDOW_S`, at most:
-#: past them that key's calls from that address are refused unchecked until the oldest leaves the
-#: window. A password is the secret key: unbounded, 8 characters were open to ~800 guesses a
-#: second. (The admin API's logins are bounded alike, per address.)
-GUESSES: Final = 10
-GUESS_WINDOW_S: Final = 60.0
-MAX_GUESSERS: Final = 4096  # (address, access key) pairs followed (forgotten all when full)
 #: For this long after a change of the users, a signature made with a secret the change replaced is
 #: no guess: clients not yet given the new password would otherwise have the user's calls from their
 #: address refused, the updated clients' too, for as long as they kept trying.
@@ -152,7 +146,10 @@ class Verifier:
         self.skew_s = skew_s
         self.local_time = local_time  # see verify()
         self._signed: dict[tuple[str, str], tuple[str, float]] = {}
-        self._wrong: dict[tuple[str, str], collections.deque[float]] = {}  # see GUESSES
+        # wrong signatures per (address, access key): past throttle.FAILURES a minute that key's calls
+        # from that address are refused unchecked (the password is the secret key: unbounded, ~800
+        # guesses a second went through one connection)
+        self._wrong = FailureThrottle()
         #: the secrets the last change of the users replaced (see STALE_S), and until when
         self._stale = stale or {}
         self._stale_until = time.monotonic() + STALE_S
@@ -167,7 +164,7 @@ class Verifier:
             return hit[0]
         request = parse(authorization, date_time)
         guesser = (peer, request.access_key)
-        wait = self._wait_s(guesser, now)
+        wait = self._wrong.wait_s(guesser, now)
         if wait > 0:
             raise SignatureError(
                 f"too many wrong signatures for this credential from {peer or 'this address'}: "
@@ -184,7 +181,7 @@ class Verifier:
         except SignatureError as exc:
             # a guess: not a clock off or a header malformed, nor a client's password before a change
             if exc.reason == "invalid" and not self._replaced(request, now):
-                self._guessed(guesser, now)
+                self._wrong.failed(guesser, now)
             raise
         if len(self._signed) >= SIGNED_CACHE_SIZE:
             self._signed.clear()
@@ -197,19 +194,6 @@ class Verifier:
         if old is None or now >= self._stale_until:
             return False
         return hmac.compare_digest(sign(old, request.date_time), request.signature)
-
-    def _wait_s(self, guesser: tuple[str, str], now: float) -> float:
-        wrong = self._wrong.get(guesser)
-        if wrong is None:
-            return 0.0
-        while wrong and wrong[0] <= now - GUESS_WINDOW_S:
-            wrong.popleft()
-        return wrong[0] + GUESS_WINDOW_S - now if len(wrong) >= GUESSES else 0.0
-
-    def _guessed(self, guesser: tuple[str, str], now: float) -> None:
-        if len(self._wrong) >= MAX_GUESSERS and guesser not in self._wrong:
-            self._wrong.clear()  # bounded: a flood from many addresses forgets, it does not grow
-        self._wrong.setdefault(guesser, collections.deque(maxlen=GUESSES)).append(now)
 
 
 def peer_address(peer: str) -> str:

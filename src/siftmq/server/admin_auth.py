@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import collections
 import hashlib
 import hmac
 import secrets
@@ -33,39 +32,9 @@ OPEN_PATHS: Final = frozenset({"/healthz"})
 SUPER_PATHS: Final = ("users", "acls")  # first path parts only Super users may touch
 #: A group's routes that name a topic after it: /groups/{group}/<route>/{topic}.
 GROUP_TOPIC_ROUTES: Final = frozenset({"subscriptions", "programs", "lag"})
-LOGIN_FAILURES: Final = 10  # failed admin logins from one address within the window, at most
-LOGIN_WINDOW_S: Final = 60.0
-MAX_THROTTLED_PEERS: Final = 4096
 MAX_TOKENS: Final = 10_000
 MAX_TOKENS_PER_USER: Final = 20
 _BY_METHOD: Final = {"GET": Action.GET, "POST": Action.CREATE, "PATCH": Action.UPDATE, "PUT": Action.UPDATE}
-
-
-@dataclass
-class LoginThrottle:
-    """Failed admin logins per client address: past :data:`LOGIN_FAILURES` within
-    :data:`LOGIN_WINDOW_S`, that address is answered 429 until the oldest failure leaves the window
-    (a password cannot be guessed at the server's speed; a success does not clear them, or a valid
-    login would let its holder try on another user's password)."""
-
-    _failed: dict[str, collections.deque[float]] = field(default_factory=dict)
-
-    def wait_s(self, peer: str | None) -> float:
-        """Seconds ``peer`` must wait before trying again (0: it may)."""
-        failures = self._failed.get(peer or "")
-        if failures is None:
-            return 0.0
-        now = time.monotonic()
-        while failures and failures[0] <= now - LOGIN_WINDOW_S:
-            failures.popleft()
-        if len(failures) < LOGIN_FAILURES:
-            return 0.0
-        return failures[0] + LOGIN_WINDOW_S - now
-
-    def failed(self, peer: str | None) -> None:
-        if len(self._failed) >= MAX_THROTTLED_PEERS and (peer or "") not in self._failed:
-            self._failed.clear()  # bounded: a flood from many addresses forgets, it does not grow
-        self._failed.setdefault(peer or "", collections.deque(maxlen=LOGIN_FAILURES)).append(time.monotonic())
 
 
 @dataclass

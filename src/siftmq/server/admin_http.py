@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from siftmq.auth.acl import Action
+from siftmq.auth.throttle import FailureThrottle
 from siftmq.broker import deletion
 from siftmq.broker.broker import Broker
 from siftmq.broker.config import parse_listen
@@ -44,7 +45,6 @@ from siftmq.errors import (
 )
 from siftmq.server.admin_auth import (
     OPEN_PATHS,
-    LoginThrottle,
     Tokens,
     admin_actions,
     basic_user,
@@ -170,7 +170,7 @@ def create_app(
 
     if gate is not None and tokens is not None:
         open_paths = OPEN_PATHS | ({"/metrics"} if broker.config.admin_metrics_open else set())
-        throttle = LoginThrottle()
+        throttle = FailureThrottle()  # failed logins per client address
         open_paths |= CONSOLE_PATHS  # the console's page and files: no data, which its calls fetch
 
         @app.middleware("http")
